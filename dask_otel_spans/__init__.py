@@ -1,0 +1,43 @@
+"""OpenTelemetry traces and metrics from Dask spans and fine performance metrics.
+
+Client code::
+
+    from dask_otel_spans import span      # instead of: from distributed import span
+
+    with span("Alice's workflow", "data load"):
+        df = dd.read_parquet(...).persist()
+
+Scheduler::
+
+    dask scheduler --preload dask_otel_spans
+
+or ``client.register_plugin(OTelSpansPlugin())``. Exporters are configured with the
+standard ``OTEL_*`` variables; with none, OTLP-JSON lines files are written to
+``./dask-otel-spans`` on the scheduler.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from dask_otel_spans import config as _config  # noqa: F401  (registers defaults)
+from dask_otel_spans.client import span
+from dask_otel_spans.plugin import OTelSpansPlugin
+
+__version__ = "0.1.0"
+__all__ = ["OTelSpansPlugin", "dask_setup", "span", "__version__"]
+
+logger = logging.getLogger(__name__)
+
+
+def dask_setup(server: Any) -> None:
+    """Preload entry point: ``dask scheduler --preload dask_otel_spans``."""
+    from distributed import Scheduler
+
+    if not isinstance(server, Scheduler):
+        logger.info(
+            "dask_otel_spans: preload is for the scheduler; nothing to do on %s",
+            type(server).__name__,
+        )
+        return
+    server.add_plugin(OTelSpansPlugin())

@@ -1,0 +1,234 @@
+"""``dask-otel-spans``: ``demo`` runs a small real workflow on a LocalCluster with the
+plugin and prints the exported span tree; ``tree PATH`` prints it from saved files."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+import warnings
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from dask_otel_spans import names
+from dask_otel_spans.otlpjson import TRACES_FILE, flatten_spans, read_spans
+
+# -- rendering --------------------------------------------------------------------------
+
+
+def _top_activities(attributes: dict[str, Any], n: int = 3) -> str:
+    prefix = names.METRICS_ATTRIBUTE_PREFIX
+    seconds = []
+    for key, value in attributes.items():
+        if key.startswith(prefix) and key.endswith(".seconds"):
+            activity = key[len(prefix) : -len(".seconds")]
+            if activity != names.IDLE_ACTIVITY and isinstance(value, (int, float)):
+                seconds.append((value, activity))
+    seconds.sort(reverse=True)
+    return ", ".join(f"{a} {v:.3g}s" for v, a in seconds[:n])
+
+
+def render_tree(spans: Sequence[dict[str, Any]]) -> str:
+    """Text tree of OTLP/JSON spans (as from :func:`~dask_otel_spans.otlpjson.read_spans`):
+    per dask span its duration, task count and top activities; task prefixes below."""
+    by_id = {(s.get("traceId"), s.get("spanId")): s for s in spans}
+    children: dict[tuple, list[dict]] = defaultdict(list)
+    roots = []
+    for s in spans:
+        parent = (s.get("traceId"), s.get("parentSpanId"))
+        if s.get("parentSpanId") and parent in by_id:
+            children[parent].append(s)
+        else:
+            roots.append(s)
+
+    def start(s: dict) -> int:
+        return int(s.get("startTimeUnixNano", 0))
+
+    lines: list[str] = []
+
+    def walk(s: dict, depth: int) -> None:
+        attrs = s["attributes"]
+        duration = (int(s.get("endTimeUnixNano", 0)) - start(s)) / 1e9
+        indent = "  " * depth
+        if names.SPAN_ID in attrs:
+            flags = []
+            if attrs.get(names.SPAN_INCOMPLETE):
+                flags.append("incomplete")
+            if attrs.get(names.SPAN_ERRED_COUNT):
+                flags.append(f"{attrs[names.SPAN_ERRED_COUNT]} erred")
+            top = _top_activities(attrs)
+            lines.append(
+                f"{indent}{s['name']}  {duration:.3f}s  "
+                f"{attrs.get(names.SPAN_TASK_COUNT, 0)} tasks"
+                + (f"  [{', '.join(flags)}]" if flags else "")
+                + (f"  | {top}" if top else "")
+            )
+        elif names.TASK_PREFIX in attrs:
+            top = _top_activities(attrs, 2)
+            lines.append(
+                f"{indent}· {s['name']}  {duration:.3f}s  "
+                f"{attrs.get(names.TASK_GROUP_TASK_COUNT, 0)} tasks"
+                + (f"  | {top}" if top else "")
+            )
+        else:
+            lines.append(f"{indent}{s['name']}  {duration:.3f}s  (client span)")
+        kids = children.get((s.get("traceId"), s.get("spanId")), [])
+        # dask spans first, then task prefixes, each by start time
+        kids.sort(key=lambda k: (names.TASK_PREFIX in k["attributes"], start(k)))
+        for k in kids:
+            walk(k, depth + 1)
+
+    traces: dict[str, list[dict]] = defaultdict(list)
+    for r in roots:
+        traces[r.get("traceId", "")].append(r)
+    for trace_id, trace_roots in sorted(
+        traces.items(), key=lambda kv: min(start(r) for r in kv[1])
+    ):
+        lines.append(f"trace {trace_id}")
+        for r in sorted(trace_roots, key=start):
+            walk(r, 1)
+    return "\n".join(lines)
+
+
+def _traces_path(path: str) -> str:
+    return os.path.join(path, TRACES_FILE) if os.path.isdir(path) else path
+
+
+def cmd_tree(args: argparse.Namespace) -> int:
+    path = _traces_path(args.path)
+    if not os.path.exists(path):
+        print(f"no such file: {path}", file=sys.stderr)
+        return 1
+    spans = read_spans(path)
+    if not spans:
+        print(f"no spans in {path}", file=sys.stderr)
+        return 1
+    print(render_tree(spans))
+    return 0
+
+
+# -- the demo ---------------------------------------------------------------------------
+
+
+def _fit_model(i: int) -> int:
+    """A task with a custom activity: its time shows as "model-fit" seconds and its
+    rows as a custom unit."""
+    from distributed.metrics import context_meter
+
+    with context_meter.meter("model-fit"):
+        time.sleep(0.05)
+    context_meter.digest_metric("rows-scored", 1000 + i, "rows")
+    return i
+
+
+def _slow_inc(x: int) -> int:
+    time.sleep(0.02)
+    return x + 1
+
+
+def run_workflow(client: Any) -> None:
+    """The demo's multi-step workflow, each step a nested dask span."""
+    import dask
+    import dask.array as da
+    import dask.dataframe as dd
+    import numpy as np
+    import pandas as pd
+
+    from dask_otel_spans import span
+
+    with span("demo workflow"):
+        with span("array step"):
+            x = da.random.default_rng(42).random((2000, 2000), chunks=(500, 500))
+            (x @ x.T).mean().compute()
+        with span("dataframe step"):
+            pdf = pd.DataFrame(
+                {"key": np.arange(100_000) % 17, "value": np.arange(100_000.0)}
+            )
+            df = dd.from_pandas(pdf, npartitions=8)
+            df.groupby("key").value.sum().compute()
+        with span("futures step"):
+            futures = client.map(_slow_inc, range(40))
+            total = dask.delayed(sum)(futures)
+            client.compute(total).result()
+        with span("custom activity", "model fit"):
+            client.gather(client.map(_fit_model, range(8)))
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from distributed import Client, LocalCluster
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+        InMemorySpanExporter,
+    )
+
+    from dask_otel_spans import OTelSpansPlugin
+    from dask_otel_spans.otlpjson import to_otlp_json
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    logging.getLogger("dask_otel_spans").setLevel(logging.INFO)
+    plugin = OTelSpansPlugin(output_dir=args.output_dir, export_delay=0.5)
+    print(f"Starting a LocalCluster ({args.workers} workers) with the plugin ...")
+    with LocalCluster(
+        n_workers=args.workers,
+        threads_per_worker=2,
+        dashboard_address=":0",
+        processes=True,
+    ) as cluster, Client(cluster) as client:
+        client.register_plugin(plugin)
+        copy = InMemorySpanExporter()
+        provider = plugin.providers.tracer_provider if plugin.providers else None
+        if provider is not None and hasattr(provider, "add_span_processor"):
+            provider.add_span_processor(SimpleSpanProcessor(copy))
+        t0 = time.time()
+        with warnings.catch_warnings():
+            # dask-expr warns about every annotation, distributed.span's included
+            warnings.filterwarnings("ignore", message="Dask annotations")
+            run_workflow(client)
+        print(f"Workflow ran in {time.time() - t0:.2f}s; exporting ...")
+        # Let the plugin emit each span once its late heartbeats are in, rather
+        # than at shutdown.
+        deadline = time.monotonic() + 30
+        while plugin.open_span_count and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finished = copy.get_finished_spans()
+    if not finished:
+        print("No spans were exported.", file=sys.stderr)
+        return 1
+    spans = flatten_spans([to_otlp_json(encode_spans(finished))])
+    print()
+    print(render_tree(spans))
+    if plugin.providers is not None:
+        print()
+        print(f"Traces went to {plugin.providers.traces_to}")
+        print(f"Metrics went to {plugin.providers.metrics_to}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="dask-otel-spans",
+        description="Dask spans and fine performance metrics as OpenTelemetry data",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser(
+        "demo", help="run a small workflow on a LocalCluster and print its span tree"
+    )
+    demo.add_argument(
+        "--output-dir",
+        default="dask-otel-spans",
+        help="directory of the embedded default exporter (default: %(default)s)",
+    )
+    demo.add_argument("--workers", type=int, default=2)
+    demo.set_defaults(func=cmd_demo)
+    tree = sub.add_parser("tree", help="print the span tree of saved OTLP-JSON lines")
+    tree.add_argument("path", help="traces.jsonl, or the directory holding it")
+    tree.set_defaults(func=cmd_tree)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""Package settings: the ``otel-spans`` dask config namespace and its typed view."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import dask.config
+import yaml
+from dask.utils import parse_timedelta
+
+_DEFAULTS_FILE = os.path.join(os.path.dirname(__file__), "otel-spans.yaml")
+NAMESPACE = "otel-spans"
+
+
+def _load_defaults() -> None:
+    with open(_DEFAULTS_FILE) as f:
+        defaults = yaml.safe_load(f)
+    dask.config.update_defaults(defaults)
+
+
+_load_defaults()
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    """Typed settings of :class:`~dask_otel_spans.OTelSpansPlugin`.
+
+    Build it with :meth:`from_dask_config`; every field mirrors a key of the
+    ``otel-spans`` namespace (durations in seconds).
+    """
+
+    export_delay: float = 1.0
+    idle_timeout: float = 5.0
+    tick_interval: float = 0.25
+    tick_budget: float = 0.002
+    prefix_spans: bool = True
+    include_code: bool = False
+    max_code_length: int = 4096
+    span_name_depth: int | None = None
+    max_span_names: int = 1000
+    max_queue_size: int = 10000
+    output_dir: str = "dask-otel-spans"
+
+    @classmethod
+    def from_dask_config(cls, **overrides: Any) -> PluginConfig:
+        """Read the ``otel-spans`` namespace; keyword arguments win over it."""
+
+        def get(key: str) -> Any:
+            return dask.config.get(f"{NAMESPACE}.{key}")
+
+        def seconds(key: str) -> float:
+            return float(parse_timedelta(get(key), default="seconds"))
+
+        depth = get("metrics.span-name-depth")
+        cfg = cls(
+            export_delay=seconds("export-delay"),
+            idle_timeout=seconds("idle-timeout"),
+            tick_interval=seconds("tick-interval"),
+            tick_budget=seconds("tick-budget"),
+            prefix_spans=bool(get("prefix-spans")),
+            include_code=bool(get("include-code")),
+            max_code_length=int(get("max-code-length")),
+            span_name_depth=None if depth in (None, "", "null") else int(depth),
+            max_span_names=int(get("metrics.max-span-names")),
+            max_queue_size=int(get("metrics.max-queue-size")),
+            output_dir=str(get("output-dir")),
+        )
+        known = {f.name for f in fields(cls)}
+        unknown = set(overrides) - known
+        if unknown:
+            raise TypeError(f"Unknown otel-spans settings: {sorted(unknown)}")
+        return replace(cfg, **overrides) if overrides else cfg

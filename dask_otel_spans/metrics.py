@@ -1,0 +1,257 @@
+"""OTel instruments for dask's fine performance metrics: heartbeat deltas become
+counter adds, on a thread of their own, with a cap on span-name cardinality."""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
+
+from opentelemetry.metrics import Counter, Meter
+
+from dask_otel_spans import names
+
+logger = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+def unit_family(unit: Any) -> tuple[str, str]:
+    """``(instrument suffix, OTel unit)`` for a dask unit."""
+    if isinstance(unit, str):
+        return names.UNIT_FAMILIES.get(unit, names.CUSTOM_UNIT_FAMILY)
+    return names.CUSTOM_UNIT_FAMILY
+
+
+class SpanNameCap:
+    """The ``dask.span.name`` metric attribute: tags joined with ``/``, cut to a depth,
+    and at most ``max_names`` distinct values (then ``__other__``).
+
+    Thread-safe; memory is bounded by ``max_names``.
+    """
+
+    def __init__(self, depth: int | None, max_names: int):
+        self.depth = depth
+        self.max_names = max(0, max_names)
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+        self.overflowed = False
+
+    def __call__(self, tags: Sequence[Any]) -> str:
+        if self.depth is not None and self.depth > 0:
+            tags = tags[: self.depth]
+        value = names.SPAN_NAME_SEPARATOR.join(str(t) for t in tags)
+        with self._lock:
+            if value in self._seen:
+                return value
+            if len(self._seen) < self.max_names:
+                self._seen.add(value)
+                return value
+        if not self.overflowed:
+            self.overflowed = True
+            logger.warning(
+                "dask_otel_spans: more than %d distinct span names; further ones are "
+                "reported as %r in metrics (otel-spans.metrics.max-span-names)",
+                self.max_names,
+                names.OTHER_SPAN_NAME,
+            )
+        return names.OTHER_SPAN_NAME
+
+
+class _AttributesCache:
+    """LRU of frozen attribute dicts, so that steady-state adds allocate nothing."""
+
+    def __init__(self, maxsize: int = 4096):
+        self.maxsize = maxsize
+        self._data: OrderedDict[Hashable, dict[str, Any]] = OrderedDict()
+
+    def get(self, key: Hashable) -> dict[str, Any] | None:
+        attrs = self._data.get(key)
+        if attrs is not None:
+            self._data.move_to_end(key)
+        return attrs
+
+    def put(self, key: Hashable, attrs: dict[str, Any]) -> None:
+        self._data[key] = attrs
+        if len(self._data) > self.maxsize:
+            self._data.popitem(last=False)
+
+
+class DaskInstruments:
+    """The package's instruments on one meter; every method is thread-safe."""
+
+    def __init__(self, meter: Meter, span_names: SpanNameCap):
+        self.span_names = span_names
+        self._span_counters = self._counters(meter, "dask.span.activity.")
+        self._worker_counters = self._counters(meter, "dask.worker.activity.")
+        self.span_duration = meter.create_histogram(
+            names.SPAN_DURATION,
+            unit="s",
+            description="Wall time of emitted dask spans",
+        )
+        self.span_active = meter.create_up_down_counter(
+            names.SPAN_ACTIVE,
+            unit="{span}",
+            description="Dask spans open on the scheduler (not emitted yet)",
+        )
+        self._cache = _AttributesCache()
+
+    @staticmethod
+    def _counters(meter: Meter, prefix: str) -> dict[str, Counter]:
+        out = {}
+        families = [*names.UNIT_FAMILIES.values(), names.CUSTOM_UNIT_FAMILY]
+        for suffix, otel_unit in families:
+            out[suffix] = meter.create_counter(
+                prefix + suffix,
+                unit=otel_unit,
+                description=f"Dask fine performance metrics ({suffix})",
+            )
+        return out
+
+    def add_span_deltas(
+        self,
+        deltas: Mapping[Hashable, float],
+        span_tags: Mapping[str, Sequence[str]],
+    ) -> None:
+        """Heartbeat deltas ``{(context, span_id, prefix, activity, unit): value}``;
+        ``span_tags`` maps the span ids in them to the span's tags."""
+        for key, value in deltas.items():
+            if not isinstance(key, tuple) or len(key) < 4:
+                continue
+            if not isinstance(value, (int, float)) or value <= 0:
+                # counters are monotonic; dask's deltas are never negative
+                continue
+            attrs = self._cache.get(key)
+            if attrs is None:
+                context, span_id, *middle, activity, unit = key
+                tags = span_tags.get(span_id, (str(span_id),))
+                attrs = {
+                    names.SPAN_NAME: self.span_names(tags),
+                    names.CONTEXT: str(context),
+                    names.TASK_PREFIX: str(middle[0]) if middle else "",
+                    names.ACTIVITY: str(activity),
+                    names.UNIT: str(unit),
+                }
+                self._cache.put(key, attrs)
+            self._span_counters[unit_family(key[-1])[0]].add(value, attrs)
+
+    def add_worker_deltas(self, deltas: Mapping[Hashable, float]) -> None:
+        """Worker-wide heartbeat deltas ``{(context, ..., activity, unit): value}``."""
+        for key, value in deltas.items():
+            if not isinstance(key, tuple) or len(key) < 3:
+                continue
+            if not isinstance(value, (int, float)) or value <= 0:
+                continue
+            cache_key = ("worker", key)
+            attrs = self._cache.get(cache_key)
+            if attrs is None:
+                attrs = {
+                    names.CONTEXT: str(key[0]),
+                    names.ACTIVITY: str(key[-2]),
+                    names.UNIT: str(key[-1]),
+                }
+                self._cache.put(cache_key, attrs)
+            self._worker_counters[unit_family(key[-1])[0]].add(value, attrs)
+
+    def span_opened(self, tags: Sequence[str]) -> None:
+        self.span_active.add(1, {names.SPAN_NAME: self.span_names(tags)})
+
+    def span_emitted(
+        self, tags: Sequence[str], duration: float, idle_seconds: float, opened: bool
+    ) -> None:
+        """A span was emitted: its duration, its closing ``idle or other spans``
+        seconds, and (when it was counted as open) one fewer active span."""
+        name = self.span_names(tags)
+        self.span_duration.record(max(0.0, duration), {names.SPAN_NAME: name})
+        if opened:
+            self.span_active.add(-1, {names.SPAN_NAME: name})
+        if idle_seconds > 0:
+            self._span_counters["time"].add(
+                idle_seconds,
+                {
+                    names.SPAN_NAME: name,
+                    names.CONTEXT: "execute",
+                    names.TASK_PREFIX: names.IDLE_PREFIX,
+                    names.ACTIVITY: names.IDLE_ACTIVITY,
+                    names.UNIT: "seconds",
+                },
+            )
+
+
+class MetricsPump:
+    """Runs instrument updates on a daemon thread, off the scheduler's event loop.
+
+    ``submit`` never blocks: past ``max_queue_size`` pending items the item is dropped,
+    counted in ``dropped`` and logged once.
+    """
+
+    def __init__(self, instruments: DaskInstruments, max_queue_size: int = 10000):
+        self.instruments = instruments
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, max_queue_size))
+        self._thread: threading.Thread | None = None
+        self.dropped = 0
+        self._failures_logged: set[str] = set()
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="dask-otel-spans-metrics", daemon=True
+            )
+            self._thread.start()
+
+    def submit(self, method: str, *args: Any) -> None:
+        try:
+            self._queue.put_nowait((method, args))
+        except queue.Full:
+            self.dropped += 1
+            if self.dropped == 1:
+                logger.warning(
+                    "dask_otel_spans: metrics queue full (%d items); dropping metric "
+                    "updates (counted in MetricsPump.dropped)",
+                    self._queue.maxsize,
+                )
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is _STOP:
+                    return
+                if isinstance(item, threading.Event):
+                    item.set()
+                    continue
+                method, args = item
+                getattr(self.instruments, method)(*args)
+            except Exception as e:
+                kind = type(e).__name__
+                if kind not in self._failures_logged:
+                    self._failures_logged.add(kind)
+                    logger.exception("dask_otel_spans: recording metrics failed")
+            finally:
+                self._queue.task_done()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every item submitted so far was recorded; False on timeout."""
+        if self._thread is None:
+            return True
+        marker = threading.Event()
+        try:
+            self._queue.put(marker, timeout=timeout)
+        except queue.Full:
+            return False
+        return marker.wait(timeout)
+
+    def stop(self, timeout: float = 10) -> None:
+        """Record what is queued, then end the thread."""
+        if self._thread is None:
+            return
+        while True:
+            try:
+                self._queue.put(_STOP, timeout=timeout)
+                break
+            except queue.Full:  # pragma: no cover
+                continue
+        self._thread.join(timeout)
+        self._thread = None

@@ -1,0 +1,87 @@
+"""Every attribute, metric and wire name this package exports or reads, in one place.
+
+These names are API (see DESIGN.md): dashboards, trace queries and tests depend on them.
+"""
+from __future__ import annotations
+
+# -- plugin, annotation and event channel ------------------------------------------
+#: Name of the scheduler plugin in ``Scheduler.plugins``
+PLUGIN_NAME = "otel-spans"
+#: Graph annotation key that carries the client's W3C trace context, one entry per
+#: dask span id of the chain: ``{"<dask span id>": {"traceparent": ..., ...}}``
+ANNOTATION_KEY = "otel"
+#: ``Client.log_event`` topic on which the client helper says that a block closed
+EVENT_TOPIC = "otel-spans"
+#: Instrumentation scope of the tracer and meter
+INSTRUMENTATION_SCOPE = "dask_otel_spans"
+#: Name dask gives to spans of tasks that were not annotated with a span
+DEFAULT_SPAN_TAG = "default"
+
+# -- resource ----------------------------------------------------------------------
+SERVICE_NAME = "service.name"
+DEFAULT_SERVICE_NAME = "dask-scheduler"
+SCHEDULER_ADDRESS = "dask.scheduler.address"
+
+# -- span attributes ---------------------------------------------------------------
+SPAN_NAME = "dask.span.name"
+SPAN_ID = "dask.span.id"
+SPAN_TASK_COUNT = "dask.span.task_count"
+SPAN_ERRED_COUNT = "dask.span.erred_count"
+SPAN_NBYTES_TOTAL = "dask.span.nbytes_total"
+SPAN_TASK_DURATION = "dask.span.task_duration"
+SPAN_ACTIVE_CPU_SECONDS = "dask.span.active_cpu_seconds"
+SPAN_INCOMPLETE = "dask.span.incomplete"
+#: Why the plugin considered the span closed: see ``CLOSE_REASONS``
+SPAN_CLOSE_REASON = "dask.span.close_reason"
+#: Source code snippets (opt-in)
+SPAN_CODE = "dask.span.code"
+#: Prefix of the fine performance metrics rolled up by activity:
+#: ``dask.metrics.<activity>.<unit>``
+METRICS_ATTRIBUTE_PREFIX = "dask.metrics."
+
+CLOSE_REASON_CLIENT = "client"  # the client helper's block exited
+CLOSE_REASON_IDLE = "idle"  # no client helper: done and idle for idle-timeout
+CLOSE_REASON_CLIENT_GONE = "client-disconnected"  # helper block never closed
+CLOSE_REASON_SHUTDOWN = "shutdown"  # scheduler closed while the span was open
+
+# -- task prefix child span attributes ------------------------------------------------
+TASK_PREFIX = "dask.task.prefix"
+TASK_GROUP_COUNT = "dask.task_group.count"
+TASK_GROUP_TASK_COUNT = "dask.task_group.task_count"
+TASK_GROUP_NBYTES_TOTAL = "dask.task_group.nbytes_total"
+
+# -- metric attributes ---------------------------------------------------------------
+CONTEXT = "dask.context"
+ACTIVITY = "dask.activity"
+UNIT = "dask.unit"
+#: Value of ``dask.span.name`` past the cardinality cap
+OTHER_SPAN_NAME = "__other__"
+#: Separator of the tags in the ``dask.span.name`` metric attribute
+SPAN_NAME_SEPARATOR = "/"
+
+# -- instruments -----------------------------------------------------------------------
+SPAN_ACTIVITY_TIME = "dask.span.activity.time"
+SPAN_ACTIVITY_DATA = "dask.span.activity.data"
+SPAN_ACTIVITY_COUNT = "dask.span.activity.count"
+SPAN_ACTIVITY_CUSTOM = "dask.span.activity.custom"
+WORKER_ACTIVITY_TIME = "dask.worker.activity.time"
+WORKER_ACTIVITY_DATA = "dask.worker.activity.data"
+WORKER_ACTIVITY_COUNT = "dask.worker.activity.count"
+WORKER_ACTIVITY_CUSTOM = "dask.worker.activity.custom"
+SPAN_DURATION = "dask.span.duration"
+SPAN_ACTIVE = "dask.span.active"
+
+#: dask unit -> (instrument name suffix, OTel unit). Anything else is "custom", "1".
+UNIT_FAMILIES: dict[str, tuple[str, str]] = {
+    "seconds": ("time", "s"),
+    "bytes": ("data", "By"),
+    "count": ("count", "{event}"),
+}
+CUSTOM_UNIT_FAMILY = ("custom", "1")
+
+# -- dask heartbeat keys ---------------------------------------------------------------
+#: Contexts whose heartbeat keys carry a span id (``distributed.spans``)
+CONTEXTS_WITH_SPAN_ID = ("execute", "p2p")
+#: The synthetic key that ``Span.cumulative_worker_metrics`` adds
+IDLE_PREFIX = "N/A"
+IDLE_ACTIVITY = "idle or other spans"

@@ -1,0 +1,246 @@
+"""OTLP-JSON lines files, the embedded default: exporters that append one export
+request per line (the OpenTelemetry Collector's file exporter format, which its
+``otlpjsonfile`` receiver reads back), and readers for those files."""
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+)
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+logger = logging.getLogger(__name__)
+
+TRACES_FILE = "traces.jsonl"
+METRICS_FILE = "metrics.jsonl"
+_ID_FIELDS = frozenset({"traceId", "spanId", "parentSpanId"})
+
+
+def _hex_ids(obj: Any) -> Any:
+    """OTLP/JSON writes trace and span ids as hex, not protobuf's base64."""
+    if isinstance(obj, dict):
+        return {
+            k: (
+                base64.b64decode(v).hex()
+                if k in _ID_FIELDS and isinstance(v, str)
+                else _hex_ids(v)
+            )
+            for k, v in obj.items()
+        }
+    if isinstance(obj, list):
+        return [_hex_ids(v) for v in obj]
+    return obj
+
+
+def to_otlp_json(message: Any) -> dict[str, Any]:
+    """An OTLP protobuf request as OTLP/JSON (camelCase, integer enums, hex ids)."""
+    return _hex_ids(MessageToDict(message, use_integers_for_enums=True))
+
+
+class _JsonLinesWriter:
+    def __init__(self, path: str):
+        self.path = os.path.abspath(path)
+        self._lock = threading.Lock()
+        self._failed = False
+
+    def write(self, record: dict[str, Any]) -> bool:
+        line = json.dumps(record, separators=(",", ":")) + "\n"
+        try:
+            with self._lock:
+                os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                with open(self.path, "a", encoding="utf-8") as f:
+                    f.write(line)
+        except OSError as e:
+            if not self._failed:
+                self._failed = True
+                logger.error("dask_otel_spans: cannot write %s: %s", self.path, e)
+            return False
+        return True
+
+
+class OTLPJsonLinesSpanExporter(SpanExporter):
+    """Span exporter appending one OTLP/JSON ``ExportTraceServiceRequest`` per line."""
+
+    def __init__(self, path: str):
+        self._writer = _JsonLinesWriter(path)
+
+    @property
+    def path(self) -> str:
+        return self._writer.path
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        ok = self._writer.write(to_otlp_json(encode_spans(spans)))
+        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+class OTLPJsonLinesMetricExporter(MetricExporter):
+    """Metric exporter appending one OTLP/JSON ``ExportMetricsServiceRequest`` per line
+    (cumulative temporality)."""
+
+    def __init__(self, path: str):
+        super().__init__(
+            preferred_temporality={
+                cls: AggregationTemporality.CUMULATIVE
+                for cls in _instrument_classes()
+            }
+        )
+        self._writer = _JsonLinesWriter(path)
+
+    @property
+    def path(self) -> str:
+        return self._writer.path
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        ok = self._writer.write(to_otlp_json(encode_metrics(metrics_data)))
+        return MetricExportResult.SUCCESS if ok else MetricExportResult.FAILURE
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        pass
+
+
+def _instrument_classes() -> list[type]:
+    from opentelemetry.sdk.metrics import (
+        Counter,
+        Histogram,
+        ObservableCounter,
+        ObservableGauge,
+        ObservableUpDownCounter,
+        UpDownCounter,
+    )
+
+    return [
+        Counter,
+        UpDownCounter,
+        Histogram,
+        ObservableCounter,
+        ObservableUpDownCounter,
+        ObservableGauge,
+    ]
+
+
+# -- reading ---------------------------------------------------------------------------
+
+
+def any_value(value: dict[str, Any]) -> Any:
+    """Decode an OTLP/JSON ``AnyValue``."""
+    if "stringValue" in value:
+        return value["stringValue"]
+    if "boolValue" in value:
+        return value["boolValue"]
+    if "intValue" in value:
+        return int(value["intValue"])
+    if "doubleValue" in value:
+        return float(value["doubleValue"])
+    if "arrayValue" in value:
+        return [any_value(v) for v in value["arrayValue"].get("values", [])]
+    if "kvlistValue" in value:
+        return attributes(value["kvlistValue"].get("values", []))
+    return None
+
+
+def attributes(kvs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Decode an OTLP/JSON attribute list."""
+    return {kv["key"]: any_value(kv.get("value", {})) for kv in kvs}
+
+
+def _records(path: str) -> Iterator[dict[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                logger.warning("%s:%d: not a JSON line, skipped", path, lineno)
+
+
+def read_spans(path: str) -> list[dict[str, Any]]:
+    """Flat list of the spans in an OTLP/JSON lines traces file.
+
+    Each span is the OTLP/JSON span with ``attributes`` decoded to a dict, plus
+    ``resource`` (decoded resource attributes).
+    """
+    return flatten_spans(_records(path))
+
+
+def flatten_spans(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Flat list of the spans of OTLP/JSON trace export requests (see read_spans)."""
+    out = []
+    for record in records:
+        for rs in record.get("resourceSpans", []):
+            resource = attributes(rs.get("resource", {}).get("attributes", []))
+            for ss in rs.get("scopeSpans", []):
+                for sp in ss.get("spans", []):
+                    sp = dict(sp)
+                    sp["attributes"] = attributes(sp.get("attributes", []))
+                    sp["resource"] = resource
+                    out.append(sp)
+    return out
+
+
+def read_metric_points(path: str) -> list[dict[str, Any]]:
+    """Flat list of the sum and histogram points in an OTLP/JSON lines metrics file:
+    ``{"name", "unit", "attributes", "value", "time"}`` (histograms: ``value`` is the
+    sum, plus ``count``)."""
+    out = []
+    for record in _records(path):
+        for rm in record.get("resourceMetrics", []):
+            for sm in rm.get("scopeMetrics", []):
+                for metric in sm.get("metrics", []):
+                    for kind in ("sum", "gauge", "histogram"):
+                        data = metric.get(kind)
+                        if not data:
+                            continue
+                        for dp in data.get("dataPoints", []):
+                            point = {
+                                "name": metric["name"],
+                                "unit": metric.get("unit", ""),
+                                "kind": kind,
+                                "attributes": attributes(dp.get("attributes", [])),
+                                "time": int(dp.get("timeUnixNano", 0)),
+                            }
+                            if kind == "histogram":
+                                point["value"] = float(dp.get("sum", 0.0))
+                                point["count"] = int(dp.get("count", 0))
+                            elif "asDouble" in dp:
+                                point["value"] = float(dp["asDouble"])
+                            else:
+                                point["value"] = int(dp.get("asInt", 0))
+                            out.append(point)
+    return out
+
+
+def latest_points(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Of cumulative points, the latest one per (name, attributes)."""
+    latest: dict[tuple, dict[str, Any]] = {}
+    for p in points:
+        key = (p["name"], tuple(sorted((k, str(v)) for k, v in p["attributes"].items())))
+        if key not in latest or p["time"] >= latest[key]["time"]:
+            latest[key] = p
+    return list(latest.values())

@@ -1,0 +1,884 @@
+"""``OTelSpansPlugin``: the scheduler plugin that turns dask spans into OTel spans and
+dask fine performance metrics into OTel metrics.
+
+The scheduler's ``SpansSchedulerExtension`` stays the authoritative span tree; the
+plugin keeps a small record per span that is still open (not emitted yet) and nothing
+for the spans it already emitted, so its memory follows the open spans, not history.
+"""
+from __future__ import annotations
+
+import asyncio
+import copy
+import functools
+import logging
+import time as _time
+import uuid
+import weakref
+from collections import OrderedDict
+from collections.abc import Hashable, Iterator, Mapping
+from contextlib import contextmanager
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+from distributed.metrics import time
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from tornado.ioloop import IOLoop, PeriodicCallback
+
+from dask_otel_spans import names
+from dask_otel_spans.config import PluginConfig
+from dask_otel_spans.metrics import DaskInstruments, MetricsPump, SpanNameCap
+from dask_otel_spans.propagation import parse_carried, resolve_chain
+from dask_otel_spans.providers import Providers, resolve_providers
+from dask_otel_spans.traces import (
+    SpanFields,
+    SpanSummary,
+    span_fields,
+    subtree_summary,
+    unseen_span_fields,
+)
+
+if TYPE_CHECKING:
+    from distributed import Scheduler
+    from distributed.spans import Span, SpansSchedulerExtension
+    from opentelemetry.trace import SpanContext
+
+logger = logging.getLogger(__name__)
+
+#: Plugins created in this process, so that one registered through
+#: ``client.register_plugin`` on an in-process scheduler keeps its providers
+_LOCAL_PLUGINS: weakref.WeakValueDictionary[str, OTelSpansPlugin] = (
+    weakref.WeakValueDictionary()
+)
+#: Spans emitted with no scheduler-side Span (no tasks) remembered against duplicates
+_MAX_REMEMBERED_UNSEEN = 10_000
+#: Longest wait for the providers' flush and shutdown at scheduler close
+_CLOSE_TIMEOUT = 10.0
+
+
+class _PinnedIdGenerator(IdGenerator):
+    """Hands the SDK the ids the plugin derived from dask span ids."""
+
+    trace_id = 0
+    span_id = 0
+
+    def generate_span_id(self) -> int:
+        return self.span_id
+
+    def generate_trace_id(self) -> int:
+        return self.trace_id
+
+    def is_trace_id_random(self) -> bool:
+        return False
+
+
+class _OpenSpan:
+    """Bookkeeping of one dask span that was not emitted yet."""
+
+    __slots__ = (
+        "id",
+        "tags",
+        "ids",
+        "span",
+        "carried",
+        "helper",
+        "closed_at",
+        "close_reason",
+        "last_activity",
+        "done_since",
+        "clients",
+        "client_gone",
+        "enter",
+        "exit",
+        "counted",
+    )
+
+    def __init__(self, dask_id: str, tags: tuple[str, ...], ids: tuple[str, ...]):
+        self.id = dask_id
+        self.tags = tags
+        #: chain of dask span ids, root first
+        self.ids = ids
+        #: the scheduler's Span; None until it has tasks
+        self.span: Span | None = None
+        #: W3C contexts carried from the client for ids of the chain
+        self.carried: dict[str, SpanContext | None] = {}
+        #: opened by the client helper: wait for its close notice
+        self.helper = False
+        self.closed_at: float | None = None
+        self.close_reason = names.CLOSE_REASON_IDLE
+        self.last_activity = 0.0
+        self.done_since: float | None = None
+        self.clients: set[str] = set()
+        self.client_gone = False
+        #: client-side enter/exit times (from the close notice)
+        self.enter: float | None = None
+        self.exit: float | None = None
+        #: counted in dask.span.active
+        self.counted = False
+
+    @property
+    def depth(self) -> int:
+        return len(self.ids)
+
+
+def _chain_ids(span: Span) -> tuple[str, ...]:
+    ids = []
+    node: Span | None = span
+    while node is not None:
+        ids.append(node.id)
+        node = node.parent
+    return tuple(reversed(ids))
+
+
+class OTelSpansPlugin(SchedulerPlugin):
+    """Export the scheduler's dask spans as OTel traces and its fine performance
+    metrics as OTel metrics.
+
+    Parameters
+    ----------
+    tracer_provider, meter_provider:
+        Providers to use. Default: the process's global SDK providers when one is
+        installed, else providers built from the standard ``OTEL_*`` variables, else
+        the embedded default (OTLP-JSON lines files in ``otel-spans.output-dir``).
+        Providers passed here or taken from the globals are flushed at close, never
+        shut down.
+    environ:
+        Mapping to read ``OTEL_*`` variables from; default ``os.environ``.
+    use_global_providers:
+        Whether to pick up the process's global SDK providers.
+    **settings:
+        Overrides of the ``otel-spans`` dask config, by field of
+        :class:`~dask_otel_spans.config.PluginConfig` (e.g. ``export_delay=0.5``).
+
+    Examples
+    --------
+    >>> client.register_plugin(OTelSpansPlugin())  # doctest: +SKIP
+
+    or ``dask scheduler --preload dask_otel_spans``.
+    """
+
+    name = names.PLUGIN_NAME
+    idempotent = False
+
+    def __init__(
+        self,
+        *,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
+        environ: Mapping[str, str] | None = None,
+        use_global_providers: bool = True,
+        **settings: Any,
+    ):
+        self.config = PluginConfig.from_dask_config(**settings)
+        self._settings = settings
+        self._explicit_tracer_provider = tracer_provider
+        self._explicit_meter_provider = meter_provider
+        self._environ = environ
+        self._use_global = use_global_providers
+        self._token = uuid.uuid4().hex
+        _LOCAL_PLUGINS[self._token] = self
+
+        self.scheduler: Scheduler | None = None
+        self._ext: SpansSchedulerExtension | None = None
+        self.providers: Providers | None = None
+        self._tracer: Any = None
+        self._ids = _PinnedIdGenerator()
+        self._deterministic_ids = False
+        self.instruments: DaskInstruments | None = None
+        self.pump: MetricsPump | None = None
+        self._pc: PeriodicCallback | None = None
+        self._closed = False
+        self._started = False
+
+        self._open: dict[str, _OpenSpan] = {}
+        #: subtree summaries of emitted spans whose parent is still open
+        self._summaries: dict[str, SpanSummary] = {}
+        #: len(ext.spans) when new spans were last registered
+        self._n_known = 0
+        self._unseen_emitted: OrderedDict[str, None] = OrderedDict()
+        self._pass: Iterator[_OpenSpan] | None = None
+        self._pass_done: dict[str, bool] = {}
+        self._pass_ready: list[_OpenSpan] = []
+        self._logged: set[str] = set()
+        self._undo: list[Any] = []
+        #: figures for tests and benchmarks
+        self.emitted_count = 0
+        self.max_call_seconds = 0.0
+        self.total_call_seconds = 0.0
+
+    # -- pickling: keep providers when the scheduler is in this process -------------
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        had_providers = (
+            self._explicit_tracer_provider is not None
+            or self._explicit_meter_provider is not None
+        )
+        return (
+            _restore_plugin,
+            (self._token, dict(self._settings), had_providers, self._use_global),
+        )
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _log_once(self, kind: str, msg: str, *args: Any, level: int = logging.WARNING,
+                  exc_info: bool = False) -> None:
+        if kind in self._logged:
+            return
+        self._logged.add(kind)
+        logger.log(level, "dask_otel_spans: " + msg, *args, exc_info=exc_info)
+
+    @contextmanager
+    def _guard(self, where: str) -> Iterator[None]:
+        """Never let an exception escape into the scheduler; log once per place;
+        account the time spent on the event loop."""
+        t0 = _time.perf_counter()
+        try:
+            yield
+        except Exception:
+            self._log_once(
+                f"error:{where}", "unexpected error in %s (logged once)", where,
+                level=logging.ERROR, exc_info=True,
+            )
+        finally:
+            elapsed = _time.perf_counter() - t0
+            self.total_call_seconds += elapsed
+            if elapsed > self.max_call_seconds:
+                self.max_call_seconds = elapsed
+
+    @contextmanager
+    def _contain(self, where: str) -> Iterator[None]:
+        """Log (once per place) and swallow an exception of one item of work."""
+        try:
+            yield
+        except Exception:
+            self._log_once(
+                f"error:{where}", "unexpected error in %s (logged once)", where,
+                level=logging.ERROR, exc_info=True,
+            )
+
+    @property
+    def grace(self) -> float:
+        """Effective grace period: at least two worker heartbeat intervals."""
+        from distributed.scheduler import heartbeat_interval
+
+        n = len(self.scheduler.workers) if self.scheduler is not None else 0
+        return max(self.config.export_delay, 2 * heartbeat_interval(n))
+
+    @property
+    def open_span_count(self) -> int:
+        return len(self._open)
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def start(self, scheduler: Scheduler) -> None:
+        if self._started:
+            if scheduler is not self.scheduler:
+                self._log_once(
+                    "reuse", "one OTelSpansPlugin instance cannot serve two "
+                    "schedulers; create one per scheduler", level=logging.ERROR,
+                )
+            return
+        self._started = True
+        self.scheduler = scheduler
+        ext = scheduler.extensions.get("spans")
+        if ext is None:
+            self._log_once(
+                "no-ext", "the scheduler has no 'spans' extension; the plugin stays "
+                "idle", level=logging.WARNING,
+            )
+            return
+        try:
+            self.providers = resolve_providers(
+                tracer_provider=self._explicit_tracer_provider,
+                meter_provider=self._explicit_meter_provider,
+                environ=self._environ,
+                scheduler_address=scheduler.address,
+                output_dir=self.config.output_dir,
+                use_global=self._use_global,
+            )
+        except Exception as e:
+            self._log_once(
+                "providers", "cannot set up exporters (%s); the plugin stays idle", e,
+                level=logging.ERROR,
+            )
+            return
+        self._ext = ext
+        self._set_up_tracer()
+        if self.providers.meter_provider is not None:
+            meter = self.providers.meter_provider.get_meter(names.INSTRUMENTATION_SCOPE)
+            self.instruments = DaskInstruments(
+                meter,
+                SpanNameCap(self.config.span_name_depth, self.config.max_span_names),
+            )
+            self.pump = MetricsPump(self.instruments, self.config.max_queue_size)
+            self.pump.start()
+        logger.info(
+            "dask_otel_spans: traces to %s; metrics to %s",
+            self.providers.traces_to,
+            self.providers.metrics_to,
+        )
+
+        previous = scheduler.plugins.get(self.name)
+        if isinstance(previous, OTelSpansPlugin) and previous is not self:
+            await self._take_over(previous)
+        else:
+            self._adopt_existing_spans()
+
+        self._wrap_heartbeats()
+        self._pc = PeriodicCallback(self._tick, self.config.tick_interval * 1000)
+        scheduler.periodic_callbacks[f"{self.name}-tick"] = self._pc
+        self._pc.start()
+
+    def _set_up_tracer(self) -> None:
+        provider = self.providers.tracer_provider if self.providers else None
+        if provider is None:
+            return
+        tracer = provider.get_tracer(names.INSTRUMENTATION_SCOPE)
+        if hasattr(tracer, "id_generator"):
+            # A private copy, so that the pinned ids affect no other user of the
+            # provider's (cached) tracer.
+            tracer = copy.copy(tracer)
+            tracer.id_generator = self._ids
+            self._deterministic_ids = True
+        else:
+            self._log_once(
+                "ids", "tracer provider %r is not the OpenTelemetry SDK's: span ids "
+                "will not follow the dask span ids", type(provider).__name__,
+            )
+        self._tracer = tracer
+
+    def _adopt_existing_spans(self) -> None:
+        """Spans created before the plugin: adopt those still running."""
+        ext = self._ext
+        for span in list(ext.spans.values()):
+            if not span.done:
+                self._register(span)
+        self._n_known = len(ext.spans)
+
+    async def _take_over(self, previous: OTelSpansPlugin) -> None:
+        """Registered again (same name): continue where the previous instance was,
+        so that no span is lost or emitted twice."""
+        state = previous._hand_over()
+        self._open, self._summaries, self._n_known, self._unseen_emitted = state
+        for rec in self._open.values():
+            if rec.counted and self.pump is not None:
+                self.pump.submit("span_opened", rec.tags)
+        await previous.close()
+
+    def _hand_over(self) -> tuple[Any, ...]:
+        state = (self._open, self._summaries, self._n_known, self._unseen_emitted)
+        self._open, self._summaries, self._unseen_emitted = {}, {}, OrderedDict()
+        return state
+
+    async def close(self, **kwargs: Any) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._pc is not None:
+            self._pc.stop()
+            if self.scheduler is not None:
+                self.scheduler.periodic_callbacks.pop(f"{self.name}-tick", None)
+        if self._ext is not None:
+            with self._guard("close"):
+                self._emit_all_at_shutdown()
+        for undo in reversed(self._undo):
+            with self._contain("unwrap"):
+                undo()
+        self._undo.clear()
+        if self.pump is not None:
+            pump = self.pump
+            await asyncio.get_running_loop().run_in_executor(None, pump.stop)
+        await self._flush_providers()
+        _LOCAL_PLUGINS.pop(self._token, None)
+
+    async def _flush_providers(self) -> None:
+        providers = self.providers
+        if providers is None:
+            return
+
+        def flush_and_shut_down() -> None:
+            for provider in (providers.tracer_provider, providers.meter_provider):
+                if provider is None:
+                    continue
+                try:
+                    if provider in providers.owned:
+                        provider.shutdown()
+                    elif hasattr(provider, "force_flush"):
+                        provider.force_flush(int(_CLOSE_TIMEOUT * 1000))
+                except Exception:
+                    logger.exception("dask_otel_spans: flushing %r failed", provider)
+
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.wait_for(
+                loop.run_in_executor(None, flush_and_shut_down), 2 * _CLOSE_TIMEOUT
+            )
+        except asyncio.TimeoutError:
+            logger.error(
+                "dask_otel_spans: exporters did not flush within %ss", 2 * _CLOSE_TIMEOUT
+            )
+
+    # -- wrapping dask internals -----------------------------------------------------
+
+    def _wrap_heartbeats(self) -> None:
+        ext = self._ext
+        scheduler = self.scheduler
+        plugin_ref = weakref.ref(self)
+
+        original_span_hb = ext.heartbeat
+
+        @functools.wraps(original_span_hb)
+        def span_heartbeat(ws: Any, data: dict) -> None:
+            original_span_hb(ws, data)
+            plugin = plugin_ref()
+            if plugin is not None and not plugin._closed:
+                plugin._on_span_heartbeat(data)
+
+        ext.heartbeat = span_heartbeat
+
+        def undo_span_hb() -> None:
+            if ext.__dict__.get("heartbeat") is span_heartbeat:
+                if getattr(original_span_hb, "__self__", None) is ext:
+                    del ext.heartbeat
+                else:
+                    ext.heartbeat = original_span_hb
+
+        self._undo.append(undo_span_hb)
+
+        original_worker_hb = scheduler.handlers.get("heartbeat_worker")
+        if original_worker_hb is None:
+            return
+
+        @functools.wraps(original_worker_hb)
+        def heartbeat_worker(*args: Any, **kwargs: Any) -> Any:
+            result = original_worker_hb(*args, **kwargs)
+            plugin = plugin_ref()
+            if plugin is not None and not plugin._closed:
+                plugin._on_worker_heartbeat(result, kwargs.get("metrics"))
+            return result
+
+        scheduler.handlers["heartbeat_worker"] = heartbeat_worker
+
+        def undo_worker_hb() -> None:
+            if scheduler.handlers.get("heartbeat_worker") is heartbeat_worker:
+                scheduler.handlers["heartbeat_worker"] = original_worker_hb
+
+        self._undo.append(undo_worker_hb)
+
+    def _on_span_heartbeat(self, data: Mapping[Hashable, float]) -> None:
+        if not data or self.pump is None:
+            return
+        with self._guard("heartbeat"):
+            spans = self._ext.spans
+            tags: dict[Any, tuple[str, ...]] = {}
+            for key in data:
+                if isinstance(key, tuple) and len(key) > 1 and key[1] not in tags:
+                    sp = spans.get(key[1])
+                    tags[key[1]] = sp.name if sp is not None else (str(key[1]),)
+            self.pump.submit("add_span_deltas", data, tags)
+
+    def _on_worker_heartbeat(self, result: Any, metrics: Any) -> None:
+        if self.pump is None or not isinstance(result, dict):
+            return
+        if result.get("status") != "OK" or not isinstance(metrics, dict):
+            return
+        with self._guard("worker-heartbeat"):
+            digests = metrics.get("digests_total_since_heartbeat") or {}
+            worker_wide = {
+                k: v
+                for k, v in digests.items()
+                if isinstance(k, tuple)
+                and k
+                and k[0] not in names.CONTEXTS_WITH_SPAN_ID
+            }
+            if worker_wide:
+                self.pump.submit("add_worker_deltas", worker_wide)
+
+    # -- hooks -----------------------------------------------------------------------
+
+    def update_graph(self, scheduler: Scheduler, *, tasks: Any = (),
+                     annotations: Mapping[str, Any] | None = None,
+                     client: str | None = None, **kwargs: Any) -> None:
+        if self._ext is None or self._closed:
+            return
+        with self._guard("update_graph"):
+            now = time()
+            self._sync_new_spans()
+            otel = (annotations or {}).get(names.ANNOTATION_KEY)
+            if otel:
+                self._absorb_annotations(otel)
+            self._mark_activity(scheduler, tasks, now, client)
+
+    def _absorb_annotations(self, otel: Any) -> None:
+        if not isinstance(otel, Mapping):
+            return
+        seen: set[int] = set()
+        for value in otel.values():
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            carried = parse_carried(value)
+            if carried is None:
+                self._log_once(
+                    "bad-annotation", "ignoring an %r annotation that is not a mapping "
+                    "of dask span id to W3C headers: %.200r",
+                    names.ANNOTATION_KEY, value,
+                )
+                continue
+            for dask_id in carried:
+                rec = self._open.get(dask_id)
+                if rec is not None:
+                    rec.carried.update(carried)
+                    rec.helper = True
+
+    def _mark_activity(
+        self, scheduler: Scheduler, keys: Any, now: float, client: str | None
+    ) -> None:
+        tasks = scheduler.tasks
+        last_group = None
+        span_ids = set()
+        for key in keys:
+            ts = tasks.get(key)
+            if ts is None:
+                continue
+            tg = ts.group
+            if tg is last_group:
+                continue
+            last_group = tg
+            span_ids.add(tg.span_id)
+        spans = self._ext.spans
+        for span_id in span_ids:
+            node = spans.get(span_id)
+            while node is not None:
+                rec = self._open.get(node.id)
+                if rec is not None:
+                    rec.last_activity = now
+                    rec.done_since = None
+                    if client:
+                        rec.clients.add(client)
+                node = node.parent
+
+    def log_event(self, topic: str, msg: Any, **kwargs: Any) -> None:
+        if topic != names.EVENT_TOPIC or self._ext is None or self._closed:
+            return
+        with self._guard("log_event"):
+            self._on_close_notice(msg)
+
+    def _on_close_notice(self, msg: Any) -> None:
+        """The client helper's block exited: mark the spans it opened as closed."""
+        try:
+            ids = tuple(msg["ids"])
+            tags = tuple(str(t) for t in msg["name"])
+            opened = int(msg["opened"])
+            enter = float(msg["enter"])
+            exit_ = float(msg["exit"])
+            if not ids or len(ids) != len(tags) or not 1 <= opened <= len(ids):
+                raise ValueError("inconsistent ids/name/opened")
+            if not all(isinstance(i, str) for i in ids):
+                raise TypeError("span ids must be strings")
+        except Exception as e:
+            self._log_once(
+                "bad-notice", "ignoring a malformed close notice on topic %r (%s): "
+                "%.200r", names.EVENT_TOPIC, e, msg,
+            )
+            return
+        carried = parse_carried(msg.get("otel")) or {}
+        self._sync_new_spans()
+        now = time()
+        spans = self._ext.spans
+        for level in range(len(ids) - opened, len(ids)):
+            dask_id = ids[level]
+            rec = self._open.get(dask_id)
+            if rec is None:
+                if dask_id in spans or dask_id in self._unseen_emitted:
+                    continue  # emitted already, or finished before the plugin
+                rec = _OpenSpan(dask_id, tags[: level + 1], ids[: level + 1])
+                self._open[dask_id] = rec
+            rec.helper = True
+            rec.carried.update(carried)
+            rec.closed_at = now
+            rec.close_reason = names.CLOSE_REASON_CLIENT
+            rec.enter, rec.exit = enter, exit_
+
+    def remove_client(self, scheduler: Scheduler, client: str, **kwargs: Any) -> None:
+        if self._ext is None or self._closed:
+            return
+        with self._guard("remove_client"):
+            now = time()
+            for rec in self._open.values():
+                if rec.helper and rec.closed_at is None and client in rec.clients:
+                    rec.clients.discard(client)
+                    if not rec.clients:
+                        rec.client_gone = True
+                        rec.last_activity = max(rec.last_activity, now)
+
+    # -- bookkeeping -----------------------------------------------------------------
+
+    def _sync_new_spans(self) -> None:
+        """Register the spans the extension created since the last call: the newest
+        entries of its insertion-ordered dict, O(new spans)."""
+        spans = self._ext.spans
+        n = len(spans)
+        new = n - self._n_known
+        if new <= 0:
+            self._n_known = n
+            return
+        fresh = list(islice(reversed(spans.values()), new))
+        self._n_known = n
+        for span in reversed(fresh):
+            self._register(span)
+
+    def _register(self, span: Span) -> None:
+        if span.id in self._unseen_emitted:
+            return
+        rec = self._open.get(span.id)
+        if rec is None:
+            rec = _OpenSpan(span.id, tuple(span.name), _chain_ids(span))
+            self._open[span.id] = rec
+            parent = span.parent
+            parent_rec = self._open.get(parent.id) if parent is not None else None
+            if parent_rec is not None:
+                rec.carried.update(parent_rec.carried)
+        rec.span = span
+        rec.last_activity = time()
+        if not rec.counted and self.pump is not None:
+            rec.counted = True
+            self.pump.submit("span_opened", rec.tags)
+
+    # -- the periodic pass -----------------------------------------------------------
+
+    def _tick(self) -> None:
+        if self._closed or self._pass is not None:
+            return
+        with self._guard("tick"):
+            self._sync_new_spans()
+            if not self._open:
+                return
+            order = sorted(self._open.values(), key=lambda r: -r.depth)
+            self._pass = iter(order)
+            self._pass_done = {}
+            self._pass_ready = []
+        self._continue_pass()
+
+    def _continue_pass(self) -> None:
+        """One slice of the pass over open spans, at most ``tick-budget`` long; the
+        rest is scheduled as a new event-loop callback."""
+        if self._closed or self._pass is None:
+            self._pass = None
+            return
+        finished = False
+        healthy = False
+        with self._guard("tick"):
+            deadline = _time.perf_counter() + self.config.tick_budget
+            now = time()
+            grace = self.grace
+            for rec in self._pass:
+                if self._open.get(rec.id) is rec and self._is_ready(rec, now, grace):
+                    self._pass_ready.append(rec)
+                if _time.perf_counter() > deadline:
+                    break
+            else:
+                finished = True
+            while finished and self._pass_ready:
+                rec = self._pass_ready.pop(0)
+                if self._open.get(rec.id) is rec:
+                    with self._contain("emit"):
+                        self._emit(rec, now, complete=True)
+                if _time.perf_counter() > deadline and self._pass_ready:
+                    # emit the rest in the next slice
+                    finished = False
+                    self._pass = iter(())
+                    break
+            healthy = True
+        if finished or not healthy:
+            self._pass = None
+            self._pass_done = {}
+            self._pass_ready = []
+        else:
+            IOLoop.current().add_callback(self._continue_pass)
+
+    def _is_done(self, rec: _OpenSpan) -> bool:
+        """Span.done, but reusing this pass's verdicts for open children and taking
+        emitted children as done."""
+        memo = self._pass_done
+        cached = memo.get(rec.id)
+        if cached is not None:
+            return cached
+        span = rec.span
+        done = all(tg.done for tg in span.groups)
+        if done:
+            for child in span.children:
+                child_rec = self._open.get(child.id)
+                if child_rec is not None and child_rec.span is not None:
+                    if not self._is_done(child_rec):
+                        done = False
+                        break
+        memo[rec.id] = done
+        return done
+
+    def _is_ready(self, rec: _OpenSpan, now: float, grace: float) -> bool:
+        """Whether the span is done, closed and past the grace period."""
+        if rec.span is None:
+            # Closed by the client, never seen by the scheduler (so far)
+            if rec.closed_at is None:
+                return False
+            if rec.id in self._ext.spans:
+                self._sync_new_spans()
+                return False
+            return now - rec.closed_at >= grace
+        if not self._is_done(rec):
+            rec.done_since = None
+            return False
+        if rec.done_since is None:
+            rec.done_since = now
+        quiet_since = max(rec.done_since, rec.last_activity)
+        if rec.closed_at is not None:
+            return now - max(quiet_since, rec.closed_at) >= grace
+        if rec.helper and not rec.client_gone:
+            return False
+        if now - quiet_since >= max(self.config.idle_timeout, grace):
+            rec.close_reason = (
+                names.CLOSE_REASON_CLIENT_GONE
+                if rec.helper
+                else names.CLOSE_REASON_IDLE
+            )
+            return True
+        return False
+
+    # -- emission --------------------------------------------------------------------
+
+    def _emit_all_at_shutdown(self) -> None:
+        self._sync_new_spans()
+        self._pass_done = {}
+        now = time()
+        for rec in sorted(self._open.values(), key=lambda r: -r.depth):
+            if self._open.get(rec.id) is not rec:
+                continue
+            if rec.span is None:
+                complete = rec.closed_at is not None
+            else:
+                done = self._is_done(rec)
+                complete = done and (rec.closed_at is not None or not rec.helper)
+                if rec.closed_at is None:
+                    rec.close_reason = names.CLOSE_REASON_SHUTDOWN
+            with self._contain("emit"):
+                self._emit(rec, now, complete=complete)
+        self._pass_done = {}
+
+    def _emit(self, rec: _OpenSpan, now: float, *, complete: bool) -> None:
+        del self._open[rec.id]
+        ids = resolve_chain(rec.ids, rec.carried)
+        span = rec.span
+        if span is None:
+            enter = rec.enter if rec.enter is not None else now
+            exit_ = rec.exit if rec.exit is not None else now
+            fields = unseen_span_fields(
+                rec.tags, rec.id, ids, enter=enter, exit=exit_,
+                close_reason=rec.close_reason,
+            )
+            if not complete:
+                fields.attributes[names.SPAN_INCOMPLETE] = True
+            self._unseen_emitted[rec.id] = None
+            while len(self._unseen_emitted) > _MAX_REMEMBERED_UNSEEN:
+                self._unseen_emitted.popitem(last=False)
+            idle = 0.0
+        else:
+            summary = subtree_summary(span, self._summaries)
+            for child in span.children:
+                self._summaries.pop(child.id, None)
+            parent = span.parent
+            if parent is not None and parent.id in self._open:
+                self._summaries[span.id] = summary
+            fields = span_fields(
+                span, ids, summary, now=now, complete=complete,
+                close_reason=rec.close_reason,
+                prefix_spans=self.config.prefix_spans,
+                code_max_length=(
+                    self.config.max_code_length if self.config.include_code else None
+                ),
+            )
+            idle_attr = f"{names.METRICS_ATTRIBUTE_PREFIX}{names.IDLE_ACTIVITY}.seconds"
+            idle = float(fields.attributes.get(idle_attr, 0.0))
+        self._export(fields)
+        self.emitted_count += 1
+        if self.pump is not None:
+            self.pump.submit(
+                "span_emitted", rec.tags, fields.duration_s, idle, rec.counted
+            )
+
+    def _export(self, fields: SpanFields) -> None:
+        tracer = self._tracer
+        if tracer is None:
+            return
+        parent = fields.ids.parent_context
+        ctx = (
+            trace.set_span_in_context(trace.NonRecordingSpan(parent))
+            if parent is not None
+            else Context()
+        )
+        self._ids.trace_id = fields.ids.trace_id
+        self._ids.span_id = fields.ids.span_id
+        otel_span = tracer.start_span(
+            fields.name,
+            context=ctx,
+            kind=SpanKind.INTERNAL,
+            attributes=fields.attributes,
+            start_time=fields.start_ns,
+        )
+        if fields.error:
+            otel_span.set_status(Status(StatusCode.ERROR, fields.error))
+        if fields.prefixes and otel_span.is_recording():
+            child_ctx = trace.set_span_in_context(otel_span)
+            for prefix in fields.prefixes:
+                self._ids.span_id = prefix.span_id
+                child = tracer.start_span(
+                    prefix.name,
+                    context=child_ctx,
+                    kind=SpanKind.INTERNAL,
+                    attributes=prefix.attributes,
+                    start_time=prefix.start_ns,
+                )
+                child.end(end_time=prefix.end_ns)
+        otel_span.end(end_time=fields.end_ns)
+
+    # -- introspection (tests, benchmarks, run_on_scheduler) ------------------------
+
+    async def flush(self, timeout: float = 10.0) -> None:
+        """Emit whatever is ready now, then flush metrics and providers."""
+        if self._ext is not None and not self._closed:
+            self._tick()
+            while self._pass is not None:
+                await asyncio.sleep(0)
+        if self.pump is not None:
+            await asyncio.get_running_loop().run_in_executor(
+                None, self.pump.flush, timeout
+            )
+        providers = self.providers
+        if providers is None:
+            return
+
+        def flush() -> None:
+            for provider in (providers.tracer_provider, providers.meter_provider):
+                if provider is not None and hasattr(provider, "force_flush"):
+                    provider.force_flush(int(timeout * 1000))
+
+        await asyncio.get_running_loop().run_in_executor(None, flush)
+
+
+def _restore_plugin(
+    token: str, settings: dict[str, Any], had_providers: bool, use_global: bool
+) -> OTelSpansPlugin:
+    """Unpickle a plugin: the very same object when the scheduler is in the process
+    that created it, else a new one configured from this process's environment."""
+    plugin = _LOCAL_PLUGINS.get(token)
+    if plugin is not None:
+        return plugin
+    if had_providers:
+        logger.warning(
+            "dask_otel_spans: providers passed to OTelSpansPlugin cannot travel to a "
+            "scheduler in another process; using this scheduler's OTEL_* configuration"
+        )
+    return OTelSpansPlugin(use_global_providers=use_global, **settings)

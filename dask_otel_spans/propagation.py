@@ -1,0 +1,170 @@
+"""Pure helpers: W3C trace context carried in graph annotations, and OTel ids derived
+from dask span ids, so that the client and the scheduler compute the same ids."""
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import SpanContext, TraceFlags, TraceState
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+_MASK64 = (1 << 64) - 1
+_PROPAGATOR = TraceContextTextMapPropagator()
+#: W3C limits: traceparent is 55 characters, tracestate at most 32 members of 256
+_MAX_CARRIER_VALUE = 512 * 32
+_CARRIER_FIELDS = ("traceparent", "tracestate")
+
+
+def _id_bits(dask_id: str) -> int:
+    """128 bits of a dask span id: its UUID, or a stable hash when it is no UUID."""
+    try:
+        return uuid.UUID(dask_id).int
+    except (ValueError, TypeError, AttributeError):
+        digest = hashlib.blake2b(str(dask_id).encode(), digest_size=16).digest()
+        return int.from_bytes(digest, "big")
+
+
+def otel_span_id(dask_span_id: str) -> int:
+    """OTel span id of a dask span: the low 64 bits of its UUID (never 0)."""
+    return (_id_bits(dask_span_id) & _MASK64) or 1
+
+
+def otel_trace_id(dask_span_id: str) -> int:
+    """OTel trace id of a chain without carried context: the root span's 128 bits."""
+    return _id_bits(dask_span_id) or 1
+
+
+def prefix_span_id(dask_span_id: str, prefix: str) -> int:
+    """Deterministic OTel span id of the child span of a task prefix."""
+    namespace = uuid.UUID(int=_id_bits(dask_span_id))
+    return (uuid.uuid5(namespace, str(prefix)).int & _MASK64) or 1
+
+
+def carrier_from_context(ctx: Context | None = None) -> dict[str, str]:
+    """W3C headers of the span current in ``ctx``; empty when there is none."""
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier, context=ctx)
+    return carrier
+
+
+def carrier_for(span_context: SpanContext) -> dict[str, str]:
+    """W3C headers for an explicit span context."""
+    ctx = trace.set_span_in_context(trace.NonRecordingSpan(span_context))
+    return carrier_from_context(ctx)
+
+
+def span_context_from_carrier(carrier: Any) -> SpanContext | None:
+    """The remote span context in a carried W3C carrier, or None.
+
+    Anything malformed (not a mapping, wrong types, huge or invalid values) gives None;
+    this never raises.
+    """
+    if not isinstance(carrier, Mapping):
+        return None
+    clean = {}
+    for name in _CARRIER_FIELDS:
+        value = carrier.get(name)
+        if isinstance(value, str) and len(value) <= _MAX_CARRIER_VALUE:
+            clean[name] = value
+    if "traceparent" not in clean:
+        return None
+    try:
+        ctx = _PROPAGATOR.extract(clean)
+    except Exception:  # pragma: no cover - the propagator validates itself
+        return None
+    sc = trace.get_current_span(ctx).get_span_context()
+    return sc if sc.is_valid else None
+
+
+def parse_carried(annotation: Any) -> dict[str, SpanContext | None] | None:
+    """Parse an ``otel`` annotation ``{dask span id: carrier}``.
+
+    Returns ``{dask span id: span context or None}`` for the well-formed keys, None
+    when the annotation is not a mapping at all. An entry with an empty or invalid
+    carrier maps to None: the span was opened by the client helper, with no OTel
+    context current.
+    """
+    if not isinstance(annotation, Mapping):
+        return None
+    out: dict[str, SpanContext | None] = {}
+    for dask_id, carrier in annotation.items():
+        if isinstance(dask_id, str) and dask_id:
+            out[dask_id] = span_context_from_carrier(carrier)
+    return out
+
+
+@dataclass(frozen=True)
+class ChainIds:
+    """OTel identity of the last dask span of a chain of ids."""
+
+    trace_id: int
+    span_id: int
+    #: None for the root of a trace
+    parent_span_id: int | None
+    trace_flags: TraceFlags
+    trace_state: TraceState | None
+
+    @property
+    def parent_context(self) -> SpanContext | None:
+        if self.parent_span_id is None:
+            return None
+        return SpanContext(
+            trace_id=self.trace_id,
+            span_id=self.parent_span_id,
+            is_remote=True,
+            trace_flags=self.trace_flags,
+            trace_state=self.trace_state,
+        )
+
+    @property
+    def span_context(self) -> SpanContext:
+        """The (reserved) OTel span context of the dask span itself."""
+        return SpanContext(
+            trace_id=self.trace_id,
+            span_id=self.span_id,
+            is_remote=False,
+            trace_flags=self.trace_flags,
+            trace_state=self.trace_state,
+        )
+
+
+def resolve_chain(
+    ids: Sequence[str], carried: Mapping[str, SpanContext | None]
+) -> ChainIds:
+    """OTel ids of ``ids[-1]``, the last span of a dask span chain root-first.
+
+    - trace id: the one carried for the root when there is one, else the root's UUID;
+    - parent: the span carried for ``ids[-1]`` when it belongs to that trace, else the
+      parent dask span's OTel span, else none (a root);
+    - flags and state: the root's carried ones, else sampled.
+    """
+    if not ids:
+        raise ValueError("empty span chain")
+    root_ctx = carried.get(ids[0])
+    if root_ctx is not None:
+        trace_id = root_ctx.trace_id
+        flags = root_ctx.trace_flags
+        state = root_ctx.trace_state
+    else:
+        trace_id = otel_trace_id(ids[0])
+        flags = TraceFlags(TraceFlags.SAMPLED)
+        state = None
+    own_ctx = carried.get(ids[-1])
+    if own_ctx is not None and own_ctx.trace_id == trace_id:
+        parent: int | None = own_ctx.span_id
+    elif len(ids) > 1:
+        parent = otel_span_id(ids[-2])
+    else:
+        parent = None
+    return ChainIds(
+        trace_id=trace_id,
+        span_id=otel_span_id(ids[-1]),
+        parent_span_id=parent,
+        trace_flags=flags,
+        trace_state=state,
+    )

@@ -1,0 +1,350 @@
+"""Tracer and meter providers for the plugin: explicit arguments, else the process's
+global SDK providers, else providers built from the standard ``OTEL_*`` variables,
+else the embedded default (OTLP-JSON lines files, no collector needed)."""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+from opentelemetry import metrics as metrics_api
+from opentelemetry import trace as trace_api
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    ConsoleMetricExporter,
+    MetricReader,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
+from dask_otel_spans import names
+from dask_otel_spans.otlpjson import (
+    METRICS_FILE,
+    TRACES_FILE,
+    OTLPJsonLinesMetricExporter,
+    OTLPJsonLinesSpanExporter,
+)
+
+logger = logging.getLogger(__name__)
+
+#: Variables whose presence means "the user configured an exporter"
+_CONFIGURING_VARIABLES = (
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_METRICS_EXPORTER",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+)
+#: Value of OTEL_{TRACES,METRICS}_EXPORTER selecting the embedded file exporter
+FILE_EXPORTER = "otlp_json_file"
+
+
+class ConfigurationError(ValueError):
+    """An ``OTEL_*`` variable has a value this package cannot use."""
+
+
+@dataclass
+class Providers:
+    """The providers the plugin uses and which of them it owns (shuts down)."""
+
+    tracer_provider: Any = None
+    meter_provider: Any = None
+    owned: list[Any] = field(default_factory=list)
+    #: human-readable "where do traces / metrics go", for the log line
+    traces_to: str = "nowhere"
+    metrics_to: str = "nowhere"
+
+
+def build_resource(
+    environ: Mapping[str, str], scheduler_address: str | None = None
+) -> Resource:
+    """``service.name`` = OTEL_SERVICE_NAME, else OTEL_RESOURCE_ATTRIBUTES' one, else
+    ``dask-scheduler``; plus ``dask.scheduler.address`` and OTEL_RESOURCE_ATTRIBUTES."""
+    attrs: dict[str, Any] = {names.SERVICE_NAME: names.DEFAULT_SERVICE_NAME}
+    if scheduler_address:
+        attrs[names.SCHEDULER_ADDRESS] = scheduler_address
+    for item in environ.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
+        key, sep, value = item.partition("=")
+        if sep and key.strip():
+            attrs[key.strip()] = unquote(value.strip())
+    if environ.get("OTEL_SERVICE_NAME"):
+        attrs[names.SERVICE_NAME] = environ["OTEL_SERVICE_NAME"]
+    return Resource.create(attrs)
+
+
+def parse_headers(value: str | None) -> dict[str, str]:
+    """``OTEL_EXPORTER_OTLP_HEADERS`` format: ``k1=v1,k2=v2``, URL-encoded values."""
+    out = {}
+    for item in (value or "").split(","):
+        key, sep, val = item.partition("=")
+        if sep and key.strip():
+            out[unquote(key.strip()).lower()] = unquote(val.strip())
+        elif item.strip():
+            logger.warning("dask_otel_spans: ignoring malformed OTLP header %r", item)
+    return out
+
+
+def _signal_setting(
+    environ: Mapping[str, str], signal: str, name: str
+) -> str | None:
+    """``OTEL_EXPORTER_OTLP_<SIGNAL>_<NAME>``, else ``OTEL_EXPORTER_OTLP_<NAME>``."""
+    return environ.get(f"OTEL_EXPORTER_OTLP_{signal}_{name}") or environ.get(
+        f"OTEL_EXPORTER_OTLP_{name}"
+    )
+
+
+def _otlp_protocol(environ: Mapping[str, str], signal: str) -> str:
+    protocol = (_signal_setting(environ, signal, "PROTOCOL") or "grpc").strip()
+    if protocol not in ("grpc", "http/protobuf"):
+        raise ConfigurationError(
+            f"unsupported OTLP protocol {protocol!r} (use grpc or http/protobuf)"
+        )
+    return protocol
+
+
+def otlp_exporter_kwargs(
+    environ: Mapping[str, str], signal: str, protocol: str
+) -> dict[str, Any]:
+    """Keyword arguments of the OTLP exporter of ``signal`` (``TRACES`` or
+    ``METRICS``) from the standard variables in ``environ``; unset ones are left out
+    so that the exporter's own defaults apply."""
+    kwargs: dict[str, Any] = {}
+    path = {"TRACES": "v1/traces", "METRICS": "v1/metrics"}[signal]
+    specific = environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
+    generic = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if specific:
+        kwargs["endpoint"] = specific
+    elif generic:
+        if protocol == "http/protobuf":
+            kwargs["endpoint"] = generic.rstrip("/") + "/" + path
+        else:
+            kwargs["endpoint"] = generic
+    headers = _signal_setting(environ, signal, "HEADERS")
+    if headers:
+        kwargs["headers"] = parse_headers(headers)
+    timeout = _signal_setting(environ, signal, "TIMEOUT")
+    if timeout:
+        # The Python exporters read this variable in seconds; so do we.
+        kwargs["timeout"] = float(timeout)
+    compression = _signal_setting(environ, signal, "COMPRESSION")
+    if compression:
+        kwargs["compression"] = _compression(compression.strip().lower(), protocol)
+    certificate = _signal_setting(environ, signal, "CERTIFICATE")
+    if protocol == "grpc":
+        insecure = _signal_setting(environ, signal, "INSECURE")
+        if insecure:
+            kwargs["insecure"] = insecure.strip().lower() == "true"
+        if certificate:
+            import grpc
+
+            with open(certificate, "rb") as f:
+                kwargs["credentials"] = grpc.ssl_channel_credentials(f.read())
+    elif certificate:
+        kwargs["certificate_file"] = certificate
+    return kwargs
+
+
+def _compression(value: str, protocol: str) -> Any:
+    if value not in ("gzip", "deflate", "none"):
+        raise ConfigurationError(f"unsupported OTLP compression {value!r}")
+    if protocol == "grpc":
+        import grpc
+
+        return {
+            "gzip": grpc.Compression.Gzip,
+            "deflate": grpc.Compression.Deflate,
+            "none": grpc.Compression.NoCompression,
+        }[value]
+    from opentelemetry.exporter.otlp.proto.http import Compression
+
+    return {
+        "gzip": Compression.Gzip,
+        "deflate": Compression.Deflate,
+        "none": Compression.NoCompression,
+    }[value]
+
+
+def _exporter_names(environ: Mapping[str, str], variable: str) -> list[str]:
+    return [
+        n.strip().lower()
+        for n in environ.get(variable, "otlp").split(",")
+        if n.strip()
+    ]
+
+
+def is_unconfigured(environ: Mapping[str, str]) -> bool:
+    """True when no exporter and no OTLP endpoint is configured at all."""
+    return not any(environ.get(v) for v in _CONFIGURING_VARIABLES)
+
+
+def _span_exporter(name: str, environ: Mapping[str, str], output_dir: str) -> Any:
+    if name == "otlp":
+        protocol = _otlp_protocol(environ, "TRACES")
+        kwargs = otlp_exporter_kwargs(environ, "TRACES", protocol)
+        if protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+                OTLPSpanExporter,
+            )
+        else:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+                OTLPSpanExporter,
+            )
+        exporter = OTLPSpanExporter(**kwargs)
+        where = kwargs.get("endpoint", "the default endpoint")
+        return exporter, f"OTLP {protocol} to {where}"
+    if name == "console":
+        return ConsoleSpanExporter(), "the console"
+    if name == FILE_EXPORTER:
+        exporter = OTLPJsonLinesSpanExporter(os.path.join(output_dir, TRACES_FILE))
+        return exporter, exporter.path
+    raise ConfigurationError(f"unsupported OTEL_TRACES_EXPORTER {name!r}")
+
+
+def _metric_reader(
+    name: str, environ: Mapping[str, str], output_dir: str
+) -> tuple[MetricReader, str]:
+    interval = float(environ.get("OTEL_METRIC_EXPORT_INTERVAL") or 60_000)
+    if name == "otlp":
+        protocol = _otlp_protocol(environ, "METRICS")
+        kwargs = otlp_exporter_kwargs(environ, "METRICS", protocol)
+        if protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+                OTLPMetricExporter,
+            )
+        else:
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+                OTLPMetricExporter,
+            )
+        exporter = OTLPMetricExporter(**kwargs)
+        where = f"OTLP {protocol} to {kwargs.get('endpoint', 'the default endpoint')}"
+    elif name == "console":
+        exporter, where = ConsoleMetricExporter(), "the console"
+    elif name == FILE_EXPORTER:
+        exporter = OTLPJsonLinesMetricExporter(os.path.join(output_dir, METRICS_FILE))
+        where = exporter.path
+    elif name == "prometheus":
+        return _prometheus_reader(environ)
+    else:
+        raise ConfigurationError(f"unsupported OTEL_METRICS_EXPORTER {name!r}")
+    reader = PeriodicExportingMetricReader(exporter, export_interval_millis=interval)
+    return reader, where
+
+
+def _prometheus_reader(environ: Mapping[str, str]) -> tuple[MetricReader, str]:
+    try:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    except ImportError as e:
+        raise ConfigurationError(
+            "OTEL_METRICS_EXPORTER=prometheus needs opentelemetry-exporter-prometheus "
+            "(pip install 'dask_otel_spans[prometheus]')"
+        ) from e
+    reader = PrometheusMetricReader()
+    where = "the scheduler's /metrics (prometheus_client default registry)"
+    port = environ.get("OTEL_EXPORTER_PROMETHEUS_PORT")
+    if port:
+        from prometheus_client import start_http_server
+
+        host = environ.get("OTEL_EXPORTER_PROMETHEUS_HOST", "0.0.0.0")
+        start_http_server(int(port), addr=host)
+        where += f" and http://{host}:{port}/metrics"
+    return reader, where
+
+
+def build_tracer_provider(
+    environ: Mapping[str, str], resource: Resource, output_dir: str
+) -> tuple[TracerProvider | None, str]:
+    """A tracer provider with one batch processor per configured exporter."""
+    exporters = (
+        [FILE_EXPORTER]
+        if is_unconfigured(environ)
+        else _exporter_names(environ, "OTEL_TRACES_EXPORTER")
+    )
+    exporters = [e for e in exporters if e != "none"]
+    if not exporters:
+        return None, "nowhere (OTEL_TRACES_EXPORTER=none)"
+    provider = TracerProvider(resource=resource)
+    where = []
+    for name in exporters:
+        exporter, description = _span_exporter(name, environ, output_dir)
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+        where.append(description)
+    return provider, ", ".join(where)
+
+
+def build_meter_provider(
+    environ: Mapping[str, str], resource: Resource, output_dir: str
+) -> tuple[MeterProvider | None, str]:
+    """A meter provider with one reader per configured exporter."""
+    exporters = (
+        [FILE_EXPORTER]
+        if is_unconfigured(environ)
+        else _exporter_names(environ, "OTEL_METRICS_EXPORTER")
+    )
+    exporters = [e for e in exporters if e != "none"]
+    if not exporters:
+        return None, "nowhere (OTEL_METRICS_EXPORTER=none)"
+    readers, where = [], []
+    for name in exporters:
+        reader, description = _metric_reader(name, environ, output_dir)
+        readers.append(reader)
+        where.append(description)
+    return MeterProvider(metric_readers=readers, resource=resource), ", ".join(where)
+
+
+def _global_sdk_tracer_provider() -> TracerProvider | None:
+    provider = trace_api.get_tracer_provider()
+    return provider if isinstance(provider, TracerProvider) else None
+
+
+def _global_sdk_meter_provider() -> MeterProvider | None:
+    provider = metrics_api.get_meter_provider()
+    return provider if isinstance(provider, MeterProvider) else None
+
+
+def resolve_providers(
+    *,
+    tracer_provider: Any = None,
+    meter_provider: Any = None,
+    environ: Mapping[str, str] | None = None,
+    scheduler_address: str | None = None,
+    output_dir: str = "dask-otel-spans",
+    use_global: bool = True,
+) -> Providers:
+    """Pick the providers: argument, then global SDK provider, then ``OTEL_*``."""
+    environ = os.environ if environ is None else environ
+    out = Providers()
+    resource = None
+
+    def get_resource() -> Resource:
+        nonlocal resource
+        if resource is None:
+            resource = build_resource(environ, scheduler_address)
+        return resource
+
+    if tracer_provider is not None:
+        out.tracer_provider, out.traces_to = tracer_provider, "the given tracer provider"
+    elif use_global and (glob := _global_sdk_tracer_provider()) is not None:
+        out.tracer_provider, out.traces_to = glob, "the global tracer provider"
+    else:
+        out.tracer_provider, out.traces_to = build_tracer_provider(
+            environ, get_resource(), output_dir
+        )
+        if out.tracer_provider is not None:
+            out.owned.append(out.tracer_provider)
+
+    if meter_provider is not None:
+        out.meter_provider, out.metrics_to = meter_provider, "the given meter provider"
+    elif use_global and (globm := _global_sdk_meter_provider()) is not None:
+        out.meter_provider, out.metrics_to = globm, "the global meter provider"
+    else:
+        out.meter_provider, out.metrics_to = build_meter_provider(
+            environ, get_resource(), output_dir
+        )
+        if out.meter_provider is not None:
+            out.owned.append(out.meter_provider)
+    return out

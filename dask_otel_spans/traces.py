@@ -1,0 +1,341 @@
+"""Pure translation of dask ``Span`` objects into OTel span fields (names, times in
+ns, ids, attributes); no I/O and no OpenTelemetry SDK objects."""
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+from dask_otel_spans import names
+from dask_otel_spans.propagation import ChainIds, prefix_span_id
+
+if TYPE_CHECKING:
+    from distributed.scheduler import TaskGroup
+    from distributed.spans import Span
+
+
+def to_ns(seconds: float) -> int:
+    """Scheduler clock (seconds since the epoch) to OTel nanoseconds."""
+    return int(round(seconds * 1e9))
+
+
+def metric_attribute(activity: Any, unit: Any) -> str:
+    """``dask.metrics.<activity>.<unit>``"""
+    return f"{names.METRICS_ATTRIBUTE_PREFIX}{activity}.{unit}"
+
+
+def split_metric_key(key: Hashable) -> tuple[str, str, str, str] | None:
+    """``(context, prefix or where, activity, unit)`` of a per-span heartbeat key
+    without its span id, or None when it does not have that shape."""
+    if not isinstance(key, tuple) or len(key) < 3:
+        return None
+    context = str(key[0])
+    where = str(key[1]) if len(key) >= 4 else ""
+    return context, where, str(key[-2]), str(key[-1])
+
+
+@dataclass
+class SpanSummary:
+    """Additive figures of a span, or of a span tree once children were added."""
+
+    task_count: int = 0
+    erred_count: int = 0
+    nbytes_total: int = 0
+    task_duration: float = 0.0
+    #: earliest start of a task group, 0 when none finished a task
+    start: float = 0.0
+    #: latest stop of a task group, 0 when none
+    stop: float = 0.0
+    #: ``(activity, unit) -> value`` over every context and prefix
+    metrics: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: sum of the known ``execute`` seconds (for the idle activity)
+    execute_seconds: float = 0.0
+
+    def add(self, other: SpanSummary) -> None:
+        self.task_count += other.task_count
+        self.erred_count += other.erred_count
+        self.nbytes_total += other.nbytes_total
+        self.task_duration += other.task_duration
+        if other.start and (not self.start or other.start < self.start):
+            self.start = other.start
+        self.stop = max(self.stop, other.stop)
+        for k, v in other.metrics.items():
+            self.metrics[k] = self.metrics.get(k, 0) + v
+        self.execute_seconds += other.execute_seconds
+
+
+def _group_figures(groups: Iterable[TaskGroup]) -> SpanSummary:
+    out = SpanSummary()
+    for tg in groups:
+        states = tg.states
+        out.task_count += sum(states.values())
+        out.erred_count += states.get("erred", 0)
+        out.nbytes_total += tg.nbytes_total
+        out.task_duration += tg.duration
+        if tg.start and (not out.start or tg.start < out.start):
+            out.start = tg.start
+        out.stop = max(out.stop, tg.stop)
+    return out
+
+
+def own_worker_metrics(span: Span) -> Mapping[Hashable, float]:
+    """Heartbeat metrics of this span alone (not its children), without span id."""
+    return getattr(span, "_cumulative_worker_metrics", None) or {}
+
+
+def own_summary(span: Span) -> SpanSummary:
+    """Figures of the span's own task groups and own worker metrics."""
+    out = _group_figures(span.groups)
+    metrics: dict[tuple[str, str], float] = {}
+    for key, value in own_worker_metrics(span).items():
+        parts = split_metric_key(key)
+        if parts is None or not isinstance(value, (int, float)):
+            continue
+        context, _, activity, unit = parts
+        metrics[activity, unit] = metrics.get((activity, unit), 0) + value
+        if context == "execute" and unit == "seconds":
+            out.execute_seconds += value
+    out.metrics = metrics
+    return out
+
+
+def subtree_summary(span: Span, known: Mapping[str, SpanSummary]) -> SpanSummary:
+    """Figures of the span tree below ``span``, reusing ``known`` subtree summaries
+    (of children already emitted) instead of walking their trees again."""
+    out = own_summary(span)
+    for child in span.children:
+        cached = known.get(child.id)
+        out.add(cached if cached is not None else subtree_summary(child, known))
+    return out
+
+
+def active_cpu_seconds(
+    nthreads_history: Sequence[tuple[float, int]],
+    offset: int,
+    start: float,
+    stop: float,
+) -> float:
+    """Thread-seconds the cluster offered between ``start`` and ``stop``.
+
+    Same definition as ``Span.active_cpu_seconds``, computed from the scheduler's
+    ``total_nthreads_history`` without walking the span tree.
+    """
+    if stop <= start or offset >= len(nthreads_history):
+        return 0.0
+    prev_t, prev_n = start, nthreads_history[offset][1]
+    total = 0.0
+    for t, n in islice(nthreads_history, offset + 1, None):
+        if t >= stop:
+            break
+        t = max(t, start)
+        total += (t - prev_t) * prev_n
+        prev_t, prev_n = t, n
+    total += (stop - prev_t) * prev_n
+    return total
+
+
+def code_attribute(code: Iterable[tuple[Any, ...]], max_length: int) -> str:
+    """Client code snippets of a span as one string, cut to ``max_length``."""
+    parts = []
+    for snippet in code:
+        if not snippet:
+            continue
+        frame = snippet[-1]
+        filename = getattr(frame, "filename", "?")
+        lineno = getattr(frame, "lineno_frame", "?")
+        parts.append(f"# {filename}:{lineno}\n{getattr(frame, 'code', frame)}")
+    return "\n".join(parts)[:max_length]
+
+
+@dataclass(frozen=True)
+class PrefixSpanFields:
+    """Fields of the child span of one task prefix."""
+
+    name: str
+    span_id: int
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SpanFields:
+    """Everything needed to emit the OTel span of one dask span."""
+
+    name: str
+    ids: ChainIds
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any]
+    #: set when tasks erred: the status description
+    error: str | None
+    prefixes: list[PrefixSpanFields]
+
+    @property
+    def duration_s(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+
+def span_display_name(tags: Sequence[str]) -> str:
+    """OTel span name: the last tag."""
+    return str(tags[-1]) if tags else names.DEFAULT_SPAN_TAG
+
+
+def _base_attributes(
+    tags: Sequence[str], dask_id: str, summary: SpanSummary, active_cpu: float
+) -> dict[str, Any]:
+    return {
+        names.SPAN_NAME: [str(t) for t in tags],
+        names.SPAN_ID: str(dask_id),
+        names.SPAN_TASK_COUNT: summary.task_count,
+        names.SPAN_ERRED_COUNT: summary.erred_count,
+        names.SPAN_NBYTES_TOTAL: summary.nbytes_total,
+        names.SPAN_TASK_DURATION: summary.task_duration,
+        names.SPAN_ACTIVE_CPU_SECONDS: active_cpu,
+    }
+
+
+def _error(summary: SpanSummary) -> str | None:
+    if not summary.erred_count:
+        return None
+    n = summary.erred_count
+    return f"{n} task{'s' if n != 1 else ''} erred"
+
+
+def prefix_fields(
+    span: Span, *, default_start: float, default_stop: float
+) -> list[PrefixSpanFields]:
+    """One child span per task prefix among the span's own groups (merged)."""
+    by_prefix: dict[str, list[TaskGroup]] = defaultdict(list)
+    for tg in span.groups:
+        by_prefix[str(tg.prefix.name)].append(tg)
+    if not by_prefix:
+        return []
+    metrics: dict[str, dict[str, float]] = defaultdict(dict)
+    for key, value in own_worker_metrics(span).items():
+        parts = split_metric_key(key)
+        if parts is None or parts[0] != "execute" or parts[1] not in by_prefix:
+            continue
+        attr = metric_attribute(parts[2], parts[3])
+        per_prefix = metrics[parts[1]]
+        per_prefix[attr] = per_prefix.get(attr, 0) + value
+    out = []
+    for prefix, groups in sorted(by_prefix.items()):
+        fig = _group_figures(groups)
+        start = fig.start or default_start
+        stop = max(fig.stop or default_stop, start)
+        attributes: dict[str, Any] = {
+            names.TASK_PREFIX: prefix,
+            names.TASK_GROUP_COUNT: len(groups),
+            names.TASK_GROUP_TASK_COUNT: fig.task_count,
+            names.TASK_GROUP_NBYTES_TOTAL: fig.nbytes_total,
+        }
+        attributes.update(metrics.get(prefix, {}))
+        out.append(
+            PrefixSpanFields(
+                name=prefix,
+                span_id=prefix_span_id(span.id, prefix),
+                start_ns=to_ns(start),
+                end_ns=to_ns(stop),
+                attributes=attributes,
+            )
+        )
+    return out
+
+
+def span_fields(
+    span: Span,
+    ids: ChainIds,
+    summary: SpanSummary,
+    *,
+    now: float,
+    complete: bool,
+    close_reason: str,
+    prefix_spans: bool = True,
+    code_max_length: int | None = None,
+) -> SpanFields:
+    """OTel fields of a dask span the scheduler knows.
+
+    Parameters
+    ----------
+    span:
+        The dask span
+    ids:
+        Its OTel identity, see :func:`~dask_otel_spans.propagation.resolve_chain`
+    summary:
+        Figures of its whole tree, see :func:`subtree_summary`
+    now:
+        Current scheduler time: the end of a span that is not done
+    complete:
+        False when the span is emitted before it was done and closed (shutdown);
+        sets ``dask.span.incomplete``
+    close_reason:
+        One of the ``names.CLOSE_REASON_*``
+    prefix_spans:
+        Whether to build one child span per task prefix
+    code_max_length:
+        Include ``Span.code`` cut to this length; None leaves it out
+    """
+    start = span.enqueued
+    stop = summary.stop if complete and summary.stop else now
+    stop = max(stop, start)
+    active_cpu = active_cpu_seconds(
+        getattr(span, "_total_nthreads_history", ()),
+        getattr(span, "_total_nthreads_offset", 0),
+        start,
+        stop,
+    )
+    attributes = _base_attributes(span.name, span.id, summary, active_cpu)
+    for (activity, unit), value in summary.metrics.items():
+        attributes[metric_attribute(activity, unit)] = value
+    idle = max(0.0, active_cpu - summary.execute_seconds)
+    idle_attr = metric_attribute(names.IDLE_ACTIVITY, "seconds")
+    attributes[idle_attr] = attributes.get(idle_attr, 0) + idle
+    attributes[names.SPAN_CLOSE_REASON] = close_reason
+    if not complete:
+        attributes[names.SPAN_INCOMPLETE] = True
+    if code_max_length is not None:
+        code = code_attribute(span.code, code_max_length)
+        if code:
+            attributes[names.SPAN_CODE] = code
+    prefixes = (
+        prefix_fields(span, default_start=start, default_stop=stop)
+        if prefix_spans
+        else []
+    )
+    return SpanFields(
+        name=span_display_name(span.name),
+        ids=ids,
+        start_ns=to_ns(start),
+        end_ns=to_ns(stop),
+        attributes=attributes,
+        error=_error(summary),
+        prefixes=prefixes,
+    )
+
+
+def unseen_span_fields(
+    tags: Sequence[str],
+    dask_id: str,
+    ids: ChainIds,
+    *,
+    enter: float,
+    exit: float,
+    close_reason: str,
+) -> SpanFields:
+    """OTel fields of a span the scheduler never saw (no tasks anywhere below it):
+    it takes the client's enter and exit times."""
+    exit = max(exit, enter)
+    attributes = _base_attributes(tags, dask_id, SpanSummary(), 0.0)
+    attributes[names.SPAN_CLOSE_REASON] = close_reason
+    return SpanFields(
+        name=span_display_name(tags),
+        ids=ids,
+        start_ns=to_ns(enter),
+        end_ns=to_ns(exit),
+        attributes=attributes,
+        error=None,
+        prefixes=[],
+    )
