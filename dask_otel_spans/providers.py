@@ -337,14 +337,20 @@ def resolve_providers(
         if out.tracer_provider is not None:
             out.owned.append(out.tracer_provider)
 
-    if meter_provider is not None:
-        out.meter_provider, out.metrics_to = meter_provider, "the given meter provider"
-    elif use_global and (globm := _global_sdk_meter_provider()) is not None:
-        out.meter_provider, out.metrics_to = globm, "the global meter provider"
-    else:
-        out.meter_provider, out.metrics_to = build_meter_provider(
-            environ, get_resource(), output_dir
-        )
-        if out.meter_provider is not None:
-            out.owned.append(out.meter_provider)
+    try:
+        if meter_provider is not None:
+            out.meter_provider = meter_provider
+            out.metrics_to = "the given meter provider"
+        elif use_global and (globm := _global_sdk_meter_provider()) is not None:
+            out.meter_provider, out.metrics_to = globm, "the global meter provider"
+        else:
+            out.meter_provider, out.metrics_to = build_meter_provider(
+                environ, get_resource(), output_dir
+            )
+            if out.meter_provider is not None:
+                out.owned.append(out.meter_provider)
+    except Exception:
+        for provider in out.owned:
+            provider.shutdown()
+        raise
     return out

@@ -1,0 +1,87 @@
+"""The console script: ``demo`` on the embedded default, ``tree`` on saved files."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dask_otel_spans.cli import render_tree
+from dask_otel_spans.otlpjson import read_metric_points, read_spans
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("demo")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "dask_otel_spans.cli", "demo"],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return cwd, proc.stdout + proc.stderr
+
+
+def test_demo_prints_the_span_tree(demo_run):
+    _, output = demo_run
+    for name in ("demo workflow", "array step", "dataframe step", "futures step",
+                 "custom activity", "model fit", "· fit_model"):
+        assert name in output
+    assert "model-fit" in output  # the custom context_meter activity
+
+
+def test_demo_writes_embedded_default_files_and_says_where(demo_run):
+    cwd, output = demo_run
+    traces = cwd / "dask-otel-spans" / "traces.jsonl"
+    metrics = cwd / "dask-otel-spans" / "metrics.jsonl"
+    assert f"traces to {traces}" in output
+    names_ = {s["name"] for s in read_spans(str(traces))}
+    assert {"demo workflow", "array step", "model fit"} <= names_
+    points = read_metric_points(str(metrics))
+    assert any(
+        p["name"] == "dask.span.activity.time"
+        and p["attributes"]["dask.activity"] == "model-fit"
+        and p["attributes"]["dask.span.name"] == "demo workflow/custom activity/model fit"
+        for p in points
+    )
+    assert any(p["name"] == "dask.span.activity.custom" and p["attributes"]["dask.unit"] == "rows" for p in points)
+
+
+def test_tree_command_reads_saved_files(demo_run):
+    cwd, _ = demo_run
+    proc = subprocess.run(
+        [sys.executable, "-m", "dask_otel_spans.cli", "tree", "dask-otel-spans"],
+        cwd=cwd, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("trace ")
+    assert lines[1].strip().startswith("demo workflow")
+    assert any(line.startswith("    array step") for line in lines)
+
+
+def test_tree_of_missing_file_fails(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "dask_otel_spans.cli", "tree", str(tmp_path / "nope")],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 1
+    assert "no such file" in proc.stderr
+
+
+def test_render_tree_nests_by_parent():
+    spans = [
+        {"traceId": "t", "spanId": "1", "name": "wf", "startTimeUnixNano": "0",
+         "endTimeUnixNano": "2000000000",
+         "attributes": {"dask.span.id": "x", "dask.span.task_count": 3,
+                        "dask.metrics.thread-cpu.seconds": 1.5}},
+        {"traceId": "t", "spanId": "2", "parentSpanId": "1", "name": "inc",
+         "startTimeUnixNano": "0", "endTimeUnixNano": "1000000000",
+         "attributes": {"dask.task.prefix": "inc", "dask.task_group.task_count": 3}},
+    ]
+    assert render_tree(spans).splitlines() == [
+        "trace t",
+        "  wf  2.000s  3 tasks  | thread-cpu 1.5s",
+        "    · inc  1.000s  3 tasks",
+    ]

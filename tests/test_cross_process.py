@@ -1,0 +1,141 @@
+"""Real processes: ``dask scheduler --preload dask_otel_spans`` and ``dask worker``,
+exporting over OTLP/gRPC to a receiver built from ``opentelemetry-proto``."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from distributed import Client
+from opentelemetry.sdk.trace import TracerProvider
+
+from dask_otel_spans import names, span
+from dask_otel_spans.propagation import otel_span_id
+
+from conftest import wait_for
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def sleepy(x: float) -> float:
+    time.sleep(x)
+    return x
+
+
+@pytest.fixture
+def cluster(otlp_receiver, tmp_path):
+    env = {
+        **os.environ,
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_METRICS_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_receiver.endpoint,
+        "OTEL_EXPORTER_OTLP_INSECURE": "true",
+        "OTEL_METRIC_EXPORT_INTERVAL": "300",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+        "OTEL_SERVICE_NAME": "test-scheduler",
+        "DASK_OTEL_SPANS__EXPORT_DELAY": "0.2s",
+        "DASK_OTEL_SPANS__TICK_INTERVAL": "50ms",
+        "PYTHONPATH": os.pathsep.join(sys.path),
+    }
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1",
+             "--port", str(port), "--no-dashboard", "--preload", "dask_otel_spans"],
+            env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )
+    ]
+    procs.append(
+        subprocess.Popen(
+            [sys.executable, "-m", "dask", "worker", address, "--nthreads", "2",
+             "--no-dashboard", "--no-nanny"],
+            env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        )
+    )
+    try:
+        yield address, procs[0]
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def test_trace_and_metrics_over_otlp_grpc_from_real_processes(cluster, otlp_receiver):
+    address, scheduler_proc = cluster
+    tracer = TracerProvider().get_tracer("client-app")
+    with Client(address, timeout=60) as client:
+        client.wait_for_workers(1, timeout=60)
+        t_enter = time.time_ns()
+        with tracer.start_as_current_span("client request") as request:
+            with span("etl") as etl_id:
+                with span("load") as load_id:
+                    client.gather(client.map(sleepy, [0.1] * 6, pure=False))
+                    with tracer.start_as_current_span("http call") as http:
+                        pass
+        t_exit = time.time_ns()
+
+        def dask_spans():
+            spans = {s["name"]: s for s in otlp_receiver.spans()}
+            return spans if {"etl", "load", "sleepy"} <= set(spans) else None
+
+        spans = wait_for(dask_spans, timeout=30)
+        ctx = request.get_span_context()
+        trace_hex = f"{ctx.trace_id:032x}"
+        etl, load, prefix = spans["etl"], spans["load"], spans["sleepy"]
+        # one trace, the client's; parent chain client -> etl -> load -> prefix
+        assert {etl["traceId"], load["traceId"], prefix["traceId"]} == {trace_hex}
+        assert etl["parentSpanId"] == f"{ctx.span_id:016x}"
+        assert etl["spanId"] == f"{otel_span_id(etl_id):016x}"
+        assert load["parentSpanId"] == etl["spanId"]
+        assert load["spanId"] == f"{otel_span_id(load_id):016x}"
+        assert prefix["parentSpanId"] == load["spanId"]
+        # client code inside the block lands inside the dask span
+        assert http.parent.span_id == otel_span_id(load_id)
+        assert http.context.trace_id == ctx.trace_id
+        # times inside the client's wall-clock window. Task times come from the
+        # workers, shifted by the scheduler's estimate of each worker's clock offset
+        # (WorkerState.time_delay, which includes heartbeat latency): allow for it.
+        skew = 300_000_000
+        for s in (etl, load, prefix):
+            start, end = int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])
+            assert t_enter - skew <= start <= end <= t_exit + skew
+        assert load["attributes"][names.SPAN_NAME] == ["etl", "load"]
+        assert load["attributes"][names.SPAN_TASK_COUNT] == 6
+        assert prefix["attributes"][names.TASK_PREFIX] == "sleepy"
+        assert prefix["attributes"][names.TASK_GROUP_TASK_COUNT] == 6
+        assert etl["resource"]["service.name"] == "test-scheduler"
+        assert etl["resource"][names.SCHEDULER_ADDRESS] == address
+
+        def scheduler_metrics(dask_scheduler, span_id):
+            return dict(dask_scheduler.extensions["spans"].spans[span_id].cumulative_worker_metrics)
+
+        expected = client.run_on_scheduler(scheduler_metrics, span_id=load_id)
+        assert any(k[2] == "thread-noncpu" for k in expected)
+
+        def exported():
+            out = {}
+            for metric in (names.SPAN_ACTIVITY_TIME, names.SPAN_ACTIVITY_DATA,
+                           names.SPAN_ACTIVITY_COUNT, names.SPAN_ACTIVITY_CUSTOM):
+                for attrs, value in otlp_receiver.latest_sums(metric).items():
+                    a = dict(attrs)
+                    if a[names.SPAN_NAME] == "etl/load":
+                        out[a[names.CONTEXT], a[names.TASK_PREFIX], a[names.ACTIVITY], a[names.UNIT]] = value
+            return out if set(out) == set(expected) and all(
+                out[k] == pytest.approx(v, rel=1e-6, abs=1e-9) for k, v in expected.items()
+            ) else None
+
+        got = wait_for(exported, timeout=30, interval=0.2)
+        sleep_seconds = sum(v for k, v in got.items() if k[1] == "sleepy" and k[2] in ("thread-cpu", "thread-noncpu"))
+        assert sleep_seconds == pytest.approx(0.6, abs=0.15)

@@ -1,0 +1,138 @@
+"""Pure tests of the instruments: unit families, attributes, cardinality cap."""
+from __future__ import annotations
+
+import pytest
+
+from dask_otel_spans import names
+from dask_otel_spans.metrics import DaskInstruments, MetricsPump, SpanNameCap, unit_family
+
+SID = "0eadd631-e68b-495e-b072-7765d0d61002"
+
+
+@pytest.fixture
+def instruments(memory):
+    meter = memory.meter_provider.get_meter("test")
+    return DaskInstruments(meter, SpanNameCap(depth=None, max_names=3))
+
+
+@pytest.mark.parametrize(
+    "unit, family",
+    [
+        ("seconds", ("time", "s")),
+        ("bytes", ("data", "By")),
+        ("count", ("count", "{event}")),
+        ("rows", ("custom", "1")),
+        (None, ("custom", "1")),
+        (3, ("custom", "1")),
+    ],
+)
+def test_unit_families(unit, family):
+    assert unit_family(unit) == family
+
+
+def test_span_deltas_go_to_the_instrument_of_their_unit(memory, instruments):
+    instruments.add_span_deltas(
+        {
+            ("execute", SID, "read", "thread-cpu", "seconds"): 1.5,
+            ("execute", SID, "read", "disk-read", "bytes"): 100,
+            ("execute", SID, "read", "memory-read", "count"): 3,
+            ("execute", SID, "read", "scored", "rows"): 7,
+        },
+        {SID: ("wf", "load")},
+    )
+    assert memory.points(names.SPAN_ACTIVITY_TIME) == [
+        (
+            names.SPAN_ACTIVITY_TIME,
+            {
+                names.SPAN_NAME: "wf/load",
+                names.CONTEXT: "execute",
+                names.TASK_PREFIX: "read",
+                names.ACTIVITY: "thread-cpu",
+                names.UNIT: "seconds",
+            },
+            1.5,
+        )
+    ]
+    assert memory.points(names.SPAN_ACTIVITY_DATA)[0][2] == 100
+    assert memory.points(names.SPAN_ACTIVITY_COUNT)[0][2] == 3
+    custom = memory.points(names.SPAN_ACTIVITY_CUSTOM)[0]
+    assert (custom[1][names.UNIT], custom[2]) == ("rows", 7)
+
+
+def test_deltas_accumulate(memory, instruments):
+    key = ("execute", SID, "read", "thread-cpu", "seconds")
+    instruments.add_span_deltas({key: 1.0}, {SID: ("wf",)})
+    instruments.add_span_deltas({key: 2.0}, {SID: ("wf",)})
+    assert memory.points(names.SPAN_ACTIVITY_TIME)[0][2] == pytest.approx(3.0)
+
+
+def test_malformed_deltas_are_skipped(memory, instruments):
+    instruments.add_span_deltas(
+        {
+            "latency": 1.0,
+            ("execute",): 1.0,
+            ("execute", SID, "read", "thread-cpu", "seconds"): "x",
+            ("execute", SID, "read", "thread-cpu", "seconds", "extra"): -1,
+            ("execute", SID, "read", 42, "seconds"): 2.0,
+        },
+        {},
+    )
+    points = memory.points(names.SPAN_ACTIVITY_TIME)
+    assert [(p[1][names.ACTIVITY], p[2]) for p in points] == [("42", 2.0)]
+
+
+def test_worker_deltas_have_no_span(memory, instruments):
+    instruments.add_worker_deltas({("gather-dep", "network", "seconds"): 0.5})
+    [(name, attrs, value)] = memory.points(names.WORKER_ACTIVITY_TIME)
+    assert attrs == {
+        names.CONTEXT: "gather-dep",
+        names.ACTIVITY: "network",
+        names.UNIT: "seconds",
+    }
+    assert value == 0.5
+
+
+def test_span_name_cap_folds_into_other():
+    cap = SpanNameCap(depth=None, max_names=2)
+    assert cap(("a",)) == "a"
+    assert cap(("b", "c")) == "b/c"
+    assert cap(("d",)) == names.OTHER_SPAN_NAME
+    assert cap(("a",)) == "a"
+    assert cap.overflowed
+
+
+def test_span_name_depth():
+    cap = SpanNameCap(depth=1, max_names=10)
+    assert cap(("tenant-a", "load", "parse")) == "tenant-a"
+
+
+def test_emitted_span_records_duration_idle_and_active(memory, instruments):
+    instruments.span_opened(("wf",))
+    instruments.span_emitted(("wf",), 2.5, 0.75, True)
+    [(_, attrs, total)] = memory.points(names.SPAN_DURATION)
+    assert total == 2.5
+    [(_, _, active)] = memory.points(names.SPAN_ACTIVE)
+    assert active == 0
+    [(_, idle_attrs, idle)] = memory.points(names.SPAN_ACTIVITY_TIME)
+    assert idle_attrs[names.ACTIVITY] == names.IDLE_ACTIVITY
+    assert idle_attrs[names.TASK_PREFIX] == names.IDLE_PREFIX
+    assert idle == 0.75
+
+
+def test_pump_records_on_its_thread_and_flushes(memory, instruments):
+    pump = MetricsPump(instruments, max_queue_size=100)
+    pump.start()
+    try:
+        pump.submit("add_worker_deltas", {("get-data", "network", "seconds"): 1.0})
+        assert pump.flush(5)
+        assert memory.points(names.WORKER_ACTIVITY_TIME)[0][2] == 1.0
+    finally:
+        pump.stop()
+    assert pump._thread is None
+
+
+def test_pump_drops_and_counts_when_full(instruments):
+    pump = MetricsPump(instruments, max_queue_size=2)  # not started: nothing drains
+    for _ in range(5):
+        pump.submit("add_worker_deltas", {})
+    assert pump.dropped == 3

@@ -1,0 +1,139 @@
+"""Pure tests of id derivation and W3C context carry/extract."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import SpanContext, TraceFlags
+
+from dask_otel_spans.propagation import (
+    carrier_for,
+    carrier_from_context,
+    otel_span_id,
+    otel_trace_id,
+    parse_carried,
+    prefix_span_id,
+    resolve_chain,
+    span_context_from_carrier,
+)
+
+ROOT = "9cd7531a-e510-4f61-837a-ca1e4437bd90"
+CHILD = "0eadd631-e68b-495e-b072-7765d0d61002"
+APP = SpanContext(
+    trace_id=0x0AF7651916CD43DD8448EB211C80319C,
+    span_id=0xB7AD6B7169203331,
+    is_remote=True,
+    trace_flags=TraceFlags(TraceFlags.SAMPLED),
+)
+
+
+def test_span_id_is_low_64_bits_of_uuid():
+    assert otel_span_id(CHILD) == uuid.UUID(CHILD).int & (2**64 - 1)
+    assert otel_span_id(CHILD) == 0xB0727765D0D61002
+
+
+def test_trace_id_is_128_bits_of_uuid():
+    assert otel_trace_id(ROOT) == uuid.UUID(ROOT).int
+
+
+def test_non_uuid_ids_hash_stably_and_never_zero():
+    assert otel_span_id("not-a-uuid") == otel_span_id("not-a-uuid")
+    assert otel_span_id("not-a-uuid") != otel_span_id("other")
+    assert otel_span_id("00000000-0000-0000-0000-000000000000") == 1
+
+
+def test_prefix_span_ids_are_deterministic_and_distinct():
+    a = prefix_span_id(ROOT, "sum")
+    assert a == prefix_span_id(ROOT, "sum")
+    assert a != prefix_span_id(ROOT, "sum-partial")
+    assert a != prefix_span_id(CHILD, "sum")
+
+
+def test_carrier_round_trip():
+    carrier = carrier_for(APP)
+    assert carrier["traceparent"].startswith("00-0af7651916cd43dd8448eb211c80319c-")
+    sc = span_context_from_carrier(carrier)
+    assert (sc.trace_id, sc.span_id, sc.trace_flags) == (
+        APP.trace_id,
+        APP.span_id,
+        APP.trace_flags,
+    )
+
+
+def test_carrier_from_context_without_span_is_empty():
+    assert carrier_from_context() == {}
+
+
+def test_carrier_from_current_sdk_span():
+    tracer = TracerProvider().get_tracer("t")
+    with tracer.start_as_current_span("x") as s:
+        carrier = carrier_from_context()
+    assert span_context_from_carrier(carrier).span_id == s.get_span_context().span_id
+
+
+@pytest.mark.parametrize(
+    "carrier",
+    [
+        None,
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b716920"},
+        {"traceparent": "00-00000000000000000000000000000000-b7ad6b7169203331-01"},
+        {"traceparent": 42},
+        {"traceparent": "x" * 100_000},
+        {},
+        [("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")],
+    ],
+)
+def test_malformed_carriers_give_none(carrier):
+    assert span_context_from_carrier(carrier) is None
+
+
+def test_parse_carried_keeps_helper_entries_without_context():
+    parsed = parse_carried({ROOT: {}, CHILD: carrier_for(APP), 7: {}, "": {}})
+    assert parsed == {ROOT: None, CHILD: span_context_from_carrier(carrier_for(APP))}
+    assert parse_carried("garbage") is None
+
+
+def test_root_without_carried_context_uses_root_uuid():
+    ids = resolve_chain([ROOT], {})
+    assert ids.trace_id == otel_trace_id(ROOT)
+    assert ids.span_id == otel_span_id(ROOT)
+    assert ids.parent_span_id is None
+    assert ids.trace_flags.sampled
+
+
+def test_root_with_carried_context_joins_client_trace():
+    ids = resolve_chain([ROOT], {ROOT: APP})
+    assert ids.trace_id == APP.trace_id
+    assert ids.parent_span_id == APP.span_id
+
+
+def test_child_without_carried_context_hangs_under_parent_dask_span():
+    ids = resolve_chain([ROOT, CHILD], {ROOT: APP})
+    assert ids.trace_id == APP.trace_id
+    assert ids.parent_span_id == otel_span_id(ROOT)
+
+
+def test_child_with_carried_context_of_same_trace_uses_it():
+    client_span = SpanContext(APP.trace_id, 0x1234, True, APP.trace_flags)
+    ids = resolve_chain([ROOT, CHILD], {ROOT: APP, CHILD: client_span})
+    assert ids.parent_span_id == 0x1234
+
+
+def test_child_carried_context_of_other_trace_is_ignored():
+    ids = resolve_chain([ROOT, CHILD], {ROOT: None, CHILD: APP})
+    assert ids.trace_id == otel_trace_id(ROOT)
+    assert ids.parent_span_id == otel_span_id(ROOT)
+
+
+def test_unsampled_client_context_is_kept():
+    unsampled = SpanContext(APP.trace_id, APP.span_id, True, TraceFlags(0))
+    assert not resolve_chain([ROOT], {ROOT: unsampled}).trace_flags.sampled
+
+
+def test_reserved_span_context_is_valid_and_local():
+    sc = resolve_chain([ROOT, CHILD], {}).span_context
+    assert sc.is_valid and not sc.is_remote
+    assert trace.NonRecordingSpan(sc).get_span_context().span_id == otel_span_id(CHILD)

@@ -1,0 +1,197 @@
+"""Pure tests of the dask Span -> OTel fields translation, on real ``distributed.spans.Span``
+objects with stand-in task groups (no cluster)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from distributed.spans import Span
+
+from dask_otel_spans import names
+from dask_otel_spans.propagation import resolve_chain
+from dask_otel_spans.traces import (
+    SpanSummary,
+    active_cpu_seconds,
+    span_fields,
+    subtree_summary,
+    to_ns,
+    unseen_span_fields,
+)
+
+ROOT = "9cd7531a-e510-4f61-837a-ca1e4437bd90"
+CHILD = "0eadd631-e68b-495e-b072-7765d0d61002"
+
+
+@dataclass(eq=False)
+class Prefix:
+    name: str
+
+
+@dataclass(eq=False)
+class Group:
+    """The TaskGroup attributes the translation reads."""
+
+    prefix: Prefix
+    start: float
+    stop: float
+    nbytes_total: int = 0
+    duration: float = 0.0
+    states: dict = field(default_factory=lambda: {"memory": 0, "erred": 0})
+
+    @property
+    def done(self) -> bool:
+        return True
+
+
+def make_tree():
+    history = [(100.0, 4)]
+    root = Span(("wf",), ROOT, None, history)
+    child = Span(("wf", "load"), CHILD, root, history)
+    root.children.append(child)
+    root.enqueued = child.enqueued = 100.0
+    child.groups.add(
+        Group(Prefix("read"), 101.0, 103.0, 800, 4.0, {"forgotten": 8, "erred": 0})
+    )
+    child.groups.add(
+        Group(Prefix("read"), 102.0, 104.0, 200, 1.0, {"forgotten": 1, "erred": 1})
+    )
+    root.groups.add(
+        Group(Prefix("sum"), 104.0, 105.0, 8, 0.5, {"forgotten": 1, "erred": 0})
+    )
+    child._cumulative_worker_metrics.update(
+        {
+            ("execute", "read", "thread-cpu", "seconds"): 3.0,
+            ("execute", "read", "disk-read", "bytes"): 1000,
+            ("p2p", "shuffle", "network", "seconds"): 0.25,
+        }
+    )
+    root._cumulative_worker_metrics.update(
+        {("execute", "sum", "thread-cpu", "seconds"): 0.5}
+    )
+    return root, child
+
+
+def test_subtree_summary_adds_children():
+    root, _ = make_tree()
+    s = subtree_summary(root, {})
+    assert s.task_count == 11
+    assert s.erred_count == 1
+    assert s.nbytes_total == 1008
+    assert s.task_duration == pytest.approx(5.5)
+    assert (s.start, s.stop) == (101.0, 105.0)
+    assert s.metrics[("thread-cpu", "seconds")] == pytest.approx(3.5)
+    assert s.metrics[("network", "seconds")] == 0.25
+    assert s.execute_seconds == pytest.approx(3.5)
+
+
+def test_subtree_summary_uses_known_child_summaries():
+    root, child = make_tree()
+    known = {CHILD: SpanSummary(task_count=1000)}
+    assert subtree_summary(root, known).task_count == 1001
+
+
+def test_summary_matches_distributed_properties():
+    root, _ = make_tree()
+    s = subtree_summary(root, {})
+    assert s.nbytes_total == root.nbytes_total
+    assert s.task_duration == pytest.approx(root.duration)
+
+
+def test_span_fields_names_times_and_attributes():
+    root, child = make_tree()
+    summary = subtree_summary(child, {})
+    f = span_fields(
+        child, resolve_chain([ROOT, CHILD], {}), summary,
+        now=200.0, complete=True, close_reason=names.CLOSE_REASON_CLIENT,
+    )
+    assert f.name == "load"
+    assert (f.start_ns, f.end_ns) == (to_ns(100.0), to_ns(104.0))
+    a = f.attributes
+    assert a[names.SPAN_NAME] == ["wf", "load"]
+    assert a[names.SPAN_ID] == CHILD
+    assert a[names.SPAN_TASK_COUNT] == 10
+    assert a[names.SPAN_ERRED_COUNT] == 1
+    assert a["dask.metrics.thread-cpu.seconds"] == 3.0
+    assert a["dask.metrics.disk-read.bytes"] == 1000
+    # 4 threads for 4 seconds, minus 3 known execute seconds
+    assert a[names.SPAN_ACTIVE_CPU_SECONDS] == pytest.approx(16.0)
+    assert a["dask.metrics.idle or other spans.seconds"] == pytest.approx(13.0)
+    assert names.SPAN_INCOMPLETE not in a
+    assert f.error == "1 task erred"
+
+
+def test_prefix_children_merge_groups_of_same_prefix():
+    _, child = make_tree()
+    f = span_fields(
+        child, resolve_chain([ROOT, CHILD], {}), subtree_summary(child, {}),
+        now=200.0, complete=True, close_reason="client",
+    )
+    assert [p.name for p in f.prefixes] == ["read"]
+    p = f.prefixes[0]
+    assert (p.start_ns, p.end_ns) == (to_ns(101.0), to_ns(104.0))
+    assert p.attributes[names.TASK_GROUP_COUNT] == 2
+    assert p.attributes[names.TASK_GROUP_TASK_COUNT] == 10
+    assert p.attributes[names.TASK_GROUP_NBYTES_TOTAL] == 1000
+    assert p.attributes["dask.metrics.thread-cpu.seconds"] == 3.0
+    # p2p keys are not a task prefix
+    assert "dask.metrics.network.seconds" not in p.attributes
+
+
+def test_prefix_spans_can_be_turned_off():
+    _, child = make_tree()
+    f = span_fields(
+        child, resolve_chain([ROOT, CHILD], {}), subtree_summary(child, {}),
+        now=200.0, complete=True, close_reason="client", prefix_spans=False,
+    )
+    assert f.prefixes == []
+
+
+def test_incomplete_span_ends_now_and_is_flagged():
+    _, child = make_tree()
+    f = span_fields(
+        child, resolve_chain([ROOT, CHILD], {}), subtree_summary(child, {}),
+        now=150.0, complete=False, close_reason="shutdown",
+    )
+    assert f.end_ns == to_ns(150.0)
+    assert f.attributes[names.SPAN_INCOMPLETE] is True
+    assert f.attributes[names.SPAN_CLOSE_REASON] == "shutdown"
+
+
+def test_code_is_left_out_unless_asked():
+    _, child = make_tree()
+    f = span_fields(
+        child, resolve_chain([ROOT, CHILD], {}), subtree_summary(child, {}),
+        now=150.0, complete=True, close_reason="client",
+    )
+    assert names.SPAN_CODE not in f.attributes
+
+
+def test_active_cpu_seconds_follows_cluster_size():
+    history = [(0.0, 2), (10.0, 4), (20.0, 1)]
+    assert active_cpu_seconds(history, 0, 5.0, 25.0) == pytest.approx(
+        5 * 2 + 10 * 4 + 5 * 1
+    )
+    assert active_cpu_seconds(history, 1, 12.0, 15.0) == pytest.approx(12.0)
+    assert active_cpu_seconds(history, 0, 5.0, 5.0) == 0.0
+
+
+def test_active_cpu_seconds_matches_distributed():
+    history = [(0.0, 2), (10.0, 4), (20.0, 1)]
+    span = Span(("x",), ROOT, None, history)
+    span.enqueued = 5.0
+    span._total_nthreads_offset = 0
+    span.groups.add(Group(Prefix("p"), 6.0, 25.0))
+    assert active_cpu_seconds(history, 0, 5.0, span.stop) == pytest.approx(
+        span.active_cpu_seconds
+    )
+
+
+def test_unseen_span_takes_client_times():
+    f = unseen_span_fields(
+        ("wf", "nothing"), CHILD, resolve_chain([ROOT, CHILD], {}),
+        enter=10.0, exit=12.5, close_reason="client",
+    )
+    assert f.name == "nothing"
+    assert (f.start_ns, f.end_ns) == (to_ns(10.0), to_ns(12.5))
+    assert f.attributes[names.SPAN_TASK_COUNT] == 0
+    assert f.prefixes == []
