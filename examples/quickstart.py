@@ -1,0 +1,42 @@
+"""Quickstart: a LocalCluster with the plugin, a workflow in nested spans, and the
+span tree read back from the embedded default's files.
+
+    python examples/quickstart.py [OUTPUT_DIR]
+
+Set OTEL_EXPORTER_OTLP_ENDPOINT (and friends) to send to a collector instead.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import dask.array as da
+from distributed import Client, LocalCluster
+
+from dask_otel_spans import OTelSpansPlugin, span
+
+
+def main(output_dir: str = "dask-otel-spans") -> None:
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster:
+        with Client(cluster) as client:
+            plugin = OTelSpansPlugin(output_dir=output_dir)
+            client.register_plugin(plugin)
+
+            with span("quickstart"):
+                with span("load"):
+                    x = da.random.random((1000, 1000), chunks=250).persist()
+                with span("reduce"):
+                    print("mean:", x.mean().compute())
+
+            # Spans are exported once done, closed and past a short grace period.
+            deadline = time.monotonic() + 30
+            while plugin.open_span_count and time.monotonic() < deadline:
+                time.sleep(0.1)
+    # The scheduler closed: providers are flushed.
+    if plugin.providers is not None:
+        print("traces:", plugin.providers.traces_to)
+        print("metrics:", plugin.providers.metrics_to)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
