@@ -40,6 +40,8 @@ _CONFIGURING_VARIABLES = (
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
     "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
 )
+#: Batch span processor delay when OTEL_BSP_SCHEDULE_DELAY is not set (SDK: 5000)
+DEFAULT_BSP_SCHEDULE_DELAY_MS = 500
 #: Value of OTEL_{TRACES,METRICS}_EXPORTER selecting the embedded file exporter
 FILE_EXPORTER = "otlp_json_file"
 
@@ -268,10 +270,15 @@ def build_tracer_provider(
     if not exporters:
         return None, "nowhere (OTEL_TRACES_EXPORTER=none)"
     provider = TracerProvider(resource=resource)
+    # The SDK waits 5 s by default before a batch goes out; spans are emitted after a
+    # grace period already, so export sooner unless the user chose a delay.
+    delay = float(environ.get("OTEL_BSP_SCHEDULE_DELAY") or DEFAULT_BSP_SCHEDULE_DELAY_MS)
     where = []
     for name in exporters:
         exporter, description = _span_exporter(name, environ, output_dir)
-        provider.add_span_processor(BatchSpanProcessor(exporter))
+        provider.add_span_processor(
+            BatchSpanProcessor(exporter, schedule_delay_millis=delay)
+        )
         where.append(description)
     return provider, ", ".join(where)
 

@@ -1,0 +1,83 @@
+"""Scheduler preload of the benchmark: the plugin with SDK providers whose exporters
+record export latency (done -> exporter) and discard the data, so that the benchmark
+measures the plugin and the SDK, not a collector."""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricExportResult,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
+
+from dask_otel_spans import OTelSpansPlugin
+
+#: seconds from a dask span's end (Span.stop: when it became done) to its export
+LATENCIES: list[float] = []
+EXPORTED = [0]
+
+
+class LatencyExporter(SpanExporter):
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        now = time.time_ns()
+        for s in spans:
+            if "dask.span.id" in (s.attributes or {}):
+                LATENCIES.append((now - s.end_time) / 1e9)
+                EXPORTED[0] += 1
+        return SpanExportResult.SUCCESS
+
+
+class NullMetricExporter(MetricExporter):
+    def export(self, metrics_data, timeout_millis=10_000, **kwargs):
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis=10_000):
+        return True
+
+    def shutdown(self, timeout_millis=30_000, **kwargs):
+        pass
+
+
+def dask_setup(scheduler):
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(
+        BatchSpanProcessor(LatencyExporter(), schedule_delay_millis=500, max_queue_size=100_000)
+    )
+    meter_provider = MeterProvider(
+        metric_readers=[
+            PeriodicExportingMetricReader(NullMetricExporter(), export_interval_millis=5_000)
+        ]
+    )
+    scheduler.add_plugin(
+        OTelSpansPlugin(tracer_provider=tracer_provider, meter_provider=meter_provider)
+    )
+
+
+def stats(dask_scheduler) -> dict:
+    """run_on_scheduler: the plugin's event-loop figures and the export latencies."""
+    plugin = dask_scheduler.plugins.get("otel-spans")
+    return {
+        "max_call_s": plugin.max_call_seconds if plugin else 0.0,
+        "total_call_s": plugin.total_call_seconds if plugin else 0.0,
+        "emitted": plugin.emitted_count if plugin else 0,
+        "open": plugin.open_span_count if plugin else 0,
+        "grace_s": plugin.grace if plugin else 0.0,
+        "latencies": list(LATENCIES),
+    }
+
+
+def reset(dask_scheduler) -> None:
+    plugin = dask_scheduler.plugins.get("otel-spans")
+    if plugin is not None:
+        plugin.max_call_seconds = 0.0
+        plugin.total_call_seconds = 0.0
+    LATENCIES.clear()

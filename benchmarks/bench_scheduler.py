@@ -1,0 +1,350 @@
+"""Scheduler overhead of dask_otel_spans: the same workloads with and without the
+plugin, alternating, on the same cluster configuration, reported as ratios.
+
+    python benchmarks/bench_scheduler.py            # full (figures in the README)
+    python benchmarks/bench_scheduler.py --quick    # smoke test (CI)
+
+Parts:
+1. throughput: 20,000 small tasks over 200 spans (futures, then one delayed graph), and
+   a graph of 2,000 spans nested three levels; tasks/s and scheduler-process CPU s/task
+2. event-loop cost: longest single plugin hook/callback call, total, 10,000-task graph
+3. memory: the plugin's retained memory after 1k, 10k, 100k emitted spans
+4. latency: dask span done -> OTel span at the exporter, against the grace period
+5. export cost: translating a span with 50 task prefixes and full metrics
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import statistics
+import subprocess
+import sys
+import time
+import tracemalloc
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import dask
+import psutil
+from distributed import Client
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import bench_preload  # noqa: E402
+
+from dask_otel_spans import span  # noqa: E402
+
+
+def inc(x: int) -> int:
+    return x + 1
+
+
+# -- a cluster of real processes ---------------------------------------------------------
+
+
+class Cluster:
+    """``dask scheduler`` (optionally with the plugin preloaded) + ``dask worker``s."""
+
+    def __init__(self, with_plugin: bool, workers: int, threads: int):
+        self.with_plugin = with_plugin
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([HERE, *sys.path])}
+        env = {k: v for k, v in env.items() if not k.startswith("OTEL_")}
+        cmd = [sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1",
+               "--port", "0", "--no-dashboard", "--scheduler-file", self._file()]
+        if with_plugin:
+            cmd += ["--preload", "bench_preload"]
+        self.procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.DEVNULL)]
+        for _ in range(workers):
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "dask", "worker", "--scheduler-file",
+                 self._file(), "--nthreads", str(threads), "--no-dashboard",
+                 "--no-nanny"],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        self.client = Client(scheduler_file=self._file(), timeout=60)
+        self.client.wait_for_workers(workers, timeout=60)
+        self.scheduler = psutil.Process(self.procs[0].pid)
+
+    def _file(self) -> str:
+        return os.path.join(HERE, f".scheduler-{os.getpid()}-{int(self.with_plugin)}.json")
+
+    def cpu(self) -> float:
+        t = self.scheduler.cpu_times()
+        return t.user + t.system
+
+    def close(self) -> None:
+        self.client.close()
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        try:
+            os.remove(self._file())
+        except OSError:
+            pass
+
+
+# -- workloads -----------------------------------------------------------------------
+
+
+def futures_workload(client: Client, n_spans: int, per_span: int) -> int:
+    futures = []
+    for i in range(n_spans):
+        with span("futures", f"span-{i}"):
+            futures += client.map(inc, range(per_span), pure=False)
+    client.gather(futures)
+    return n_spans * per_span
+
+
+def delayed_workload(client: Client, n_spans: int, per_span: int) -> int:
+    outs = []
+    for i in range(n_spans):
+        with span("delayed", f"span-{i}"):
+            outs += [dask.delayed(inc)(j, dask_key_name=f"d-{i}-{j}-{uuid.uuid4().hex}")
+                     for j in range(per_span)]
+    client.gather(client.compute(outs))
+    return n_spans * per_span
+
+
+def nested_workload(client: Client, a: int, b: int, c: int) -> int:
+    outs = []
+    for i in range(a):
+        with span(f"l1-{i}"):
+            for j in range(b):
+                with span(f"l2-{j}"):
+                    for k in range(c):
+                        with span(f"l3-{k}"):
+                            outs.append(dask.delayed(inc)(k, dask_key_name=f"n-{uuid.uuid4().hex}"))
+    client.gather(client.compute(outs))
+    return a * b * c
+
+
+def big_graph_workload(client: Client, n: int) -> int:
+    with span("big graph"):
+        outs = [dask.delayed(inc)(j, dask_key_name=f"b-{j}-{uuid.uuid4().hex}") for j in range(n)]
+        client.gather(client.compute(outs))
+    return n
+
+
+@dataclass
+class Figures:
+    rate: dict[str, list[float]] = field(default_factory=dict)  # tasks/s
+    cpu: dict[str, list[float]] = field(default_factory=dict)  # scheduler CPU s/task
+
+
+def run_once(with_plugin: bool, scale: dict[str, Any], workers: int, threads: int):
+    cluster = Cluster(with_plugin, workers, threads)
+    out: dict[str, tuple[float, float]] = {}
+    stats = None
+    try:
+        client = cluster.client
+        futures_workload(client, 4, 10)  # warm up imports and connections
+        if with_plugin:
+            client.run_on_scheduler(bench_preload.reset)
+        for name, fn, args in (
+            ("futures", futures_workload, scale["futures"]),
+            ("delayed", delayed_workload, scale["delayed"]),
+            ("nested", nested_workload, scale["nested"]),
+            ("big-graph", big_graph_workload, scale["big"]),
+        ):
+            cpu0, t0 = cluster.cpu(), time.perf_counter()
+            n = fn(client, *args)
+            wall, cpu = time.perf_counter() - t0, cluster.cpu() - cpu0
+            out[name] = (n / wall, cpu / n)
+        if with_plugin:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                stats = client.run_on_scheduler(bench_preload.stats)
+                if stats["open"] == 0 and len(stats["latencies"]) >= stats["emitted"]:
+                    break
+                time.sleep(0.2)
+    finally:
+        cluster.close()
+    return out, stats
+
+
+def fmt_ratio(values: list[float]) -> str:
+    return (f"median {statistics.median(values):.3f}  min {min(values):.3f}  "
+            f"max {max(values):.3f}")
+
+
+def part_throughput(pairs: int, scale: dict[str, Any], workers: int, threads: int) -> dict:
+    ratios: dict[str, dict[str, list[float]]] = {}
+    plugin_stats = []
+    for i in range(pairs):
+        order = (False, True) if i % 2 == 0 else (True, False)
+        runs = {}
+        for with_plugin in order:
+            runs[with_plugin], stats = run_once(with_plugin, scale, workers, threads)
+            if stats:
+                plugin_stats.append(stats)
+        for name in runs[True]:
+            r = ratios.setdefault(name, {"rate": [], "cpu": []})
+            r["rate"].append(runs[True][name][0] / runs[False][name][0])
+            r["cpu"].append(runs[True][name][1] / runs[False][name][1])
+        print(f"  pair {i + 1}/{pairs}: " + ", ".join(
+            f"{n} {runs[True][n][0]:.0f}/{runs[False][n][0]:.0f} tasks/s" for n in runs[True]))
+    print("1. throughput, plugin / baseline (tasks per second; >= 0.98 wanted)")
+    for name, r in ratios.items():
+        print(f"   {name:10s} tasks/s      {fmt_ratio(r['rate'])}")
+    print("   scheduler CPU seconds per task, plugin / baseline (<= 1.03 wanted)")
+    for name, r in ratios.items():
+        print(f"   {name:10s} CPU s/task   {fmt_ratio(r['cpu'])}")
+    max_call = max(s["max_call_s"] for s in plugin_stats)
+    total = statistics.median(s["total_call_s"] for s in plugin_stats)
+    print("2. event-loop cost of the plugin (all hooks, wrappers and callbacks)")
+    print(f"   longest single call {max_call * 1e3:.2f} ms (<= 5 ms wanted); "
+          f"total per run (median) {total * 1e3:.1f} ms; "
+          f"largest graph {scale['big'][0]} tasks")
+    lat = [x for s in plugin_stats for x in s["latencies"]]
+    grace = plugin_stats[0]["grace_s"]
+    print("4. latency, dask span done -> exporter")
+    print(f"   {len(lat)} spans: median {statistics.median(lat):.2f} s, "
+          f"p99 {sorted(lat)[int(0.99 * (len(lat) - 1))]:.2f} s, max {max(lat):.2f} s; "
+          f"grace {grace:.2f} s (max <= grace + 1 s wanted)")
+    return {"ratios": ratios, "max_call": max_call, "latencies": lat, "grace": grace}
+
+
+# -- memory -----------------------------------------------------------------------------
+
+
+async def _memory(checkpoints: list[int]) -> list[tuple[int, int, int]]:
+    from distributed import Scheduler
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from dask_otel_spans import OTelSpansPlugin
+
+    class ImmediatePlugin(OTelSpansPlugin):
+        grace = 0.0  # emit on the first pass: memory, not timing, is measured here
+
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(bench_preload.LatencyExporter()))
+    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    out = []
+    async with Scheduler(dashboard_address=":0", port=0) as s:
+        plugin = ImmediatePlugin(tracer_provider=tracer_provider,
+                                 meter_provider=meter_provider, idle_timeout=0,
+                                 tick_interval=3600)
+        await s.register_scheduler_plugin(plugin=plugin, idempotent=False)
+        ext = s.extensions["spans"]
+        tracemalloc.start()
+        made = 0
+        for target in checkpoints:
+            while made < target:
+                batch = min(1000, target - made)
+                for _ in range(batch):
+                    root = str(uuid.uuid4())
+                    ext._ensure_span(("mem", f"span-{made}"), (root, str(uuid.uuid4())))
+                    made += 1
+                plugin._tick()
+                while plugin._pass is not None:
+                    await asyncio.sleep(0)
+                await asyncio.get_running_loop().run_in_executor(None, plugin.pump.flush, 10)
+            gc.collect()
+            snap = tracemalloc.take_snapshot().filter_traces(
+                [tracemalloc.Filter(True, "*dask_otel_spans*")]
+            )
+            size = sum(stat.size for stat in snap.statistics("filename"))
+            out.append((plugin.emitted_count, size, plugin.open_span_count))
+        tracemalloc.stop()
+        await plugin.close()
+    meter_provider.shutdown()
+    tracer_provider.shutdown()
+    return out
+
+
+def part_memory(checkpoints: list[int]) -> list[tuple[int, int, int]]:
+    rows = asyncio.run(_memory(checkpoints))
+    print("3. plugin memory (tracemalloc, allocations made by dask_otel_spans still alive)")
+    for emitted, size, open_ in rows:
+        print(f"   after {emitted:>7d} emitted spans: {size / 1024:8.1f} KiB "
+              f"({open_} open)")
+    if len(rows) >= 2:
+        print(f"   last / second-to-last: {rows[-1][1] / max(rows[-2][1], 1):.3f} "
+              f"(<= 1.10 wanted)")
+    return rows
+
+
+# -- export cost ------------------------------------------------------------------------
+
+
+def part_export_cost(repeat: int) -> dict:
+    from dataclasses import dataclass as dc
+
+    from distributed.spans import Span
+
+    from dask_otel_spans.propagation import resolve_chain
+    from dask_otel_spans.traces import span_fields, subtree_summary
+
+    @dc(eq=False)
+    class Prefix:
+        name: str
+
+    @dc(eq=False)
+    class Group:
+        prefix: Any
+        start: float
+        stop: float
+        nbytes_total: int = 1000
+        duration: float = 1.0
+        done: bool = True
+        states: dict = field(default_factory=lambda: {"memory": 10, "erred": 0})
+
+    sid = str(uuid.uuid4())
+    sp = Span(("bench", "wide"), sid, None, [(0.0, 8)])
+    sp.enqueued = 1.0
+    activities = ["thread-cpu", "thread-noncpu", "executor", "other", "deserialize",
+                  "disk-read", "disk-write", "compress", "decompress", "serialize"]
+    for p in range(50):
+        sp.groups.add(Group(Prefix(f"prefix-{p}"), 2.0 + p, 3.0 + p))
+        for a in activities:
+            sp._cumulative_worker_metrics["execute", f"prefix-{p}", a, "seconds"] = 0.1
+            sp._cumulative_worker_metrics["execute", f"prefix-{p}", a, "bytes"] = 1000
+    ids = resolve_chain([sid], {})
+    t0 = time.perf_counter()
+    for _ in range(repeat):
+        f = span_fields(sp, ids, subtree_summary(sp, {}), now=100.0, complete=True,
+                        close_reason="client")
+    per = (time.perf_counter() - t0) / repeat
+    n_attrs = len(f.attributes) + sum(len(p.attributes) for p in f.prefixes)
+    series = len(sp._cumulative_worker_metrics)
+    print("5. export cost of one span with 50 task prefixes, 10 activities x 2 units each")
+    print(f"   translation {per * 1e3:.2f} ms; 1 + {len(f.prefixes)} OTel spans, "
+          f"{n_attrs} attributes; {series} metric series (+1 idle) for this span")
+    return {"per_span_s": per, "otel_spans": 1 + len(f.prefixes), "series": series}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small smoke run (CI)")
+    parser.add_argument("--pairs", type=int, default=None)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    if args.quick:
+        scale = {"futures": (20, 10), "delayed": (20, 10), "nested": (4, 3, 5), "big": (1000,)}
+        pairs, checkpoints, repeat = args.pairs or 1, [200, 1000, 2000], 5
+    else:
+        scale = {"futures": (200, 100), "delayed": (200, 100), "nested": (10, 10, 20),
+                 "big": (10_000,)}
+        pairs, checkpoints, repeat = args.pairs or 3, [1000, 10_000, 100_000], 50
+    print(f"machine: {os.cpu_count()} cores; {args.workers} workers x {args.threads} "
+          f"threads; {pairs} pair(s), alternating order")
+    part_throughput(pairs, scale, args.workers, args.threads)
+    part_memory(checkpoints)
+    part_export_cost(repeat)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

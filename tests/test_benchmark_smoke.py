@@ -1,0 +1,25 @@
+"""The benchmark's --quick mode runs and produces every figure (no speed asserted)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).parent.parent / "benchmarks" / "bench_scheduler.py"
+
+
+def test_quick_benchmark_produces_all_figures():
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--quick"],
+        capture_output=True, text=True, timeout=400,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    for heading in ("1. throughput", "2. event-loop cost", "3. plugin memory",
+                    "4. latency", "5. export cost"):
+        assert heading in out
+    for workload in ("futures", "delayed", "nested", "big-graph"):
+        assert f"{workload:10s} tasks/s      median" in out
+        assert f"{workload:10s} CPU s/task   median" in out
+    assert "longest single call" in out
+    assert out.count("emitted spans:") == 3
