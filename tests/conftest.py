@@ -2,6 +2,10 @@
 ``opentelemetry-proto``, and polling with a deadline."""
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -199,3 +203,66 @@ def otlp_receiver() -> OTLPReceiver:
     receiver = OTLPReceiver().start()
     yield receiver
     receiver.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class DaskProcesses:
+    """``dask scheduler --preload dask_otel_spans`` and ``dask worker`` subprocesses."""
+
+    def __init__(self, env: dict[str, str], cwd: str, workers: int = 1,
+                 dashboard: bool = False, nanny: bool = False):
+        self.port = free_port()
+        self.address = f"tcp://127.0.0.1:{self.port}"
+        self.dashboard_port = free_port() if dashboard else None
+        self.env = {
+            **os.environ,
+            "OTEL_METRIC_EXPORT_INTERVAL": "300",
+            "OTEL_BSP_SCHEDULE_DELAY": "100",
+            "DASK_OTEL_SPANS__EXPORT_DELAY": "0.2s",
+            "DASK_OTEL_SPANS__TICK_INTERVAL": "50ms",
+            "PYTHONPATH": os.pathsep.join(sys.path),
+            **env,
+        }
+        dash = (["--dashboard-address", f"127.0.0.1:{self.dashboard_port}"]
+                if dashboard else ["--no-dashboard"])
+        self.scheduler = subprocess.Popen(
+            [sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1",
+             "--port", str(self.port), *dash, "--preload", "dask_otel_spans"],
+            env=self.env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.workers = [
+            subprocess.Popen(
+                [sys.executable, "-m", "dask", "worker", self.address, "--nthreads",
+                 "2", "--no-dashboard", "--nanny" if nanny else "--no-nanny"],
+                env=self.env, cwd=cwd, stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+            )
+            for _ in range(workers)
+        ]
+
+    def stop(self) -> str:
+        """Stop everything (SIGTERM: a graceful scheduler close); the scheduler's log."""
+        for p in [*self.workers, self.scheduler]:
+            if p.poll() is None:
+                p.terminate()
+        for p in [*self.workers, self.scheduler]:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        return self.scheduler.stdout.read() if self.scheduler.stdout else ""
+
+
+def otlp_grpc_env(receiver: OTLPReceiver) -> dict[str, str]:
+    return {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_METRICS_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+        "OTEL_EXPORTER_OTLP_INSECURE": "true",
+    }

@@ -2,10 +2,6 @@
 exporting over OTLP/gRPC to a receiver built from ``opentelemetry-proto``."""
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 import time
 
 import pytest
@@ -15,13 +11,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from dask_otel_spans import names, span
 from dask_otel_spans.propagation import otel_span_id
 
-from conftest import wait_for
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from conftest import DaskProcesses, otlp_grpc_env, wait_for
 
 
 def sleepy(x: float) -> float:
@@ -31,45 +21,14 @@ def sleepy(x: float) -> float:
 
 @pytest.fixture
 def cluster(otlp_receiver, tmp_path):
-    env = {
-        **os.environ,
-        "OTEL_TRACES_EXPORTER": "otlp",
-        "OTEL_METRICS_EXPORTER": "otlp",
-        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_receiver.endpoint,
-        "OTEL_EXPORTER_OTLP_INSECURE": "true",
-        "OTEL_METRIC_EXPORT_INTERVAL": "300",
-        "OTEL_BSP_SCHEDULE_DELAY": "100",
-        "OTEL_SERVICE_NAME": "test-scheduler",
-        "DASK_OTEL_SPANS__EXPORT_DELAY": "0.2s",
-        "DASK_OTEL_SPANS__TICK_INTERVAL": "50ms",
-        "PYTHONPATH": os.pathsep.join(sys.path),
-    }
-    port = _free_port()
-    address = f"tcp://127.0.0.1:{port}"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1",
-             "--port", str(port), "--no-dashboard", "--preload", "dask_otel_spans"],
-            env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        )
-    ]
-    procs.append(
-        subprocess.Popen(
-            [sys.executable, "-m", "dask", "worker", address, "--nthreads", "2",
-             "--no-dashboard", "--no-nanny"],
-            env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-        )
+    procs = DaskProcesses(
+        {**otlp_grpc_env(otlp_receiver), "OTEL_SERVICE_NAME": "test-scheduler"},
+        cwd=str(tmp_path),
     )
     try:
-        yield address, procs[0]
+        yield procs.address, procs.scheduler
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        procs.stop()
 
 
 def test_trace_and_metrics_over_otlp_grpc_from_real_processes(cluster, otlp_receiver):

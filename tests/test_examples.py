@@ -1,24 +1,113 @@
-"""The examples the README shows run as written."""
+"""The examples run as written, against a real scheduler with the plugin preloaded."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from distributed import Client
+
+from dask_otel_spans import names
 from dask_otel_spans.otlpjson import read_spans
+
+from conftest import DaskProcesses, otlp_grpc_env, wait_for
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
-def test_quickstart_writes_its_span_tree(tmp_path):
+def run_example(name: str, *args: str, cwd) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / "quickstart.py"), str(tmp_path / "out")],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
+        [sys.executable, str(EXAMPLES / name), *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=180,
     )
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def remote(tmp_path_factory):
+    from conftest import OTLPReceiver
+
+    receiver = OTLPReceiver().start()
+    procs = DaskProcesses(otlp_grpc_env(receiver), cwd=str(tmp_path_factory.mktemp("s")),
+                          workers=2)
+    with Client(procs.address, timeout=60) as client:
+        client.wait_for_workers(2, timeout=60)
+    yield procs, receiver
+    procs.stop()
+    receiver.stop()
+
+
+def spans_named(receiver, *wanted):
+    def check():
+        spans = {s["name"]: s for s in receiver.spans()}
+        return spans if set(wanted) <= set(spans) else None
+
+    return wait_for(check, timeout=30)
+
+
+def test_quickstart_writes_its_span_tree(tmp_path):
+    run_example("quickstart.py", str(tmp_path / "out"), cwd=tmp_path)
     spans = {s["name"]: s for s in read_spans(str(tmp_path / "out" / "traces.jsonl"))}
     assert spans["load"]["parentSpanId"] == spans["quickstart"]["spanId"]
     assert spans["reduce"]["parentSpanId"] == spans["quickstart"]["spanId"]
-    assert spans["load"]["attributes"]["dask.span.task_count"] == 16
+    assert spans["load"]["attributes"][names.SPAN_TASK_COUNT] == 16
+
+
+def test_remote_scheduler_with_preload(remote, tmp_path):
+    procs, receiver = remote
+    out = run_example("remote_scheduler.py", procs.address, cwd=tmp_path)
+    assert out.startswith("done: nightly report")
+    spans = spans_named(receiver, "nightly report", "load", "aggregate", "publish")
+    root = spans["nightly report"]
+    for child in ("load", "aggregate", "publish"):
+        assert spans[child]["parentSpanId"] == root["spanId"]
+
+
+def test_multi_tenant_tags_filter_metrics(remote, tmp_path):
+    procs, receiver = remote
+    run_example("multi_tenant.py", procs.address, cwd=tmp_path)
+
+    def tenants():
+        names_ = {dict(a)[names.SPAN_NAME] for a in receiver.latest_sums(names.SPAN_ACTIVITY_TIME)}
+        wanted = {"user=alice/dataset=sales/score", "user=bob/dataset=sales/score",
+                  "user=alice/dataset=logs/score"}
+        return wanted <= names_
+
+    wait_for(tenants, timeout=30)
+    alice_sales = sum(
+        v for a, v in receiver.latest_sums(names.SPAN_ACTIVITY_TIME).items()
+        if dict(a)[names.SPAN_NAME] == "user=alice/dataset=sales/score"
+        and dict(a)[names.ACTIVITY] in ("thread-cpu", "thread-noncpu")
+    )
+    assert alice_sales == pytest.approx(10 * 0.02, abs=0.1)
+
+
+def test_custom_activities(remote, tmp_path):
+    procs, receiver = remote
+    run_example("custom_activities.py", procs.address, cwd=tmp_path)
+    spans = spans_named(receiver, "fit")
+    attrs = spans["fit"]["attributes"]
+    assert attrs["dask.metrics.model-fit.seconds"] == pytest.approx(8 * 0.03, abs=0.1)
+    assert attrs["dask.metrics.load-features.seconds"] > 0
+    assert attrs["dask.metrics.rows-scored.rows"] == 8 * 500
+
+    def rows():
+        return any(dict(a)[names.UNIT] == "rows" and v == 4000
+                   for a, v in receiver.latest_sums(names.SPAN_ACTIVITY_CUSTOM).items())
+
+    wait_for(rows, timeout=30)
+
+
+def test_workflow_inside_an_existing_application_trace(remote, tmp_path):
+    procs, receiver = remote
+    out = run_example("existing_trace.py", procs.address, cwd=tmp_path)
+    m = re.search(r"trace (\w{32}) parent (\w{16})", out)
+    spans = spans_named(receiver, "request analytics")
+    dask_span = spans["request analytics"]
+    assert dask_span["traceId"] == m.group(1)
+    assert dask_span["parentSpanId"] == m.group(2)

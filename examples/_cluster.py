@@ -1,0 +1,27 @@
+"""Shared by the examples: a client to ADDRESS (a scheduler started with
+``--preload dask_otel_spans``), or a LocalCluster with the plugin when none is given."""
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+from distributed import Client, LocalCluster
+
+from dask_otel_spans import OTelSpansPlugin
+
+
+@contextlib.contextmanager
+def connect(address: str | None) -> Iterator[Client]:
+    if address:
+        with Client(address, timeout=60) as client:
+            yield client
+        return
+    with LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address=":0") as cluster:
+        with Client(cluster) as client:
+            plugin = OTelSpansPlugin()
+            client.register_plugin(plugin)
+            yield client
+            deadline = time.monotonic() + 30
+            while plugin.open_span_count and time.monotonic() < deadline:
+                time.sleep(0.1)

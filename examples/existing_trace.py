@@ -1,0 +1,51 @@
+"""A workflow inside an existing application trace: the application's own OTel span is
+the parent of the dask spans, and client-side work inside a dask span lands inside it.
+
+    python examples/existing_trace.py [ADDRESS]
+
+The application configures its own tracer provider as usual (here: the SDK with the
+OTEL_* variables, console when nothing is set); the scheduler exports the dask spans into
+the same trace.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import dask.array as da
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
+from dask_otel_spans import span
+from _cluster import connect
+
+
+def app_tracer_provider() -> TracerProvider:
+    provider = TracerProvider()
+    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    else:
+        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter(out=open(os.devnull, "w"))))
+    return provider
+
+
+def main(address: str | None = None) -> None:
+    provider = app_tracer_provider()
+    tracer = provider.get_tracer("my-application")
+    with connect(address) as client:
+        with tracer.start_as_current_span("handle request") as request:
+            with span("request analytics") as dask_id:
+                result = da.ones((1000, 1000), chunks=250).sum().compute()
+                with tracer.start_as_current_span("store result"):
+                    pass  # e.g. an instrumented HTTP or database call
+    provider.shutdown()
+    ctx = request.get_span_context()
+    print(f"done: trace {ctx.trace_id:032x} parent {ctx.span_id:016x} "
+          f"dask span {dask_id} result {result}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,145 @@
+"""Hostile or malformed input never raises inside the scheduler: a fallback, one log
+line per kind of problem, and the rest of the data still exported."""
+from __future__ import annotations
+
+import logging
+
+import dask
+import pytest
+from distributed import span as dask_span
+from distributed.metrics import context_meter
+from distributed.utils_test import gen_cluster, inc
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from dask_otel_spans import names, span
+from dask_otel_spans.propagation import otel_trace_id
+
+from conftest import MemoryProviders, async_wait_for
+from test_plugin import install
+
+
+@gen_cluster(client=True)
+async def test_otel_annotation_that_is_not_a_mapping(c, s, a, b, caplog):
+    memory = MemoryProviders()
+    await install(c, memory)
+    with caplog.at_level(logging.WARNING, logger="dask_otel_spans"):
+        with dask_span("wf"):
+            with dask.annotate(otel="garbage"):
+                assert await c.submit(inc, 1, key="inc-1") == 2
+                assert await c.submit(inc, 2, key="inc-2") == 3
+        await async_wait_for(lambda: memory.by_name("wf"))
+    assert caplog.text.count("ignoring an 'otel' annotation") == 1
+
+
+@gen_cluster(client=True)
+async def test_truncated_traceparent_falls_back_to_root_uuid(c, s, a, b):
+    memory = MemoryProviders()
+    await install(c, memory)
+    with dask_span("wf") as wf_id:
+        with dask.annotate(otel={wf_id: {"traceparent": "00-0af7651916cd43dd84"}}):
+            await c.submit(inc, 1, key="inc-1")
+        await c.log_event(
+            names.EVENT_TOPIC,
+            {"ids": [wf_id], "name": ["wf"], "opened": 1, "enter": 0.0, "exit": 1.0,
+             "otel": {wf_id: {"traceparent": 12}}},
+        )
+    await async_wait_for(lambda: memory.by_name("wf"))
+    [wf] = memory.by_name("wf")
+    assert wf.context.trace_id == otel_trace_id(wf_id)
+    assert wf.parent is None
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        "not a dict",
+        {"ids": 5},
+        {"ids": ["a"], "name": ["a", "b"], "opened": 1, "enter": 0, "exit": 1},
+        {"ids": [1], "name": ["a"], "opened": 1, "enter": 0, "exit": 1},
+        {"ids": ["a"], "name": ["a"], "opened": 7, "enter": 0, "exit": 1},
+    ],
+)
+@gen_cluster(client=True)
+async def test_malformed_close_notice_is_ignored(c, s, a, b, msg):
+    memory = MemoryProviders()
+    plugin = await install(c, memory)
+    await c.log_event(names.EVENT_TOPIC, msg)
+    assert plugin.open_span_count == 0
+    assert await c.submit(inc, 1) == 2
+
+
+@gen_cluster(client=True)
+async def test_non_ascii_and_very_long_tags(c, s, a, b):
+    memory = MemoryProviders()
+    await install(c, memory)
+    tag = "données ✓ " * 2000
+    with span(tag, "日本語"):
+        await c.submit(inc, 1, key="inc-1")
+    await async_wait_for(lambda: memory.by_name("日本語"))
+    [sp] = memory.by_name("日本語")
+    assert sp.attributes[names.SPAN_NAME] == (tag, "日本語")
+
+
+@gen_cluster(client=True)
+async def test_attribute_values_are_cut_to_the_provider_limits(c, s, a, b):
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider(span_limits=SpanLimits(max_attribute_length=64))
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    memory = MemoryProviders()
+    memory.tracer_provider = tracer_provider
+    memory.span_exporter = exporter
+    await install(c, memory)
+    with span("x" * 1000):
+        await c.submit(inc, 1, key="inc-1")
+    await async_wait_for(lambda: memory.dask_spans())
+    [sp] = memory.dask_spans()
+    assert sp.attributes[names.SPAN_NAME] == ("x" * 64,)
+
+
+@gen_cluster(client=True, timeout=120)
+async def test_a_hundred_levels_of_nesting(c, s, a, b):
+    memory = MemoryProviders()
+    await install(c, memory)
+    ids = []
+
+    def nest(level: int):
+        with span(f"level-{level}") as sid:
+            ids.append(sid)
+            if level < 99:
+                return nest(level + 1)
+            return c.submit(inc, 1, key="deep")
+
+    await nest(0)
+    await async_wait_for(lambda: len(memory.dask_spans()) == 100, timeout=60)
+    by_id = {sp.context.span_id: sp for sp in memory.dask_spans()}
+    deepest = memory.by_name("level-99")[0]
+    depth = 1
+    node = deepest
+    while node.parent is not None:
+        node = by_id[node.parent.span_id]
+        depth += 1
+    assert depth == 100
+    assert node.name == "level-0"
+
+
+def odd_metrics_task(x):
+    context_meter.digest_metric(("not", "a", "string"), 2.0, "furlongs")
+    context_meter.digest_metric("fine", 3, "count")
+    return x
+
+
+@gen_cluster(client=True)
+async def test_custom_metrics_with_odd_activity_and_unit(c, s, a, b):
+    memory = MemoryProviders()
+    plugin = await install(c, memory)
+    with span("odd"):
+        assert await c.submit(odd_metrics_task, 1, key="odd-1") == 1
+    await async_wait_for(lambda: memory.by_name("odd"))
+    await plugin.flush()
+    custom = memory.points(names.SPAN_ACTIVITY_CUSTOM)
+    assert [(p[1][names.UNIT], p[2]) for p in custom] == [("furlongs", 2.0)]
+    assert custom[0][1][names.ACTIVITY] == str(("not", "a", "string"))
+    counts = memory.points(names.SPAN_ACTIVITY_COUNT)
+    assert any(p[1][names.ACTIVITY] == "fine" and p[2] == 3 for p in counts)

@@ -1,0 +1,163 @@
+"""Pull path with a real Prometheus (Debian's ``prometheus``): it scrapes the scheduler's
+own ``/metrics`` (dashboard port) while a workflow with nested spans runs; assertions are
+PromQL queries through its HTTP API. Also checks deploy/: promtool, YAML/JSON, and that
+every metric a dashboard queries is in a real scrape."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from distributed import Client
+
+from dask_otel_spans import span
+
+from conftest import DaskProcesses, free_port, wait_for
+
+DEPLOY = Path(__file__).parent.parent / "deploy"
+SLEEP, N_TASKS = 0.2, 5
+
+
+def sleepy(x: float) -> float:
+    time.sleep(x)
+    return x
+
+
+def inc(x: int) -> int:
+    return x + 1
+
+
+def prometheus_binary(name: str) -> str:
+    path = shutil.which(name) or f"/usr/bin/{name}"
+    assert Path(path).exists(), f"{name} not installed (apt-get install -y prometheus)"
+    return path
+
+
+@pytest.fixture(scope="module")
+def scraped(tmp_path_factory):
+    """A scheduler with OTEL_METRICS_EXPORTER=prometheus, two workers, a workflow run,
+    and a Prometheus scraping the scheduler's /metrics every second."""
+    tmp = tmp_path_factory.mktemp("prom")
+    procs = DaskProcesses(
+        {"OTEL_METRICS_EXPORTER": "prometheus", "OTEL_TRACES_EXPORTER": "none"},
+        cwd=str(tmp), workers=2, dashboard=True,
+    )
+    prom_port = free_port()
+    config = tmp / "prometheus.yml"
+    config.write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "1s"},
+        "scrape_configs": [{
+            "job_name": "dask-scheduler",
+            "metrics_path": "/metrics",
+            "static_configs": [{"targets": [f"127.0.0.1:{procs.dashboard_port}"]}],
+        }],
+    }))
+    prom = subprocess.Popen(
+        [prometheus_binary("prometheus"), f"--config.file={config}",
+         f"--storage.tsdb.path={tmp / 'data'}",
+         f"--web.listen-address=127.0.0.1:{prom_port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        with Client(procs.address, timeout=60) as client:
+            client.wait_for_workers(2, timeout=60)
+            a, b = list(client.scheduler_info()["workers"])
+            with span("tenant=acme", "etl"):
+                with span("sleep step"):
+                    client.gather(client.map(sleepy, [SLEEP] * N_TASKS, pure=False))
+                with span("transfer step"):
+                    x = client.submit(inc, 1, workers=[a], key="on-a")
+                    client.submit(inc, x, workers=[b], key="on-b").result()
+            url = f"http://127.0.0.1:{procs.dashboard_port}/metrics"
+
+            def scrape():
+                text = urllib.request.urlopen(url, timeout=5).read().decode()
+                return text if "dask_span_duration_seconds_bucket" in text and \
+                    "dask_worker_activity_time_seconds_total" in text else None
+
+            text = wait_for(scrape, timeout=30, interval=0.5)
+            yield {"prom": f"http://127.0.0.1:{prom_port}", "scrape": text}
+    finally:
+        prom.terminate()
+        prom.wait(30)
+        procs.stop()
+
+
+def promql(base: str, query: str) -> list[dict]:
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    try:
+        reply = json.load(urllib.request.urlopen(url, timeout=5))
+    except OSError:
+        return []
+    assert reply["status"] == "success", reply
+    return reply["data"]["result"]
+
+
+def test_span_metrics_have_the_design_labels_in_prometheus(scraped):
+    query = 'dask_span_activity_time_seconds_total{dask_span_name="tenant=acme/etl/sleep step"}'
+    series = wait_for(lambda: promql(scraped["prom"], query), timeout=30, interval=0.5)
+    labels = series[0]["metric"]
+    assert {"dask_span_name", "dask_task_prefix", "dask_activity", "dask_context",
+            "dask_unit"} <= set(labels)
+    # the task prefix, plus the synthetic "N/A" of "idle or other spans"
+    assert {s["metric"]["dask_task_prefix"] for s in series} == {"sleepy", "N/A"}
+
+
+def test_promql_sum_of_thread_time_matches_known_sleep(scraped):
+    query = ('sum(dask_span_activity_time_seconds_total{dask_task_prefix="sleepy",'
+             'dask_activity=~"thread-cpu|thread-noncpu"})')
+
+    def total():
+        result = promql(scraped["prom"], query)
+        value = float(result[0]["value"][1]) if result else 0.0
+        return value if value >= 0.9 * SLEEP * N_TASKS else None
+
+    value = wait_for(total, timeout=30, interval=0.5)
+    assert value == pytest.approx(SLEEP * N_TASKS, rel=0.2)
+
+
+def test_worker_wide_transfer_metrics_in_prometheus(scraped):
+    series = wait_for(
+        lambda: promql(scraped["prom"], 'dask_worker_activity_time_seconds_total{dask_context="gather-dep"}'),
+        timeout=30, interval=0.5,
+    )
+    assert "dask_span_name" not in series[0]["metric"]
+
+
+def test_every_dashboard_metric_is_in_a_real_scrape(scraped):
+    dashboard = json.loads((DEPLOY / "grafana" / "dashboards" / "dask-spans.json").read_text())
+    exprs = [
+        t.get("expr", "") for p in dashboard["panels"] for t in p.get("targets", [])
+    ] + [v.get("definition", "") for v in dashboard["templating"]["list"]]
+    queried = set(re.findall(r"\b(dask_[a-z_]+)\b", " ".join(exprs)))
+    queried -= {"dask_span_name", "dask_task_prefix", "dask_activity", "dask_context", "dask_unit"}
+    assert len(queried) >= 6
+    scraped_names = set(re.findall(r"^(dask_[a-z_]+)", scraped["scrape"], re.M))
+    assert queried <= scraped_names, queried - scraped_names
+
+
+def test_promtool_accepts_the_prometheus_config():
+    proc = subprocess.run(
+        [prometheus_binary("promtool"), "check", "config",
+         str(DEPLOY / "compose" / "prometheus.yml")],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_deploy_yaml_and_json_parses():
+    files = [p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml", ".json")]
+    assert len(files) >= 10
+    for path in files:
+        text = path.read_text()
+        if path.suffix == ".json":
+            json.loads(text)
+        else:
+            assert list(yaml.safe_load_all(text)), path
