@@ -30,6 +30,7 @@ from tornado.ioloop import IOLoop, PeriodicCallback
 
 from dask_otel_spans import names
 from dask_otel_spans.config import PluginConfig
+from dask_otel_spans.export_health import rate_limit_sdk_logs
 from dask_otel_spans.metrics import DaskInstruments, MetricsPump, SpanNameCap
 from dask_otel_spans.propagation import parse_carried, resolve_chain
 from dask_otel_spans.providers import Providers, resolve_providers
@@ -204,6 +205,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         self._pass_ready: list[_OpenSpan] = []
         self._logged: set[str] = set()
         self._undo: list[Any] = []
+        self._undo_log_limit: Any = None
         #: figures for tests and benchmarks
         self.emitted_count = 0
         self.max_call_seconds = 0.0
@@ -306,6 +308,8 @@ class OTelSpansPlugin(SchedulerPlugin):
             )
             return
         self._ext = ext
+        if self.providers.owned:
+            self._undo_log_limit = rate_limit_sdk_logs()
         self._set_up_tracer()
         if self.providers.meter_provider is not None:
             meter = self.providers.meter_provider.get_meter(names.INSTRUMENTATION_SCOPE)
@@ -392,6 +396,10 @@ class OTelSpansPlugin(SchedulerPlugin):
             pump = self.pump
             await asyncio.get_running_loop().run_in_executor(None, pump.stop)
         await self._flush_providers()
+        if self._undo_log_limit is not None:
+            # kept until the providers' final flush is over
+            self._undo_log_limit()
+            self._undo_log_limit = None
         _LOCAL_PLUGINS.pop(self._token, None)
 
     async def _flush_providers(self) -> None:

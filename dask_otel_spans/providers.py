@@ -23,6 +23,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
 from dask_otel_spans import names
+from dask_otel_spans.export_health import (
+    ExportHealth,
+    HealthMetricExporter,
+    HealthSpanExporter,
+)
 from dask_otel_spans.otlpjson import (
     METRICS_FILE,
     TRACES_FILE,
@@ -60,6 +65,8 @@ class Providers:
     #: human-readable "where do traces / metrics go", for the log line
     traces_to: str = "nowhere"
     metrics_to: str = "nowhere"
+    #: outage bookkeeping of the exporters built here (one per exporter)
+    health: list[ExportHealth] = field(default_factory=list)
 
 
 def build_resource(
@@ -208,7 +215,10 @@ def _span_exporter(name: str, environ: Mapping[str, str], output_dir: str) -> An
 
 
 def _metric_reader(
-    name: str, environ: Mapping[str, str], output_dir: str
+    name: str,
+    environ: Mapping[str, str],
+    output_dir: str,
+    health: list[ExportHealth] | None = None,
 ) -> tuple[MetricReader, str]:
     interval = float(environ.get("OTEL_METRIC_EXPORT_INTERVAL") or 60_000)
     if name == "otlp":
@@ -233,7 +243,13 @@ def _metric_reader(
         return _prometheus_reader(environ)
     else:
         raise ConfigurationError(f"unsupported OTEL_METRICS_EXPORTER {name!r}")
-    reader = PeriodicExportingMetricReader(exporter, export_interval_millis=interval)
+    exporter_health = ExportHealth("metrics", where)
+    if health is not None:
+        health.append(exporter_health)
+    reader = PeriodicExportingMetricReader(
+        HealthMetricExporter(exporter, exporter_health),
+        export_interval_millis=interval,
+    )
     return reader, where
 
 
@@ -258,7 +274,10 @@ def _prometheus_reader(environ: Mapping[str, str]) -> tuple[MetricReader, str]:
 
 
 def build_tracer_provider(
-    environ: Mapping[str, str], resource: Resource, output_dir: str
+    environ: Mapping[str, str],
+    resource: Resource,
+    output_dir: str,
+    health: list[ExportHealth] | None = None,
 ) -> tuple[TracerProvider | None, str]:
     """A tracer provider with one batch processor per configured exporter."""
     exporters = (
@@ -276,15 +295,24 @@ def build_tracer_provider(
     where = []
     for name in exporters:
         exporter, description = _span_exporter(name, environ, output_dir)
+        exporter_health = ExportHealth("traces", description)
+        if health is not None:
+            health.append(exporter_health)
         provider.add_span_processor(
-            BatchSpanProcessor(exporter, schedule_delay_millis=delay)
+            BatchSpanProcessor(
+                HealthSpanExporter(exporter, exporter_health),
+                schedule_delay_millis=delay,
+            )
         )
         where.append(description)
     return provider, ", ".join(where)
 
 
 def build_meter_provider(
-    environ: Mapping[str, str], resource: Resource, output_dir: str
+    environ: Mapping[str, str],
+    resource: Resource,
+    output_dir: str,
+    health: list[ExportHealth] | None = None,
 ) -> tuple[MeterProvider | None, str]:
     """A meter provider with one reader per configured exporter."""
     exporters = (
@@ -297,7 +325,7 @@ def build_meter_provider(
         return None, "nowhere (OTEL_METRICS_EXPORTER=none)"
     readers, where = [], []
     for name in exporters:
-        reader, description = _metric_reader(name, environ, output_dir)
+        reader, description = _metric_reader(name, environ, output_dir, health)
         readers.append(reader)
         where.append(description)
     return MeterProvider(metric_readers=readers, resource=resource), ", ".join(where)
@@ -339,7 +367,7 @@ def resolve_providers(
         out.tracer_provider, out.traces_to = glob, "the global tracer provider"
     else:
         out.tracer_provider, out.traces_to = build_tracer_provider(
-            environ, get_resource(), output_dir
+            environ, get_resource(), output_dir, out.health
         )
         if out.tracer_provider is not None:
             out.owned.append(out.tracer_provider)
@@ -352,7 +380,7 @@ def resolve_providers(
             out.meter_provider, out.metrics_to = globm, "the global meter provider"
         else:
             out.meter_provider, out.metrics_to = build_meter_provider(
-                environ, get_resource(), output_dir
+                environ, get_resource(), output_dir, out.health
             )
             if out.meter_provider is not None:
                 out.owned.append(out.meter_provider)

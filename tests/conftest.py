@@ -112,18 +112,21 @@ class OTLPReceiver:
     ``required_headers``: metadata that every request must carry, else UNAUTHENTICATED.
     """
 
-    def __init__(self, required_headers: dict[str, str] | None = None):
+    def __init__(self, required_headers: dict[str, str] | None = None, port: int = 0,
+                 delay: float = 0.0, credentials: Any = None):
         self.required_headers = required_headers or {}
         self.trace_requests: list[Any] = []
         self.metric_requests: list[Any] = []
         self.metadata: list[dict[str, str]] = []
         self.rejected = 0
+        self.delay = delay
         self._lock = threading.Lock()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         receiver = self
 
         class Traces(trace_service_pb2_grpc.TraceServiceServicer):
             def Export(self, request, context):
+                time.sleep(receiver.delay)
                 if not receiver._accept(context):
                     return trace_service_pb2.ExportTraceServiceResponse()
                 with receiver._lock:
@@ -142,8 +145,12 @@ class OTLPReceiver:
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
             Metrics(), self.server
         )
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
-        self.endpoint = f"http://127.0.0.1:{self.port}"
+        if credentials is not None:
+            self.port = self.server.add_secure_port(f"localhost:{port}", credentials)
+            self.endpoint = f"https://localhost:{self.port}"
+        else:
+            self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
+            self.endpoint = f"http://127.0.0.1:{self.port}"
 
     def _accept(self, context: Any) -> bool:
         metadata = {k: v for k, v in context.invocation_metadata()}

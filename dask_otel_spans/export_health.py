@@ -1,0 +1,188 @@
+"""Export health: count what a collector outage dropped, say so once per outage (and
+once on recovery), and keep the OpenTelemetry SDK's per-batch log lines from flooding
+the scheduler's log."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+logger = logging.getLogger(__name__)
+
+#: Loggers of the SDK and exporters that log once per failed batch or dropped item
+NOISY_LOGGERS = (
+    "opentelemetry.exporter.otlp.proto.grpc.exporter",
+    "opentelemetry.exporter.otlp.proto.http._common",
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+    "opentelemetry.exporter.otlp.common.http",
+    "opentelemetry.sdk._shared_internal",
+    "opentelemetry.sdk.trace.export",
+    "opentelemetry.sdk.metrics._internal.export",
+)
+
+
+class ExportHealth:
+    """Outage bookkeeping of one signal's exporter (thread-safe)."""
+
+    def __init__(self, signal: str, where: str):
+        self.signal = signal
+        self.where = where
+        self.exported = 0
+        self.dropped = 0
+        self.failed_batches = 0
+        self.down = False
+        self._dropped_in_outage = 0
+        self._lock = threading.Lock()
+
+    def record(self, ok: bool, items: int) -> None:
+        with self._lock:
+            if ok:
+                self.exported += items
+                if not self.down:
+                    return
+                self.down = False
+                dropped, self._dropped_in_outage = self._dropped_in_outage, 0
+            else:
+                self.dropped += items
+                self.failed_batches += 1
+                self._dropped_in_outage += items
+                if self.down:
+                    return
+                self.down = True
+        if ok:
+            logger.warning(
+                "dask_otel_spans: %s export to %s recovered; %d %s were dropped "
+                "during the outage (%d in total so far)",
+                self.signal, self.where, dropped, self._unit(), self.dropped,
+            )
+        else:
+            logger.error(
+                "dask_otel_spans: cannot export %s to %s; dropping them until it "
+                "recovers (counted; logged again on recovery)",
+                self._unit(), self.where,
+            )
+
+    def _unit(self) -> str:
+        return "spans" if self.signal == "traces" else "metric points"
+
+
+class HealthSpanExporter(SpanExporter):
+    """Wraps a span exporter: counts exported and dropped spans in ``health``."""
+
+    def __init__(self, inner: SpanExporter, health: ExportHealth):
+        self.inner = inner
+        self.health = health
+
+    def export(self, spans: Sequence[Any]) -> SpanExportResult:
+        try:
+            result = self.inner.export(spans)
+        except Exception:
+            result = SpanExportResult.FAILURE
+        self.health.record(result == SpanExportResult.SUCCESS, len(spans))
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
+def _count_points(metrics_data: Any) -> int:
+    n = 0
+    for rm in getattr(metrics_data, "resource_metrics", ()):
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                n += len(getattr(m.data, "data_points", ()))
+    return n
+
+
+class HealthMetricExporter(MetricExporter):
+    """Wraps a metric exporter (same temporality and aggregation preferences)."""
+
+    def __init__(self, inner: MetricExporter, health: ExportHealth):
+        super().__init__(
+            preferred_temporality=getattr(inner, "_preferred_temporality", None),
+            preferred_aggregation=getattr(inner, "_preferred_aggregation", None),
+        )
+        self.inner = inner
+        self.health = health
+
+    def export(self, metrics_data: Any, timeout_millis: float = 10_000,
+               **kwargs: Any) -> MetricExportResult:
+        try:
+            result = self.inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+        except Exception:
+            result = MetricExportResult.FAILURE
+        self.health.record(result == MetricExportResult.SUCCESS, _count_points(metrics_data))
+        return result
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self.inner.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+
+class RateLimitFilter(logging.Filter):
+    """At most one record per logger and message template per ``interval`` seconds;
+    the next one let through says how many were suppressed."""
+
+    def __init__(self, interval: float = 300.0):
+        super().__init__()
+        self.interval = interval
+        self._last: dict[tuple[str, str], float] = {}
+        self._suppressed: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, str(record.msg))
+        now = time.monotonic()
+        with self._lock:
+            last = self._last.get(key)
+            if last is not None and now - last < self.interval:
+                self._suppressed[key] = self._suppressed.get(key, 0) + 1
+                return False
+            self._last[key] = now
+            suppressed = self._suppressed.pop(key, 0)
+        if suppressed:
+            record.msg = f"{record.msg} ({suppressed} similar messages suppressed)"
+        return True
+
+
+_filter_lock = threading.Lock()
+_filter_users = 0
+_FILTER = RateLimitFilter()
+
+
+def rate_limit_sdk_logs() -> Callable[[], None]:
+    """Install the rate limit on the SDK's noisy loggers; returns its undo (counted,
+    so that several plugins in one process share one filter)."""
+    global _filter_users
+    with _filter_lock:
+        if _filter_users == 0:
+            for name in NOISY_LOGGERS:
+                logging.getLogger(name).addFilter(_FILTER)
+        _filter_users += 1
+
+    done = False
+
+    def undo() -> None:
+        global _filter_users
+        nonlocal done
+        with _filter_lock:
+            if done:
+                return
+            done = True
+            _filter_users -= 1
+            if _filter_users == 0:
+                for name in NOISY_LOGGERS:
+                    logging.getLogger(name).removeFilter(_FILTER)
+
+    return undo
