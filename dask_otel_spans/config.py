@@ -13,13 +13,23 @@ _DEFAULTS_FILE = os.path.join(os.path.dirname(__file__), "otel-spans.yaml")
 NAMESPACE = "otel-spans"
 
 
-def _load_defaults() -> None:
+def _load_defaults() -> dict[str, Any]:
     with open(_DEFAULTS_FILE) as f:
         defaults = yaml.safe_load(f)
     dask.config.update_defaults(defaults)
+    return defaults
 
 
-_load_defaults()
+#: The shipped defaults, also the fallback when something reset dask's config
+#: (e.g. a test harness that restores a snapshot taken before this import)
+DEFAULTS: dict[str, Any] = _load_defaults()
+
+
+def _shipped_default(key: str) -> Any:
+    node: Any = DEFAULTS[NAMESPACE]
+    for part in key.split("."):
+        node = node[part]
+    return node
 
 
 @dataclass(frozen=True)
@@ -47,7 +57,7 @@ class PluginConfig:
         """Read the ``otel-spans`` namespace; keyword arguments win over it."""
 
         def get(key: str) -> Any:
-            return dask.config.get(f"{NAMESPACE}.{key}")
+            return dask.config.get(f"{NAMESPACE}.{key}", default=_shipped_default(key))
 
         def seconds(key: str) -> float:
             return float(parse_timedelta(get(key), default="seconds"))

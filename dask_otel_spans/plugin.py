@@ -210,6 +210,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         self.emitted_count = 0
         self.max_call_seconds = 0.0
         self.total_call_seconds = 0.0
+        self.max_call_by_hook: dict[str, float] = {}
 
     # -- pickling: keep providers when the scheduler is in this process -------------
 
@@ -249,6 +250,8 @@ class OTelSpansPlugin(SchedulerPlugin):
             self.total_call_seconds += elapsed
             if elapsed > self.max_call_seconds:
                 self.max_call_seconds = elapsed
+            if elapsed > self.max_call_by_hook.get(where, 0.0):
+                self.max_call_by_hook[where] = elapsed
 
     @contextmanager
     def _contain(self, where: str) -> Iterator[None]:
