@@ -49,6 +49,7 @@ class PluginConfig:
     max_code_length: int = 4096
     span_name_depth: int | None = None
     max_span_names: int = 1000
+    max_span_name_length: int = 256
     max_queue_size: int = 10000
     output_dir: str = "dask-otel-spans"
 
@@ -73,6 +74,7 @@ class PluginConfig:
             max_code_length=int(get("max-code-length")),
             span_name_depth=None if depth in (None, "", "null") else int(depth),
             max_span_names=int(get("metrics.max-span-names")),
+            max_span_name_length=int(get("metrics.max-span-name-length")),
             max_queue_size=int(get("metrics.max-queue-size")),
             output_dir=str(get("output-dir")),
         )

@@ -3,7 +3,6 @@ counter adds, on a thread of their own, with a cap on span-name cardinality."""
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
@@ -12,11 +11,9 @@ from typing import Any
 from opentelemetry.metrics import Counter, Meter
 
 from dask_otel_spans import names
+from dask_otel_spans.background import BackgroundQueue
 
 logger = logging.getLogger(__name__)
-
-_STOP = object()
-
 
 def unit_family(unit: Any) -> tuple[str, str]:
     """``(instrument suffix, OTel unit)`` for a dask unit."""
@@ -26,15 +23,17 @@ def unit_family(unit: Any) -> tuple[str, str]:
 
 
 class SpanNameCap:
-    """The ``dask.span.name`` metric attribute: tags joined with ``/``, cut to a depth,
-    and at most ``max_names`` distinct values (then ``__other__``).
+    """The ``dask.span.name`` metric attribute: tags joined with ``/``, cut to a depth
+    and to ``max_length`` characters, and at most ``max_names`` distinct values (then
+    ``__other__``).
 
-    Thread-safe; memory is bounded by ``max_names``.
+    Thread-safe; memory is bounded by ``max_names`` × ``max_length``.
     """
 
-    def __init__(self, depth: int | None, max_names: int):
+    def __init__(self, depth: int | None, max_names: int, max_length: int = 256):
         self.depth = depth
         self.max_names = max(0, max_names)
+        self.max_length = max(1, max_length)
         self._seen: set[str] = set()
         self._lock = threading.Lock()
         self.overflowed = False
@@ -43,6 +42,8 @@ class SpanNameCap:
         if self.depth is not None and self.depth > 0:
             tags = tags[: self.depth]
         value = names.SPAN_NAME_SEPARATOR.join(str(t) for t in tags)
+        if len(value) > self.max_length:
+            value = value[: self.max_length]
         with self._lock:
             if value in self._seen:
                 return value
@@ -180,7 +181,7 @@ class DaskInstruments:
             )
 
 
-class MetricsPump:
+class MetricsPump(BackgroundQueue):
     """Runs instrument updates on a daemon thread, off the scheduler's event loop.
 
     ``submit`` never blocks: past ``max_queue_size`` pending items the item is dropped,
@@ -188,70 +189,15 @@ class MetricsPump:
     """
 
     def __init__(self, instruments: DaskInstruments, max_queue_size: int = 10000):
+        super().__init__(
+            "dask-otel-spans-metrics", max(1, max_queue_size), "metric updates"
+        )
         self.instruments = instruments
-        self._queue: queue.Queue = queue.Queue(maxsize=max(1, max_queue_size))
-        self._thread: threading.Thread | None = None
-        self.dropped = 0
-        self._failures_logged: set[str] = set()
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._run, name="dask-otel-spans-metrics", daemon=True
-            )
-            self._thread.start()
 
     def submit(self, method: str, *args: Any) -> None:
-        try:
-            self._queue.put_nowait((method, args))
-        except queue.Full:
-            self.dropped += 1
-            if self.dropped == 1:
-                logger.warning(
-                    "dask_otel_spans: metrics queue full (%d items); dropping metric "
-                    "updates (counted in MetricsPump.dropped)",
-                    self._queue.maxsize,
-                )
+        """Call ``instruments.<method>(*args)`` on the thread."""
+        self.put((method, args))
 
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            try:
-                if item is _STOP:
-                    return
-                if isinstance(item, threading.Event):
-                    item.set()
-                    continue
-                method, args = item
-                getattr(self.instruments, method)(*args)
-            except Exception as e:
-                kind = type(e).__name__
-                if kind not in self._failures_logged:
-                    self._failures_logged.add(kind)
-                    logger.exception("dask_otel_spans: recording metrics failed")
-            finally:
-                self._queue.task_done()
-
-    def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every item submitted so far was recorded; False on timeout."""
-        if self._thread is None:
-            return True
-        marker = threading.Event()
-        try:
-            self._queue.put(marker, timeout=timeout)
-        except queue.Full:
-            return False
-        return marker.wait(timeout)
-
-    def stop(self, timeout: float = 10) -> None:
-        """Record what is queued, then end the thread."""
-        if self._thread is None:
-            return
-        while True:
-            try:
-                self._queue.put(_STOP, timeout=timeout)
-                break
-            except queue.Full:  # pragma: no cover
-                continue
-        self._thread.join(timeout)
-        self._thread = None
+    def handle(self, item: tuple[str, tuple[Any, ...]]) -> None:
+        method, args = item
+        getattr(self.instruments, method)(*args)

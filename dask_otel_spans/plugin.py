@@ -4,17 +4,22 @@ dask fine performance metrics into OTel metrics.
 The scheduler's ``SpansSchedulerExtension`` stays the authoritative span tree; the
 plugin keeps a small record per span that is still open (not emitted yet) and nothing
 for the spans it already emitted, so its memory follows the open spans, not history.
+
+On the event loop the hooks only queue what happened (O(1) each); a periodic pass,
+cut in slices of at most ``tick-budget``, registers new spans, applies annotations,
+decides which spans are ready and copies them (:mod:`~dask_otel_spans.snapshot`).
+Translation and the OTel SDK run on the :class:`~dask_otel_spans.emitter.SpanEmitter`
+thread, metric updates on the :class:`~dask_otel_spans.metrics.MetricsPump` thread.
 """
 from __future__ import annotations
 
 import asyncio
-import copy
 import functools
 import logging
 import time as _time
 import uuid
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterator, Mapping
 from contextlib import contextmanager
 from itertools import islice
@@ -22,25 +27,16 @@ from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.metrics import time
-from opentelemetry import trace
-from opentelemetry.context import Context
-from opentelemetry.sdk.trace.id_generator import IdGenerator
-from opentelemetry.trace import SpanKind, Status, StatusCode
 from tornado.ioloop import IOLoop, PeriodicCallback
 
 from dask_otel_spans import names
 from dask_otel_spans.config import PluginConfig
+from dask_otel_spans.emitter import EmitRequest, SpanEmitter
 from dask_otel_spans.export_health import rate_limit_sdk_logs
 from dask_otel_spans.metrics import DaskInstruments, MetricsPump, SpanNameCap
-from dask_otel_spans.propagation import parse_carried, resolve_chain
+from dask_otel_spans.propagation import parse_carried
 from dask_otel_spans.providers import Providers, resolve_providers
-from dask_otel_spans.traces import (
-    SpanFields,
-    SpanSummary,
-    span_fields,
-    subtree_summary,
-    unseen_span_fields,
-)
+from dask_otel_spans.snapshot import snapshot_span
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -58,22 +54,11 @@ _LOCAL_PLUGINS: weakref.WeakValueDictionary[str, OTelSpansPlugin] = (
 _MAX_REMEMBERED_UNSEEN = 10_000
 #: Longest wait for the providers' flush and shutdown at scheduler close
 _CLOSE_TIMEOUT = 10.0
+#: Items of work between two looks at the clock in a slice of the pass
+_CHECK_EVERY = 32
 
-
-class _PinnedIdGenerator(IdGenerator):
-    """Hands the SDK the ids the plugin derived from dask span ids."""
-
-    trace_id = 0
-    span_id = 0
-
-    def generate_span_id(self) -> int:
-        return self.span_id
-
-    def generate_trace_id(self) -> int:
-        return self.trace_id
-
-    def is_trace_id_random(self) -> bool:
-        return False
+#: Kinds of queued hook events
+_GRAPH, _NOTICE, _CLIENT_GONE = "graph", "notice", "client-gone"
 
 
 class _OpenSpan:
@@ -95,6 +80,7 @@ class _OpenSpan:
         "enter",
         "exit",
         "counted",
+        "depth",
     )
 
     def __init__(self, dask_id: str, tags: tuple[str, ...], ids: tuple[str, ...]):
@@ -119,10 +105,7 @@ class _OpenSpan:
         self.exit: float | None = None
         #: counted in dask.span.active
         self.counted = False
-
-    @property
-    def depth(self) -> int:
-        return len(self.ids)
+        self.depth = len(ids)
 
 
 def _chain_ids(span: Span) -> tuple[str, ...]:
@@ -185,9 +168,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         self.scheduler: Scheduler | None = None
         self._ext: SpansSchedulerExtension | None = None
         self.providers: Providers | None = None
-        self._tracer: Any = None
-        self._ids = _PinnedIdGenerator()
-        self._deterministic_ids = False
+        self.emitter: SpanEmitter | None = None
         self.instruments: DaskInstruments | None = None
         self.pump: MetricsPump | None = None
         self._pc: PeriodicCallback | None = None
@@ -195,18 +176,23 @@ class OTelSpansPlugin(SchedulerPlugin):
         self._started = False
 
         self._open: dict[str, _OpenSpan] = {}
-        #: subtree summaries of emitted spans whose parent is still open
-        self._summaries: dict[str, SpanSummary] = {}
-        #: len(ext.spans) when new spans were last registered
+        #: emitted spans whose parent is still open: the emitter holds their summary
+        self._summarized: set[str] = set()
+        #: spans of ext.spans (in insertion order) registered or looked at so far
         self._n_known = 0
         self._unseen_emitted: OrderedDict[str, None] = OrderedDict()
-        self._pass: Iterator[_OpenSpan] | None = None
+        #: hook events not processed yet: (kind, len(ext.spans) then, time, *details)
+        self._pending: deque[tuple[Any, ...]] = deque()
+        #: spans that existed when the plugin started, still to be looked at
+        self._adopting: Iterator[Span] | None = None
+        #: the pass in progress, one slice at a time
+        self._work: Iterator[None] | None = None
         self._pass_done: dict[str, bool] = {}
-        self._pass_ready: list[_OpenSpan] = []
         self._logged: set[str] = set()
         self._undo: list[Any] = []
         self._undo_log_limit: Any = None
         #: figures for tests and benchmarks
+        #: spans handed to the emitter
         self.emitted_count = 0
         self.max_call_seconds = 0.0
         self.total_call_seconds = 0.0
@@ -276,6 +262,10 @@ class OTelSpansPlugin(SchedulerPlugin):
     def open_span_count(self) -> int:
         return len(self._open)
 
+    @property
+    def pending_event_count(self) -> int:
+        return len(self._pending)
+
     # -- lifecycle -------------------------------------------------------------------
 
     async def start(self, scheduler: Scheduler) -> None:
@@ -313,15 +303,27 @@ class OTelSpansPlugin(SchedulerPlugin):
         self._ext = ext
         if self.providers.owned:
             self._undo_log_limit = rate_limit_sdk_logs()
-        self._set_up_tracer()
         if self.providers.meter_provider is not None:
             meter = self.providers.meter_provider.get_meter(names.INSTRUMENTATION_SCOPE)
             self.instruments = DaskInstruments(
                 meter,
-                SpanNameCap(self.config.span_name_depth, self.config.max_span_names),
+                SpanNameCap(
+                    self.config.span_name_depth,
+                    self.config.max_span_names,
+                    self.config.max_span_name_length,
+                ),
             )
             self.pump = MetricsPump(self.instruments, self.config.max_queue_size)
             self.pump.start()
+        self.emitter = SpanEmitter(
+            self.providers.tracer_provider,
+            self.pump,
+            prefix_spans=self.config.prefix_spans,
+            code_max_length=(
+                self.config.max_code_length if self.config.include_code else None
+            ),
+        )
+        self.emitter.start()
         logger.info(
             "dask_otel_spans: traces to %s; metrics to %s",
             self.providers.traces_to,
@@ -332,52 +334,47 @@ class OTelSpansPlugin(SchedulerPlugin):
         if isinstance(previous, OTelSpansPlugin) and previous is not self:
             await self._take_over(previous)
         else:
-            self._adopt_existing_spans()
+            # Spans from before the plugin: looked at in the first passes, in slices
+            self._adopting = iter(list(ext.spans.values()))
+            self._n_known = len(ext.spans)
 
         self._wrap_heartbeats()
         self._pc = PeriodicCallback(self._tick, self.config.tick_interval * 1000)
         scheduler.periodic_callbacks[f"{self.name}-tick"] = self._pc
         self._pc.start()
 
-    def _set_up_tracer(self) -> None:
-        provider = self.providers.tracer_provider if self.providers else None
-        if provider is None:
-            return
-        tracer = provider.get_tracer(names.INSTRUMENTATION_SCOPE)
-        if hasattr(tracer, "id_generator"):
-            # A private copy, so that the pinned ids affect no other user of the
-            # provider's (cached) tracer.
-            tracer = copy.copy(tracer)
-            tracer.id_generator = self._ids
-            self._deterministic_ids = True
-        else:
-            self._log_once(
-                "ids", "tracer provider %r is not the OpenTelemetry SDK's: span ids "
-                "will not follow the dask span ids", type(provider).__name__,
-            )
-        self._tracer = tracer
-
-    def _adopt_existing_spans(self) -> None:
-        """Spans created before the plugin: adopt those still running."""
-        ext = self._ext
-        for span in list(ext.spans.values()):
-            if not span.done:
-                self._register(span)
-        self._n_known = len(ext.spans)
-
     async def _take_over(self, previous: OTelSpansPlugin) -> None:
         """Registered again (same name): continue where the previous instance was,
         so that no span is lost or emitted twice."""
         state = previous._hand_over()
-        self._open, self._summaries, self._n_known, self._unseen_emitted = state
+        (
+            self._open,
+            self._summarized,
+            self._n_known,
+            self._unseen_emitted,
+            self._pending,
+            self._adopting,
+        ) = state
         for rec in self._open.values():
             if rec.counted and self.pump is not None:
                 self.pump.submit("span_opened", rec.tags)
         await previous.close()
+        if previous.emitter is not None and self.emitter is not None:
+            # previous.close() drained its emitter: its summaries are final
+            self.emitter.summaries.update(previous.emitter.summaries)
 
     def _hand_over(self) -> tuple[Any, ...]:
-        state = (self._open, self._summaries, self._n_known, self._unseen_emitted)
-        self._open, self._summaries, self._unseen_emitted = {}, {}, OrderedDict()
+        self._finish_work()
+        state = (
+            self._open,
+            self._summarized,
+            self._n_known,
+            self._unseen_emitted,
+            self._pending,
+            self._adopting,
+        )
+        self._open, self._summarized, self._unseen_emitted = {}, set(), OrderedDict()
+        self._pending, self._adopting = deque(), None
         return state
 
     async def close(self, **kwargs: Any) -> None:
@@ -395,9 +392,12 @@ class OTelSpansPlugin(SchedulerPlugin):
             with self._contain("unwrap"):
                 undo()
         self._undo.clear()
+        loop = asyncio.get_running_loop()
+        # The emitter feeds the pump: stop it first
+        if self.emitter is not None:
+            await loop.run_in_executor(None, self.emitter.stop, _CLOSE_TIMEOUT)
         if self.pump is not None:
-            pump = self.pump
-            await asyncio.get_running_loop().run_in_executor(None, pump.stop)
+            await loop.run_in_executor(None, self.pump.stop, _CLOSE_TIMEOUT)
         await self._flush_providers()
         if self._undo_log_limit is not None:
             # kept until the providers' final flush is over
@@ -508,7 +508,7 @@ class OTelSpansPlugin(SchedulerPlugin):
             if worker_wide:
                 self.pump.submit("add_worker_deltas", worker_wide)
 
-    # -- hooks -----------------------------------------------------------------------
+    # -- hooks: O(1) each, the work happens in the pass ------------------------------
 
     def update_graph(self, scheduler: Scheduler, *, tasks: Any = (),
                      annotations: Mapping[str, Any] | None = None,
@@ -516,18 +516,113 @@ class OTelSpansPlugin(SchedulerPlugin):
         if self._ext is None or self._closed:
             return
         with self._guard("update_graph"):
-            now = time()
-            self._sync_new_spans()
-            otel = (annotations or {}).get(names.ANNOTATION_KEY)
-            if otel:
-                self._absorb_annotations(otel)
-            self._mark_activity(scheduler, tasks, now, client)
+            otel = annotations.get(names.ANNOTATION_KEY) if annotations else None
+            self._pending.append(
+                (_GRAPH, len(self._ext.spans), time(), client, tasks, otel)
+            )
 
-    def _absorb_annotations(self, otel: Any) -> None:
+    def log_event(self, topic: str, msg: Any, **kwargs: Any) -> None:
+        if topic != names.EVENT_TOPIC or self._ext is None or self._closed:
+            return
+        with self._guard("log_event"):
+            self._pending.append((_NOTICE, len(self._ext.spans), time(), msg))
+
+    def remove_client(self, scheduler: Scheduler, client: str, **kwargs: Any) -> None:
+        if self._ext is None or self._closed:
+            return
+        with self._guard("remove_client"):
+            self._pending.append((_CLIENT_GONE, len(self._ext.spans), time(), client))
+
+    # -- processing queued events ----------------------------------------------------
+
+    def _drain(self) -> Iterator[None]:
+        """Process what the hooks queued, in order; yields between small items of
+        work so that the caller can cut it in slices."""
+        if self._adopting is not None:
+            yield from self._adopt_existing_spans()
+        pending = self._pending
+        while pending:
+            event = pending.popleft()
+            kind, n_spans, now = event[:3]
+            yield from self._register_new_spans(n_spans)
+            if kind == _GRAPH:
+                _, _, _, client, tasks, otel = event
+                if otel:
+                    yield from self._absorb_annotations(otel)
+                yield from self._mark_activity(tasks, now, client)
+            elif kind == _NOTICE:
+                with self._contain("close-notice"):
+                    self._on_close_notice(event[3], now)
+            else:
+                yield from self._on_client_gone(event[3], now)
+        # spans created other than by a graph submission
+        yield from self._register_new_spans(len(self._ext.spans))
+
+    def _adopt_existing_spans(self) -> Iterator[None]:
+        """Spans created before the plugin: adopt those still running (with their
+        ancestors, which are still running too)."""
+        n = 0
+        for span in self._adopting:
+            n += 1
+            if n % _CHECK_EVERY == 0:
+                yield
+            if span.id in self._open or all(tg.done for tg in span.groups):
+                continue
+            chain = []
+            node: Span | None = span
+            while node is not None and node.id not in self._open:
+                chain.append(node)
+                node = node.parent
+            for node in reversed(chain):
+                self._register(node)
+        self._adopting = None
+
+    def _register_new_spans(self, upto: int) -> Iterator[None]:
+        """Register the spans the extension created since the last call, up to the
+        ``upto``-th: the newest entries of its insertion-ordered dict, O(new)."""
+        spans = self._ext.spans
+        n = len(spans)
+        upto = min(upto, n)
+        start = self._n_known
+        if upto <= start:
+            return
+        fresh = list(islice(reversed(spans.values()), n - upto, n - start))
+        self._n_known = upto
+        for i, span in enumerate(reversed(fresh), 1):
+            self._register(span)
+            if i % _CHECK_EVERY == 0:
+                yield
+
+    def _register(self, span: Span) -> None:
+        if span.id in self._unseen_emitted:
+            return
+        rec = self._open.get(span.id)
+        if rec is None:
+            rec = _OpenSpan(span.id, tuple(span.name), _chain_ids(span))
+            self._open[span.id] = rec
+            parent = span.parent
+            parent_rec = self._open.get(parent.id) if parent is not None else None
+            if parent_rec is not None:
+                rec.carried.update(parent_rec.carried)
+        rec.span = span
+        rec.last_activity = time()
+        if not rec.counted and self.pump is not None:
+            rec.counted = True
+            self.pump.submit("span_opened", rec.tags)
+
+    def _absorb_annotations(self, otel: Any) -> Iterator[None]:
+        """Apply the W3C contexts of an ``otel`` annotation ({key: {dask id: headers}},
+        one value object per span chain) to the open spans."""
         if not isinstance(otel, Mapping):
+            self._log_once(
+                "bad-annotation", "ignoring an %r annotation that is not a mapping "
+                "of dask span id to W3C headers: %.200r", names.ANNOTATION_KEY, otel,
+            )
             return
         seen: set[int] = set()
-        for value in otel.values():
+        for i, value in enumerate(otel.values(), 1):
+            if i % (_CHECK_EVERY * 16) == 0:
+                yield
             if id(value) in seen:
                 continue
             seen.add(id(value))
@@ -546,12 +641,16 @@ class OTelSpansPlugin(SchedulerPlugin):
                     rec.helper = True
 
     def _mark_activity(
-        self, scheduler: Scheduler, keys: Any, now: float, client: str | None
-    ) -> None:
-        tasks = scheduler.tasks
+        self, keys: Any, now: float, client: str | None
+    ) -> Iterator[None]:
+        """The spans of these (new or changed) tasks, and their ancestors, saw
+        activity: they are not idle."""
+        tasks = self.scheduler.tasks
         last_group = None
         span_ids = set()
-        for key in keys:
+        for i, key in enumerate(keys, 1):
+            if i % (_CHECK_EVERY * 16) == 0:
+                yield
             ts = tasks.get(key)
             if ts is None:
                 continue
@@ -572,13 +671,7 @@ class OTelSpansPlugin(SchedulerPlugin):
                         rec.clients.add(client)
                 node = node.parent
 
-    def log_event(self, topic: str, msg: Any, **kwargs: Any) -> None:
-        if topic != names.EVENT_TOPIC or self._ext is None or self._closed:
-            return
-        with self._guard("log_event"):
-            self._on_close_notice(msg)
-
-    def _on_close_notice(self, msg: Any) -> None:
+    def _on_close_notice(self, msg: Any, now: float) -> None:
         """The client helper's block exited: mark the spans it opened as closed."""
         try:
             ids = tuple(msg["ids"])
@@ -597,8 +690,6 @@ class OTelSpansPlugin(SchedulerPlugin):
             )
             return
         carried = parse_carried(msg.get("otel")) or {}
-        self._sync_new_spans()
-        now = time()
         spans = self._ext.spans
         for level in range(len(ids) - opened, len(ids)):
             dask_id = ids[level]
@@ -614,102 +705,85 @@ class OTelSpansPlugin(SchedulerPlugin):
             rec.close_reason = names.CLOSE_REASON_CLIENT
             rec.enter, rec.exit = enter, exit_
 
-    def remove_client(self, scheduler: Scheduler, client: str, **kwargs: Any) -> None:
-        if self._ext is None or self._closed:
-            return
-        with self._guard("remove_client"):
-            now = time()
-            for rec in self._open.values():
-                if rec.helper and rec.closed_at is None and client in rec.clients:
-                    rec.clients.discard(client)
-                    if not rec.clients:
-                        rec.client_gone = True
-                        rec.last_activity = max(rec.last_activity, now)
-
-    # -- bookkeeping -----------------------------------------------------------------
-
-    def _sync_new_spans(self) -> None:
-        """Register the spans the extension created since the last call: the newest
-        entries of its insertion-ordered dict, O(new spans)."""
-        spans = self._ext.spans
-        n = len(spans)
-        new = n - self._n_known
-        if new <= 0:
-            self._n_known = n
-            return
-        fresh = list(islice(reversed(spans.values()), new))
-        self._n_known = n
-        for span in reversed(fresh):
-            self._register(span)
-
-    def _register(self, span: Span) -> None:
-        if span.id in self._unseen_emitted:
-            return
-        rec = self._open.get(span.id)
-        if rec is None:
-            rec = _OpenSpan(span.id, tuple(span.name), _chain_ids(span))
-            self._open[span.id] = rec
-            parent = span.parent
-            parent_rec = self._open.get(parent.id) if parent is not None else None
-            if parent_rec is not None:
-                rec.carried.update(parent_rec.carried)
-        rec.span = span
-        rec.last_activity = time()
-        if not rec.counted and self.pump is not None:
-            rec.counted = True
-            self.pump.submit("span_opened", rec.tags)
+    def _on_client_gone(self, client: str, now: float) -> Iterator[None]:
+        for i, rec in enumerate(list(self._open.values()), 1):
+            if i % (_CHECK_EVERY * 4) == 0:
+                yield
+            if rec.helper and rec.closed_at is None and client in rec.clients:
+                rec.clients.discard(client)
+                if not rec.clients:
+                    rec.client_gone = True
+                    rec.last_activity = max(rec.last_activity, now)
 
     # -- the periodic pass -----------------------------------------------------------
 
     def _tick(self) -> None:
-        if self._closed or self._pass is not None:
+        if self._closed or self._work is not None:
             return
-        with self._guard("tick"):
-            self._sync_new_spans()
-            if not self._open:
-                return
-            order = sorted(self._open.values(), key=lambda r: -r.depth)
-            self._pass = iter(order)
-            self._pass_done = {}
-            self._pass_ready = []
-        self._continue_pass()
+        self._work = self._one_pass()
+        self._run_slice()
 
-    def _continue_pass(self) -> None:
-        """One slice of the pass over open spans, at most ``tick-budget`` long; the
-        rest is scheduled as a new event-loop callback."""
-        if self._closed or self._pass is None:
-            self._pass = None
+    def _run_slice(self) -> None:
+        """Run the pass in progress for at most ``tick-budget``; the rest goes to a
+        new event-loop callback."""
+        work = self._work
+        if work is None:
             return
-        finished = False
-        healthy = False
+        if self._closed:
+            self._work = None
+            return
+        more = False
         with self._guard("tick"):
             deadline = _time.perf_counter() + self.config.tick_budget
-            now = time()
-            grace = self.grace
-            for rec in self._pass:
-                if self._open.get(rec.id) is rec and self._is_ready(rec, now, grace):
-                    self._pass_ready.append(rec)
+            for _ in work:
                 if _time.perf_counter() > deadline:
+                    more = True
                     break
-            else:
-                finished = True
-            while finished and self._pass_ready:
-                rec = self._pass_ready.pop(0)
-                if self._open.get(rec.id) is rec:
-                    with self._contain("emit"):
-                        self._emit(rec, now, complete=True)
-                if _time.perf_counter() > deadline and self._pass_ready:
-                    # emit the rest in the next slice
-                    finished = False
-                    self._pass = iter(())
-                    break
-            healthy = True
-        if finished or not healthy:
-            self._pass = None
-            self._pass_done = {}
-            self._pass_ready = []
+        if more:
+            IOLoop.current().add_callback(self._run_slice)
         else:
-            IOLoop.current().add_callback(self._continue_pass)
+            self._work = None
+
+    def _finish_work(self) -> None:
+        """Run what is left of the pass in progress and of the queued events, in one
+        go (close, hand-over)."""
+        for _ in self._work or ():
+            pass
+        self._work = None
+        for _ in self._drain():
+            pass
+
+    def _one_pass(self) -> Iterator[None]:
+        """Process queued events, then emit the open spans that are ready, deepest
+        first (children before their parents)."""
+        yield from self._drain()
+        if not self._open:
+            return
+        now = time()
+        grace = self.grace
+        self._pass_done = {}
+        ready = []
+        order = sorted(self._open.values(), key=_minus_depth)
+        for i, rec in enumerate(order, 1):
+            if self._open.get(rec.id) is rec and self._is_ready(rec, now, grace):
+                ready.append(rec)
+            if i % _CHECK_EVERY == 0:
+                yield
+        for rec in ready:
+            if self._pending:
+                # events arrived while the pass was cut: look again with them
+                yield from self._drain()
+                self._pass_done = {}
+                now = time()
+                if self._open.get(rec.id) is not rec or not self._is_ready(
+                    rec, now, grace
+                ):
+                    continue
+            if self._open.get(rec.id) is rec:
+                with self._contain("emit"):
+                    self._emit(rec, now, complete=True)
+                yield
+        self._pass_done = {}
 
     def _is_done(self, rec: _OpenSpan) -> bool:
         """Span.done, but reusing this pass's verdicts for open children and taking
@@ -734,11 +808,8 @@ class OTelSpansPlugin(SchedulerPlugin):
         """Whether the span is done, closed and past the grace period."""
         if rec.span is None:
             # Closed by the client, never seen by the scheduler (so far)
-            if rec.closed_at is None:
-                return False
-            if rec.id in self._ext.spans:
-                self._sync_new_spans()
-                return False
+            if rec.closed_at is None or rec.id in self._ext.spans:
+                return False  # (in ext.spans: registered by the next pass)
             return now - rec.closed_at >= grace
         if not self._is_done(rec):
             rec.done_since = None
@@ -762,10 +833,10 @@ class OTelSpansPlugin(SchedulerPlugin):
     # -- emission --------------------------------------------------------------------
 
     def _emit_all_at_shutdown(self) -> None:
-        self._sync_new_spans()
+        self._finish_work()
         self._pass_done = {}
         now = time()
-        for rec in sorted(self._open.values(), key=lambda r: -r.depth):
+        for rec in sorted(self._open.values(), key=_minus_depth):
             if self._open.get(rec.id) is not rec:
                 continue
             if rec.span is None:
@@ -780,93 +851,59 @@ class OTelSpansPlugin(SchedulerPlugin):
         self._pass_done = {}
 
     def _emit(self, rec: _OpenSpan, now: float, *, complete: bool) -> None:
+        """Copy the span and hand it to the emitter thread; forget the record."""
         del self._open[rec.id]
-        ids = resolve_chain(rec.ids, rec.carried)
         span = rec.span
         if span is None:
-            enter = rec.enter if rec.enter is not None else now
-            exit_ = rec.exit if rec.exit is not None else now
-            fields = unseen_span_fields(
-                rec.tags, rec.id, ids, enter=enter, exit=exit_,
-                close_reason=rec.close_reason,
-            )
-            if not complete:
-                fields.attributes[names.SPAN_INCOMPLETE] = True
+            snapshot = None
+            keep_summary = False
             self._unseen_emitted[rec.id] = None
             while len(self._unseen_emitted) > _MAX_REMEMBERED_UNSEEN:
                 self._unseen_emitted.popitem(last=False)
-            idle = 0.0
         else:
-            summary = subtree_summary(span, self._summaries)
+            summarized = self._summarized
+            snapshot = snapshot_span(
+                span, summarized, with_code=self.config.include_code
+            )
             for child in span.children:
-                self._summaries.pop(child.id, None)
+                summarized.discard(child.id)
             parent = span.parent
-            if parent is not None and parent.id in self._open:
-                self._summaries[span.id] = summary
-            fields = span_fields(
-                span, ids, summary, now=now, complete=complete,
-                close_reason=rec.close_reason,
-                prefix_spans=self.config.prefix_spans,
-                code_max_length=(
-                    self.config.max_code_length if self.config.include_code else None
-                ),
-            )
-            idle_attr = f"{names.METRICS_ATTRIBUTE_PREFIX}{names.IDLE_ACTIVITY}.seconds"
-            idle = float(fields.attributes.get(idle_attr, 0.0))
-        self._export(fields)
+            keep_summary = parent is not None and parent.id in self._open
+            if keep_summary:
+                summarized.add(span.id)
+        request = EmitRequest(
+            tags=rec.tags,
+            ids=rec.ids,
+            carried=rec.carried,
+            snapshot=snapshot,
+            now=now,
+            complete=complete,
+            close_reason=rec.close_reason,
+            enter=rec.enter,
+            exit=rec.exit,
+            keep_summary=keep_summary,
+            counted=rec.counted,
+        )
         self.emitted_count += 1
-        if self.pump is not None:
-            self.pump.submit(
-                "span_emitted", rec.tags, fields.duration_s, idle, rec.counted
-            )
-
-    def _export(self, fields: SpanFields) -> None:
-        tracer = self._tracer
-        if tracer is None:
-            return
-        parent = fields.ids.parent_context
-        ctx = (
-            trace.set_span_in_context(trace.NonRecordingSpan(parent))
-            if parent is not None
-            else Context()
-        )
-        self._ids.trace_id = fields.ids.trace_id
-        self._ids.span_id = fields.ids.span_id
-        otel_span = tracer.start_span(
-            fields.name,
-            context=ctx,
-            kind=SpanKind.INTERNAL,
-            attributes=fields.attributes,
-            start_time=fields.start_ns,
-        )
-        if fields.error:
-            otel_span.set_status(Status(StatusCode.ERROR, fields.error))
-        if fields.prefixes and otel_span.is_recording():
-            child_ctx = trace.set_span_in_context(otel_span)
-            for prefix in fields.prefixes:
-                self._ids.span_id = prefix.span_id
-                child = tracer.start_span(
-                    prefix.name,
-                    context=child_ctx,
-                    kind=SpanKind.INTERNAL,
-                    attributes=prefix.attributes,
-                    start_time=prefix.start_ns,
-                )
-                child.end(end_time=prefix.end_ns)
-        otel_span.end(end_time=fields.end_ns)
+        if self.emitter is not None:
+            self.emitter.emit(request)
 
     # -- introspection (tests, benchmarks, run_on_scheduler) ------------------------
 
     async def flush(self, timeout: float = 10.0) -> None:
-        """Emit whatever is ready now, then flush metrics and providers."""
+        """Emit whatever is ready now, then flush the emitter, metrics and
+        providers."""
         if self._ext is not None and not self._closed:
-            self._tick()
-            while self._pass is not None:
-                await asyncio.sleep(0)
-        if self.pump is not None:
-            await asyncio.get_running_loop().run_in_executor(
-                None, self.pump.flush, timeout
-            )
+            for _ in range(2):  # a pass already in progress, then a fresh one
+                while self._work is not None:
+                    await asyncio.sleep(0.001)
+                self._tick()
+            while self._work is not None:
+                await asyncio.sleep(0.001)
+        loop = asyncio.get_running_loop()
+        for worker in (self.emitter, self.pump):
+            if worker is not None:
+                await loop.run_in_executor(None, worker.flush, timeout)
         providers = self.providers
         if providers is None:
             return
@@ -876,7 +913,11 @@ class OTelSpansPlugin(SchedulerPlugin):
                 if provider is not None and hasattr(provider, "force_flush"):
                     provider.force_flush(int(timeout * 1000))
 
-        await asyncio.get_running_loop().run_in_executor(None, flush)
+        await loop.run_in_executor(None, flush)
+
+
+def _minus_depth(rec: _OpenSpan) -> int:
+    return -rec.depth
 
 
 def _restore_plugin(

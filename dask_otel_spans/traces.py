@@ -1,5 +1,5 @@
-"""Pure translation of dask ``Span`` objects into OTel span fields (names, times in
-ns, ids, attributes); no I/O and no OpenTelemetry SDK objects."""
+"""Pure translation of dask span snapshots into OTel span fields (names, times in ns,
+ids, attributes); no I/O, no OpenTelemetry SDK objects, no live scheduler state."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -12,8 +12,7 @@ from dask_otel_spans import names
 from dask_otel_spans.propagation import ChainIds, prefix_span_id
 
 if TYPE_CHECKING:
-    from distributed.scheduler import TaskGroup
-    from distributed.spans import Span
+    from dask_otel_spans.snapshot import GroupSnapshot, SpanSnapshot
 
 
 def to_ns(seconds: float) -> int:
@@ -66,12 +65,11 @@ class SpanSummary:
         self.execute_seconds += other.execute_seconds
 
 
-def _group_figures(groups: Iterable[TaskGroup]) -> SpanSummary:
+def _group_figures(groups: Iterable[GroupSnapshot]) -> SpanSummary:
     out = SpanSummary()
     for tg in groups:
-        states = tg.states
-        out.task_count += sum(states.values())
-        out.erred_count += states.get("erred", 0)
+        out.task_count += tg.task_count
+        out.erred_count += tg.erred_count
         out.nbytes_total += tg.nbytes_total
         out.task_duration += tg.duration
         if tg.start and (not out.start or tg.start < out.start):
@@ -80,16 +78,11 @@ def _group_figures(groups: Iterable[TaskGroup]) -> SpanSummary:
     return out
 
 
-def own_worker_metrics(span: Span) -> Mapping[Hashable, float]:
-    """Heartbeat metrics of this span alone (not its children), without span id."""
-    return getattr(span, "_cumulative_worker_metrics", None) or {}
-
-
-def own_summary(span: Span) -> SpanSummary:
+def own_summary(span: SpanSnapshot) -> SpanSummary:
     """Figures of the span's own task groups and own worker metrics."""
     out = _group_figures(span.groups)
     metrics: dict[tuple[str, str], float] = {}
-    for key, value in own_worker_metrics(span).items():
+    for key, value in span.metrics.items():
         parts = split_metric_key(key)
         if parts is None or not isinstance(value, (int, float)):
             continue
@@ -101,13 +94,20 @@ def own_summary(span: Span) -> SpanSummary:
     return out
 
 
-def subtree_summary(span: Span, known: Mapping[str, SpanSummary]) -> SpanSummary:
-    """Figures of the span tree below ``span``, reusing ``known`` subtree summaries
-    (of children already emitted) instead of walking their trees again."""
+def subtree_summary(
+    span: SpanSnapshot, known: Mapping[str, SpanSummary]
+) -> SpanSummary:
+    """Figures of the span tree below ``span``. Children given by id take their
+    subtree summary from ``known`` (children emitted earlier); a missing one counts
+    as empty."""
     out = own_summary(span)
     for child in span.children:
-        cached = known.get(child.id)
-        out.add(cached if cached is not None else subtree_summary(child, known))
+        if isinstance(child, str):
+            cached = known.get(child)
+            if cached is not None:
+                out.add(cached)
+        else:
+            out.add(subtree_summary(child, known))
     return out
 
 
@@ -205,16 +205,16 @@ def _error(summary: SpanSummary) -> str | None:
 
 
 def prefix_fields(
-    span: Span, *, default_start: float, default_stop: float
+    span: SpanSnapshot, *, default_start: float, default_stop: float
 ) -> list[PrefixSpanFields]:
     """One child span per task prefix among the span's own groups (merged)."""
-    by_prefix: dict[str, list[TaskGroup]] = defaultdict(list)
+    by_prefix: dict[str, list[GroupSnapshot]] = defaultdict(list)
     for tg in span.groups:
-        by_prefix[str(tg.prefix.name)].append(tg)
+        by_prefix[tg.prefix].append(tg)
     if not by_prefix:
         return []
     metrics: dict[str, dict[str, float]] = defaultdict(dict)
-    for key, value in own_worker_metrics(span).items():
+    for key, value in span.metrics.items():
         parts = split_metric_key(key)
         if parts is None or parts[0] != "execute" or parts[1] not in by_prefix:
             continue
@@ -246,7 +246,7 @@ def prefix_fields(
 
 
 def span_fields(
-    span: Span,
+    span: SpanSnapshot,
     ids: ChainIds,
     summary: SpanSummary,
     *,
@@ -261,7 +261,7 @@ def span_fields(
     Parameters
     ----------
     span:
-        The dask span
+        Snapshot of the dask span, see :func:`~dask_otel_spans.snapshot.snapshot_span`
     ids:
         Its OTel identity, see :func:`~dask_otel_spans.propagation.resolve_chain`
     summary:
@@ -276,16 +276,13 @@ def span_fields(
     prefix_spans:
         Whether to build one child span per task prefix
     code_max_length:
-        Include ``Span.code`` cut to this length; None leaves it out
+        Include the snapshot's code cut to this length; None leaves it out
     """
     start = span.enqueued
     stop = summary.stop if complete and summary.stop else now
     stop = max(stop, start)
     active_cpu = active_cpu_seconds(
-        getattr(span, "_total_nthreads_history", ()),
-        getattr(span, "_total_nthreads_offset", 0),
-        start,
-        stop,
+        span.nthreads_history, span.nthreads_offset, start, stop
     )
     attributes = _base_attributes(span.name, span.id, summary, active_cpu)
     for (activity, unit), value in summary.metrics.items():

@@ -106,6 +106,14 @@ def test_span_name_depth():
     assert cap(("tenant-a", "load", "parse")) == "tenant-a"
 
 
+def test_span_name_is_cut_to_max_length():
+    cap = SpanNameCap(depth=None, max_names=10, max_length=8)
+    assert cap(("é" * 20, "x")) == "é" * 8
+    # cut names that collide count once against max_names
+    assert cap(("é" * 30,)) == "é" * 8
+    assert not cap.overflowed
+
+
 def test_emitted_span_records_duration_idle_and_active(memory, instruments):
     instruments.span_opened(("wf",))
     instruments.span_emitted(("wf",), 2.5, 0.75, True)

@@ -1,5 +1,5 @@
-"""Pure tests of the dask Span -> OTel fields translation, on real ``distributed.spans.Span``
-objects with stand-in task groups (no cluster)."""
+"""Pure tests of the dask Span -> snapshot -> OTel fields translation, on real
+``distributed.spans.Span`` objects with stand-in task groups (no cluster)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -9,6 +9,7 @@ from distributed.spans import Span
 
 from dask_otel_spans import names
 from dask_otel_spans.propagation import resolve_chain
+from dask_otel_spans.snapshot import snapshot_span
 from dask_otel_spans.traces import (
     SpanSummary,
     active_cpu_seconds,
@@ -71,9 +72,15 @@ def make_tree():
     return root, child
 
 
+def translation_args(span):
+    """Snapshot, ids and summary of a span without known children."""
+    snap = snapshot_span(span)
+    return snap, resolve_chain([ROOT, CHILD], {}), subtree_summary(snap, {})
+
+
 def test_subtree_summary_adds_children():
     root, _ = make_tree()
-    s = subtree_summary(root, {})
+    s = subtree_summary(snapshot_span(root), {})
     assert s.task_count == 11
     assert s.erred_count == 1
     assert s.nbytes_total == 1008
@@ -87,21 +94,42 @@ def test_subtree_summary_adds_children():
 def test_subtree_summary_uses_known_child_summaries():
     root, child = make_tree()
     known = {CHILD: SpanSummary(task_count=1000)}
-    assert subtree_summary(root, known).task_count == 1001
+    snap = snapshot_span(root, summarized={CHILD})
+    assert snap.children == (CHILD,)
+    assert subtree_summary(snap, known).task_count == 1001
+
+
+def test_snapshot_is_independent_of_later_changes():
+    root, child = make_tree()
+    snap = snapshot_span(root)
+    child._cumulative_worker_metrics[("execute", "read", "thread-cpu", "seconds")] = 99.0
+    root.groups.add(
+        Group(Prefix("late"), 106.0, 107.0, 1, 0.1, {"forgotten": 5, "erred": 0})
+    )
+    s = subtree_summary(snap, {})
+    assert s.task_count == 11
+    assert s.metrics[("thread-cpu", "seconds")] == pytest.approx(3.5)
+
+
+def test_snapshot_copies_code_only_when_asked():
+    root, _ = make_tree()
+    root._code[("snippet",)] = None
+    assert snapshot_span(root).code == ()
+    assert snapshot_span(root, with_code=True).code == (("snippet",),)
 
 
 def test_summary_matches_distributed_properties():
     root, _ = make_tree()
-    s = subtree_summary(root, {})
+    s = subtree_summary(snapshot_span(root), {})
     assert s.nbytes_total == root.nbytes_total
     assert s.task_duration == pytest.approx(root.duration)
 
 
 def test_span_fields_names_times_and_attributes():
     root, child = make_tree()
-    summary = subtree_summary(child, {})
+    summary = subtree_summary(snapshot_span(child), {})
     f = span_fields(
-        child, resolve_chain([ROOT, CHILD], {}), summary,
+        snapshot_span(child), resolve_chain([ROOT, CHILD], {}), summary,
         now=200.0, complete=True, close_reason=names.CLOSE_REASON_CLIENT,
     )
     assert f.name == "load"
@@ -123,7 +151,7 @@ def test_span_fields_names_times_and_attributes():
 def test_prefix_children_merge_groups_of_same_prefix():
     _, child = make_tree()
     f = span_fields(
-        child, resolve_chain([ROOT, CHILD], {}), subtree_summary(child, {}),
+        *translation_args(child),
         now=200.0, complete=True, close_reason="client",
     )
     assert [p.name for p in f.prefixes] == ["read"]
@@ -140,7 +168,7 @@ def test_prefix_children_merge_groups_of_same_prefix():
 def test_prefix_spans_can_be_turned_off():
     _, child = make_tree()
     f = span_fields(
-        child, resolve_chain([ROOT, CHILD], {}), subtree_summary(child, {}),
+        *translation_args(child),
         now=200.0, complete=True, close_reason="client", prefix_spans=False,
     )
     assert f.prefixes == []
@@ -149,7 +177,7 @@ def test_prefix_spans_can_be_turned_off():
 def test_incomplete_span_ends_now_and_is_flagged():
     _, child = make_tree()
     f = span_fields(
-        child, resolve_chain([ROOT, CHILD], {}), subtree_summary(child, {}),
+        *translation_args(child),
         now=150.0, complete=False, close_reason="shutdown",
     )
     assert f.end_ns == to_ns(150.0)
@@ -160,7 +188,7 @@ def test_incomplete_span_ends_now_and_is_flagged():
 def test_code_is_left_out_unless_asked():
     _, child = make_tree()
     f = span_fields(
-        child, resolve_chain([ROOT, CHILD], {}), subtree_summary(child, {}),
+        *translation_args(child),
         now=150.0, complete=True, close_reason="client",
     )
     assert names.SPAN_CODE not in f.attributes

@@ -1,0 +1,108 @@
+"""A daemon thread that runs queued work in order, off the scheduler's event loop."""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+class BackgroundQueue:
+    """Run ``handle(item)`` for every submitted item, in order, on a daemon thread.
+
+    ``submit`` never blocks the caller: with a ``maxsize`` and a full queue the item
+    is dropped, counted in ``dropped`` and logged once. ``maxsize=0`` never drops.
+    A failure of one item is logged once per exception type and never stops the
+    thread.
+
+    Parameters
+    ----------
+    name:
+        Thread name
+    maxsize:
+        Largest number of pending items; 0 for no limit
+    what:
+        What the items are, for the log lines
+    """
+
+    def __init__(self, name: str, maxsize: int = 0, what: str = "items"):
+        self.name = name
+        self.what = what
+        self._queue: queue.Queue = queue.Queue(maxsize=max(0, maxsize))
+        self._thread: threading.Thread | None = None
+        self.dropped = 0
+        self._failures_logged: set[str] = set()
+
+    def handle(self, item: Any) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name=self.name, daemon=True
+            )
+            self._thread.start()
+
+    def put(self, item: Any) -> bool:
+        """Queue ``item``; False (and counted) when the queue is full."""
+        try:
+            self._queue.put_nowait(item)
+            return True
+        except queue.Full:
+            self.dropped += 1
+            if self.dropped == 1:
+                logger.warning(
+                    "dask_otel_spans: %s queue full (%d pending); dropping %s "
+                    "(counted in %s.dropped)",
+                    self.name, self._queue.maxsize, self.what, type(self).__name__,
+                )
+            return False
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is _STOP:
+                    return
+                if isinstance(item, threading.Event):
+                    item.set()
+                    continue
+                self.handle(item)
+            except Exception as e:
+                kind = type(e).__name__
+                if kind not in self._failures_logged:
+                    self._failures_logged.add(kind)
+                    logger.exception(
+                        "dask_otel_spans: %s failed on one of its %s (logged once "
+                        "per error type)", self.name, self.what,
+                    )
+            finally:
+                self._queue.task_done()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every item submitted so far was handled; False on timeout."""
+        if self._thread is None:
+            return True
+        marker = threading.Event()
+        try:
+            self._queue.put(marker, timeout=timeout)
+        except queue.Full:
+            return False
+        return marker.wait(timeout)
+
+    def stop(self, timeout: float = 10) -> None:
+        """Handle what is queued, then end the thread."""
+        if self._thread is None:
+            return
+        while True:
+            try:
+                self._queue.put(_STOP, timeout=timeout)
+                break
+            except queue.Full:  # pragma: no cover
+                continue
+        self._thread.join(timeout)
+        self._thread = None

@@ -1,0 +1,204 @@
+"""``SpanEmitter``: translates span snapshots into OTel spans and hands them to the
+tracer provider, on a thread of its own so that none of it runs on the event loop."""
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from dask_otel_spans import names
+from dask_otel_spans.background import BackgroundQueue
+from dask_otel_spans.propagation import resolve_chain
+from dask_otel_spans.traces import (
+    SpanFields,
+    SpanSummary,
+    span_fields,
+    subtree_summary,
+    unseen_span_fields,
+)
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import SpanContext
+
+    from dask_otel_spans.metrics import MetricsPump
+    from dask_otel_spans.snapshot import SpanSnapshot
+
+logger = logging.getLogger(__name__)
+
+_IDLE_ATTRIBUTE = f"{names.METRICS_ATTRIBUTE_PREFIX}{names.IDLE_ACTIVITY}.seconds"
+
+
+class _PinnedIdGenerator(IdGenerator):
+    """Hands the SDK the ids derived from dask span ids."""
+
+    trace_id = 0
+    span_id = 0
+
+    def generate_span_id(self) -> int:
+        return self.span_id
+
+    def generate_trace_id(self) -> int:
+        return self.trace_id
+
+    def is_trace_id_random(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class EmitRequest:
+    """One dask span to emit, as the plugin saw it on the event loop."""
+
+    tags: tuple[str, ...]
+    #: chain of dask span ids, root first
+    ids: tuple[str, ...]
+    carried: Mapping[str, SpanContext | None]
+    #: None for a span the scheduler never saw (no tasks): client times are used
+    snapshot: SpanSnapshot | None
+    now: float
+    complete: bool
+    close_reason: str
+    #: client-side enter and exit times, from the close notice
+    enter: float | None = None
+    exit: float | None = None
+    #: keep the subtree summary for the parent, which is still open
+    keep_summary: bool = False
+    #: whether the span was counted in ``dask.span.active``
+    counted: bool = False
+
+
+class SpanEmitter(BackgroundQueue):
+    """Emit :class:`EmitRequest` objects, in order, on a daemon thread.
+
+    Parameters
+    ----------
+    tracer_provider:
+        Provider of the OTel spans; None to translate only (metrics still recorded)
+    pump:
+        Metrics thread that records each span's duration and idle time
+    prefix_spans:
+        Whether to add one child span per task prefix
+    code_max_length:
+        Include span code cut to this length; None leaves it out
+
+    Notes
+    -----
+    Subtree summaries of spans whose parent is still open are kept in ``summaries``
+    until the parent is emitted, so that a parent never walks its emitted children
+    again; memory follows the open spans.
+    """
+
+    def __init__(
+        self,
+        tracer_provider: Any,
+        pump: MetricsPump | None = None,
+        *,
+        prefix_spans: bool = True,
+        code_max_length: int | None = None,
+    ):
+        super().__init__("dask-otel-spans-emitter", 0, "spans")
+        self.pump = pump
+        self.prefix_spans = prefix_spans
+        self.code_max_length = code_max_length
+        self.summaries: dict[str, SpanSummary] = {}
+        self.exported_count = 0
+        self._ids = _PinnedIdGenerator()
+        self.deterministic_ids = False
+        self._tracer = self._make_tracer(tracer_provider)
+
+    def _make_tracer(self, provider: Any) -> Any:
+        if provider is None:
+            return None
+        tracer = provider.get_tracer(names.INSTRUMENTATION_SCOPE)
+        if hasattr(tracer, "id_generator"):
+            # A private copy, so that the pinned ids affect no other user of the
+            # provider's (cached) tracer.
+            tracer = copy.copy(tracer)
+            tracer.id_generator = self._ids
+            self.deterministic_ids = True
+        else:
+            logger.warning(
+                "dask_otel_spans: tracer provider %r is not the OpenTelemetry SDK's: "
+                "span ids will not follow the dask span ids", type(provider).__name__,
+            )
+        return tracer
+
+    def emit(self, request: EmitRequest) -> None:
+        self.put(request)
+
+    def handle(self, request: EmitRequest) -> None:
+        fields, idle = self.translate(request)
+        self.export(fields)
+        self.exported_count += 1
+        if self.pump is not None:
+            self.pump.submit(
+                "span_emitted", request.tags, fields.duration_s, idle, request.counted
+            )
+
+    def translate(self, request: EmitRequest) -> tuple[SpanFields, float]:
+        """OTel fields of the request, and its ``idle or other spans`` seconds."""
+        ids = resolve_chain(request.ids, request.carried)
+        snap = request.snapshot
+        if snap is None:
+            enter = request.enter if request.enter is not None else request.now
+            exit_ = request.exit if request.exit is not None else request.now
+            fields = unseen_span_fields(
+                request.tags, request.ids[-1], ids, enter=enter, exit=exit_,
+                close_reason=request.close_reason,
+            )
+            if not request.complete:
+                fields.attributes[names.SPAN_INCOMPLETE] = True
+            return fields, 0.0
+        summary = subtree_summary(snap, self.summaries)
+        for child in snap.children:
+            if isinstance(child, str):
+                self.summaries.pop(child, None)
+        if request.keep_summary:
+            self.summaries[snap.id] = summary
+        fields = span_fields(
+            snap, ids, summary, now=request.now, complete=request.complete,
+            close_reason=request.close_reason, prefix_spans=self.prefix_spans,
+            code_max_length=self.code_max_length,
+        )
+        return fields, float(fields.attributes.get(_IDLE_ATTRIBUTE, 0.0))
+
+    def export(self, fields: SpanFields) -> None:
+        tracer = self._tracer
+        if tracer is None:
+            return
+        parent = fields.ids.parent_context
+        ctx = (
+            trace.set_span_in_context(trace.NonRecordingSpan(parent))
+            if parent is not None
+            else Context()
+        )
+        self._ids.trace_id = fields.ids.trace_id
+        self._ids.span_id = fields.ids.span_id
+        otel_span = tracer.start_span(
+            fields.name,
+            context=ctx,
+            kind=SpanKind.INTERNAL,
+            attributes=fields.attributes,
+            start_time=fields.start_ns,
+        )
+        if fields.error:
+            otel_span.set_status(Status(StatusCode.ERROR, fields.error))
+        if fields.prefixes and otel_span.is_recording():
+            child_ctx = trace.set_span_in_context(otel_span)
+            for prefix in fields.prefixes:
+                self._ids.span_id = prefix.span_id
+                child = tracer.start_span(
+                    prefix.name,
+                    context=child_ctx,
+                    kind=SpanKind.INTERNAL,
+                    attributes=prefix.attributes,
+                    start_time=prefix.start_ns,
+                )
+                child.end(end_time=prefix.end_ns)
+        otel_span.end(end_time=fields.end_ns)
