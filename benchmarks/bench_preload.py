@@ -67,6 +67,8 @@ def stats(dask_scheduler) -> dict:
     plugin = dask_scheduler.plugins.get("otel-spans")
     return {
         "max_call_s": plugin.max_call_seconds if plugin else 0.0,
+        "max_call_by_hook": dict(plugin.max_call_by_hook) if plugin else {},
+        "max_call_cpu_s": plugin.max_call_cpu_seconds if plugin else 0.0,
         "total_call_s": plugin.total_call_seconds if plugin else 0.0,
         "emitted": plugin.emitted_count if plugin else 0,
         "open": plugin.open_span_count if plugin else 0,
@@ -80,4 +82,6 @@ def reset(dask_scheduler) -> None:
     if plugin is not None:
         plugin.max_call_seconds = 0.0
         plugin.total_call_seconds = 0.0
+        plugin.max_call_by_hook.clear()
+        plugin.max_call_cpu_seconds = 0.0
     LATENCIES.clear()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -25,6 +26,12 @@ _warned: set[str] = set()
 
 #: Longest wait for the scheduler to acknowledge a close notice
 NOTICE_TIMEOUT = 5.0
+
+#: Close notices of asynchronous clients waiting for the next loop iteration: all
+#: the blocks that closed in between go to the scheduler in one message
+_BATCHES: weakref.WeakKeyDictionary[Any, list[dict[str, Any]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _warn_once(kind: str, msg: str, *args: Any) -> None:
@@ -102,9 +109,11 @@ def _notify_closed(msg: dict[str, Any]) -> None:
         return
     try:
         if client.asynchronous:
-            client.loop.add_callback(
-                client.scheduler.log_event, topic=names.EVENT_TOPIC, msg=msg
-            )
+            batch = _BATCHES.get(client)
+            if batch is None:
+                _BATCHES[client] = batch = []
+                client.loop.add_callback(_send_batch, client)
+            batch.append(msg)
         else:
             client.sync(
                 client.scheduler.log_event,
@@ -116,4 +125,18 @@ def _notify_closed(msg: dict[str, Any]) -> None:
         _warn_once(
             "notice-failed", "could not tell the scheduler that a span closed (%s); "
             "it will close after its idle timeout", e,
+        )
+
+
+async def _send_batch(client: Any) -> None:
+    """Send the queued close notices of an asynchronous client as one event."""
+    batch = _BATCHES.pop(client, None)
+    if not batch:
+        return
+    try:
+        await client.scheduler.log_event(topic=names.EVENT_TOPIC, msg=batch)
+    except Exception as e:
+        _warn_once(
+            "notice-failed", "could not tell the scheduler that %d span(s) closed "
+            "(%s); they will close after their idle timeout", len(batch), e,
         )

@@ -193,10 +193,13 @@ class OTelSpansPlugin(SchedulerPlugin):
         self._undo_log_limit: Any = None
         #: figures for tests and benchmarks
         #: spans handed to the emitter
-        self.emitted_count = 0
+        self.handed_over_count = 0
         self.max_call_seconds = 0.0
         self.total_call_seconds = 0.0
         self.max_call_by_hook: dict[str, float] = {}
+        #: longest call in CPU time of the event-loop thread (wall time less waits
+        #: for the GIL and the OS)
+        self.max_call_cpu_seconds = 0.0
 
     # -- pickling: keep providers when the scheduler is in this process -------------
 
@@ -224,6 +227,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         """Never let an exception escape into the scheduler; log once per place;
         account the time spent on the event loop."""
         t0 = _time.perf_counter()
+        cpu0 = _time.thread_time()
         try:
             yield
         except Exception:
@@ -233,11 +237,14 @@ class OTelSpansPlugin(SchedulerPlugin):
             )
         finally:
             elapsed = _time.perf_counter() - t0
+            cpu = _time.thread_time() - cpu0
             self.total_call_seconds += elapsed
             if elapsed > self.max_call_seconds:
                 self.max_call_seconds = elapsed
             if elapsed > self.max_call_by_hook.get(where, 0.0):
                 self.max_call_by_hook[where] = elapsed
+            if cpu > self.max_call_cpu_seconds:
+                self.max_call_cpu_seconds = cpu
 
     @contextmanager
     def _contain(self, where: str) -> Iterator[None]:
@@ -261,6 +268,11 @@ class OTelSpansPlugin(SchedulerPlugin):
     @property
     def open_span_count(self) -> int:
         return len(self._open)
+
+    @property
+    def emitted_count(self) -> int:
+        """Spans that reached the tracer provider (ended there)."""
+        return self.emitter.exported_count if self.emitter is not None else 0
 
     @property
     def pending_event_count(self) -> int:
@@ -551,8 +563,18 @@ class OTelSpansPlugin(SchedulerPlugin):
                     yield from self._absorb_annotations(otel)
                 yield from self._mark_activity(tasks, now, client)
             elif kind == _NOTICE:
-                with self._contain("close-notice"):
-                    self._on_close_notice(event[3], now)
+                # The notice may have overtaken the graph event that made its spans
+                # (different connections): register every span that exists now, so
+                # that "in ext.spans but not open" means "emitted already".
+                yield from self._register_new_spans(len(self._ext.spans))
+                msg = event[3]
+                # one notice, or a batch of them from an asynchronous client
+                batch = msg if isinstance(msg, (list, tuple)) else (msg,)
+                for i, notice in enumerate(batch, 1):
+                    with self._contain("close-notice"):
+                        self._on_close_notice(notice, now)
+                    if i % _CHECK_EVERY == 0:
+                        yield
             else:
                 yield from self._on_client_gone(event[3], now)
         # spans created other than by a graph submission
@@ -807,10 +829,12 @@ class OTelSpansPlugin(SchedulerPlugin):
     def _is_ready(self, rec: _OpenSpan, now: float, grace: float) -> bool:
         """Whether the span is done, closed and past the grace period."""
         if rec.span is None:
-            # Closed by the client, never seen by the scheduler (so far)
+            # Closed by the client, never seen by the scheduler (so far). Its tasks
+            # may still come (collections built in the block, computed after it):
+            # wait as for an idle span.
             if rec.closed_at is None or rec.id in self._ext.spans:
                 return False  # (in ext.spans: registered by the next pass)
-            return now - rec.closed_at >= grace
+            return now - rec.closed_at >= max(self.config.idle_timeout, grace)
         if not self._is_done(rec):
             rec.done_since = None
             return False
@@ -871,10 +895,16 @@ class OTelSpansPlugin(SchedulerPlugin):
             keep_summary = parent is not None and parent.id in self._open
             if keep_summary:
                 summarized.add(span.id)
+        carried = rec.carried
+        for dask_id in rec.ids[:-1]:
+            if dask_id not in carried:
+                ancestor = self._open.get(dask_id)
+                if ancestor is not None and dask_id in ancestor.carried:
+                    carried[dask_id] = ancestor.carried[dask_id]
         request = EmitRequest(
             tags=rec.tags,
             ids=rec.ids,
-            carried=rec.carried,
+            carried=carried,
             snapshot=snapshot,
             now=now,
             complete=complete,
@@ -884,7 +914,7 @@ class OTelSpansPlugin(SchedulerPlugin):
             keep_summary=keep_summary,
             counted=rec.counted,
         )
-        self.emitted_count += 1
+        self.handed_over_count += 1
         if self.emitter is not None:
             self.emitter.emit(request)
 

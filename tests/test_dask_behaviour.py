@@ -2,11 +2,13 @@
 installed, is unchanged (in the spirit of distributed/tests/test_spans.py)."""
 from __future__ import annotations
 
+import uuid
+
 import dask
 from distributed import span as dask_span, wait
 from distributed.utils_test import gen_cluster, inc, slowdec, slowinc
 
-from dask_otel_spans import span
+from dask_otel_spans import names, span
 
 from conftest import MemoryProviders, async_wait_for
 from test_plugin import install
@@ -90,19 +92,32 @@ async def test_worker_metric_keys_reach_the_scheduler_unchanged(c, s, a, b):
     )
 
 
-@gen_cluster(client=True, timeout=240, config={"distributed.scheduler.validate": False})
-async def test_two_thousand_spans_in_one_graph(c, s, a, b):
-    # 2,000 rather than 10,000: building a graph of 10,000 separately annotated
-    # delayed objects takes minutes on the client of a 2-core machine (dask itself).
+@gen_cluster(client=True, timeout=300, config={"distributed.scheduler.validate": False})
+async def test_ten_thousand_spans_in_one_graph(c, s, a, b):
     memory = MemoryProviders()
-    plugin = await install(c, memory)
+    # the graph is computed after the blocks: spans the scheduler has not seen yet
+    # wait for the idle timeout, which must outlast building the graph
+    plugin = await install(c, memory, idle_timeout=600)
+    n = 10_000
     outs = []
-    for i in range(2_000):
-        with dask_span(f"s{i}"):
-            outs.append(dask.delayed(inc)(i, dask_key_name=f"task{i}"))
-    results = await c.gather(c.compute(outs))
-    assert results == [i + 1 for i in range(2_000)]
-    await async_wait_for(lambda: plugin.emitted_count >= 2_000, timeout=120)
+    for i in range(n):
+        with span(f"s{i}"):
+            # tuple keys: one TaskGroup per span (no TaskGroup collision) and one
+            # collection for the whole graph (distributed deep-copies the graph's
+            # collection metadata into every span)
+            key = (f"task-{uuid.uuid4().hex}", i)
+            outs.append(dask.delayed(inc)(i, dask_key_name=key))
+    with span("total"):
+        total = dask.delayed(sum)(outs, dask_key_name="total")
+    assert await c.compute(total) == sum(range(1, n + 1))
+    await async_wait_for(lambda: plugin.emitted_count >= n + 1, timeout=180)
+    await plugin.flush()
     assert plugin.open_span_count == 0
+    assert plugin.pending_event_count == 0
+    by_name = {sp.name: sp for sp in memory.dask_spans()}
+    assert {f"s{i}" for i in range(n)} <= set(by_name)
     ids = [sp.context.span_id for sp in memory.dask_spans()]
-    assert len(ids) == len(set(ids)) == 2_000
+    assert len(ids) == len(set(ids)) == n + 1
+    assert all(
+        by_name[f"s{i}"].attributes[names.SPAN_TASK_COUNT] == 1 for i in range(n)
+    )

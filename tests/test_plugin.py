@@ -175,6 +175,21 @@ async def test_span_without_tasks_takes_client_times(c, s, a, b):
 
 
 @gen_cluster(client=True)
+async def test_collection_built_in_block_and_computed_after_it_keeps_its_tasks(
+    c, s, a, b
+):
+    memory = MemoryProviders()
+    await install(c, memory, idle_timeout=5.0)
+    with span("deferred"):
+        d = dask.delayed(inc)(1, dask_key_name="work-1")
+    await asyncio.sleep(0.5)  # the user computes later than the grace period
+    assert await c.compute(d) == 2
+    await async_wait_for(lambda: memory.by_name("deferred"))
+    [deferred] = memory.by_name("deferred")
+    assert deferred.attributes[names.SPAN_TASK_COUNT] == 1
+
+
+@gen_cluster(client=True)
 async def test_shutdown_emits_open_span_as_incomplete(c, s, a, b):
     memory = MemoryProviders()
     await install(c, memory)
