@@ -179,26 +179,28 @@ class SpanEmitter(BackgroundQueue):
             else Context()
         )
         self._ids.trace_id = fields.ids.trace_id
-        self._ids.span_id = fields.ids.span_id
-        otel_span = tracer.start_span(
-            fields.name,
-            context=ctx,
-            kind=SpanKind.INTERNAL,
-            attributes=fields.attributes,
-            start_time=fields.start_ns,
+        otel_span = self._start_span(
+            tracer, fields.name, fields.ids.span_id, ctx, fields.attributes,
+            fields.start_ns,
         )
         if fields.error:
             otel_span.set_status(Status(StatusCode.ERROR, fields.error))
         if fields.prefixes and otel_span.is_recording():
             child_ctx = trace.set_span_in_context(otel_span)
             for prefix in fields.prefixes:
-                self._ids.span_id = prefix.span_id
-                child = tracer.start_span(
-                    prefix.name,
-                    context=child_ctx,
-                    kind=SpanKind.INTERNAL,
-                    attributes=prefix.attributes,
-                    start_time=prefix.start_ns,
+                child = self._start_span(
+                    tracer, prefix.name, prefix.span_id, child_ctx, prefix.attributes,
+                    prefix.start_ns,
                 )
                 child.end(end_time=prefix.end_ns)
         otel_span.end(end_time=fields.end_ns)
+
+    def _start_span(
+        self, tracer: Any, name: str, span_id: int, context: Context,
+        attributes: dict[str, Any], start_ns: int,
+    ) -> Any:
+        self._ids.span_id = span_id
+        return tracer.start_span(
+            name, context=context, kind=SpanKind.INTERNAL, attributes=attributes,
+            start_time=start_ns,
+        )

@@ -50,8 +50,9 @@ logger = logging.getLogger(__name__)
 _LOCAL_PLUGINS: weakref.WeakValueDictionary[str, OTelSpansPlugin] = (
     weakref.WeakValueDictionary()
 )
-#: Spans emitted with no scheduler-side Span (no tasks) remembered against duplicates
-_MAX_REMEMBERED_UNSEEN = 10_000
+#: Ids remembered in the bounded id sets (spans emitted with no scheduler-side Span,
+#: against duplicates; ids carried by graphs before the plugin knew the span)
+_MAX_REMEMBERED = 10_000
 #: Longest wait for the providers' flush and shutdown at scheduler close
 _CLOSE_TIMEOUT = 10.0
 #: Items of work between two looks at the clock in a slice of the pass
@@ -81,6 +82,7 @@ class _OpenSpan:
         "exit",
         "counted",
         "depth",
+        "submitted",
     )
 
     def __init__(self, dask_id: str, tags: tuple[str, ...], ids: tuple[str, ...]):
@@ -106,6 +108,9 @@ class _OpenSpan:
         #: counted in dask.span.active
         self.counted = False
         self.depth = len(ids)
+        #: a graph carrying its annotation reached the scheduler (its tasks may sit
+        #: in another span's TaskGroup: distributed's TaskGroup collision)
+        self.submitted = False
 
 
 def _chain_ids(span: Span) -> tuple[str, ...]:
@@ -181,6 +186,8 @@ class OTelSpansPlugin(SchedulerPlugin):
         #: spans of ext.spans (in insertion order) registered or looked at so far
         self._n_known = 0
         self._unseen_emitted: OrderedDict[str, None] = OrderedDict()
+        #: ids carried by graphs before the plugin knew the span (bounded)
+        self._submitted_unknown: OrderedDict[str, None] = OrderedDict()
         #: hook events not processed yet: (kind, len(ext.spans) then, time, *details)
         self._pending: deque[tuple[Any, ...]] = deque()
         #: spans that existed when the plugin started, still to be looked at
@@ -358,15 +365,8 @@ class OTelSpansPlugin(SchedulerPlugin):
     async def _take_over(self, previous: OTelSpansPlugin) -> None:
         """Registered again (same name): continue where the previous instance was,
         so that no span is lost or emitted twice."""
-        state = previous._hand_over()
-        (
-            self._open,
-            self._summarized,
-            self._n_known,
-            self._unseen_emitted,
-            self._pending,
-            self._adopting,
-        ) = state
+        for name, value in previous._hand_over().items():
+            setattr(self, name, value)
         for rec in self._open.values():
             if rec.counted and self.pump is not None:
                 self.pump.submit("span_opened", rec.tags)
@@ -375,18 +375,19 @@ class OTelSpansPlugin(SchedulerPlugin):
             # previous.close() drained its emitter: its summaries are final
             self.emitter.summaries.update(previous.emitter.summaries)
 
-    def _hand_over(self) -> tuple[Any, ...]:
+    def _hand_over(self) -> dict[str, Any]:
+        """The bookkeeping, after processing every queued event; this instance keeps
+        nothing to emit at its close."""
         self._finish_work()
-        state = (
-            self._open,
-            self._summarized,
-            self._n_known,
-            self._unseen_emitted,
-            self._pending,
-            self._adopting,
-        )
-        self._open, self._summarized, self._unseen_emitted = {}, set(), OrderedDict()
-        self._pending, self._adopting = deque(), None
+        state = {
+            "_open": self._open,
+            "_summarized": self._summarized,
+            "_n_known": self._n_known,
+            "_unseen_emitted": self._unseen_emitted,
+            "_submitted_unknown": self._submitted_unknown,
+        }
+        self._open, self._summarized = {}, set()
+        self._unseen_emitted, self._submitted_unknown = OrderedDict(), OrderedDict()
         return state
 
     async def close(self, **kwargs: Any) -> None:
@@ -528,9 +529,13 @@ class OTelSpansPlugin(SchedulerPlugin):
         if self._ext is None or self._closed:
             return
         with self._guard("update_graph"):
-            otel = annotations.get(names.ANNOTATION_KEY) if annotations else None
+            otel = span_of_key = None
+            if annotations:
+                otel = annotations.get(names.ANNOTATION_KEY)
+                span_of_key = annotations.get("span")
             self._pending.append(
-                (_GRAPH, len(self._ext.spans), time(), client, tasks, otel)
+                (_GRAPH, len(self._ext.spans), time(), client, tasks, otel,
+                 span_of_key)
             )
 
     def log_event(self, topic: str, msg: Any, **kwargs: Any) -> None:
@@ -558,10 +563,10 @@ class OTelSpansPlugin(SchedulerPlugin):
             kind, n_spans, now = event[:3]
             yield from self._register_new_spans(n_spans)
             if kind == _GRAPH:
-                _, _, _, client, tasks, otel = event
+                _, _, _, client, tasks, otel, span_of_key = event
                 if otel:
                     yield from self._absorb_annotations(otel)
-                yield from self._mark_activity(tasks, now, client)
+                yield from self._mark_activity(tasks, span_of_key, now, client)
             elif kind == _NOTICE:
                 # The notice may have overtaken the graph event that made its spans
                 # (different connections): register every span that exists now, so
@@ -661,18 +666,34 @@ class OTelSpansPlugin(SchedulerPlugin):
                 if rec is not None:
                     rec.carried.update(carried)
                     rec.helper = True
+                    rec.submitted = True
+                elif dask_id not in self._ext.spans:
+                    self._remember(self._submitted_unknown, dask_id)
 
     def _mark_activity(
-        self, keys: Any, now: float, client: str | None
+        self, keys: Any, span_of_key: Any, now: float, client: str | None
     ) -> Iterator[None]:
         """The spans of these (new or changed) tasks, and their ancestors, saw
-        activity: they are not idle."""
+        activity: they are not idle.
+
+        A task's span comes from the ``span`` annotation the scheduler passed (it
+        outlives the task, which may be forgotten by now), else from its group.
+        """
+        if not isinstance(span_of_key, Mapping):
+            span_of_key = {}
         tasks = self.scheduler.tasks
         last_group = None
         span_ids = set()
         for i, key in enumerate(keys, 1):
             if i % (_CHECK_EVERY * 16) == 0:
                 yield
+            ann = span_of_key.get(key)
+            if ann:
+                try:
+                    span_ids.add(ann["ids"][-1])
+                    continue
+                except (KeyError, IndexError, TypeError):
+                    pass  # not distributed's shape: fall back to the task's group
             ts = tasks.get(key)
             if ts is None:
                 continue
@@ -721,6 +742,8 @@ class OTelSpansPlugin(SchedulerPlugin):
                     continue  # emitted already, or finished before the plugin
                 rec = _OpenSpan(dask_id, tags[: level + 1], ids[: level + 1])
                 self._open[dask_id] = rec
+                if self._submitted_unknown.pop(dask_id, False) is None:
+                    rec.submitted = True
             rec.helper = True
             rec.carried.update(carried)
             rec.closed_at = now
@@ -736,6 +759,12 @@ class OTelSpansPlugin(SchedulerPlugin):
                 if not rec.clients:
                     rec.client_gone = True
                     rec.last_activity = max(rec.last_activity, now)
+
+    @staticmethod
+    def _remember(ids: OrderedDict[str, None], dask_id: str) -> None:
+        ids[dask_id] = None
+        while len(ids) > _MAX_REMEMBERED:
+            ids.popitem(last=False)
 
     # -- the periodic pass -----------------------------------------------------------
 
@@ -829,12 +858,14 @@ class OTelSpansPlugin(SchedulerPlugin):
     def _is_ready(self, rec: _OpenSpan, now: float, grace: float) -> bool:
         """Whether the span is done, closed and past the grace period."""
         if rec.span is None:
-            # Closed by the client, never seen by the scheduler (so far). Its tasks
-            # may still come (collections built in the block, computed after it):
-            # wait as for an idle span.
+            # Closed by the client, never seen by the scheduler (so far). When no
+            # graph carried it yet, its tasks may still come (collections built in
+            # the block, computed after it): wait as for an idle span. When one did,
+            # its tasks went to another span's TaskGroup and will not come.
             if rec.closed_at is None or rec.id in self._ext.spans:
                 return False  # (in ext.spans: registered by the next pass)
-            return now - rec.closed_at >= max(self.config.idle_timeout, grace)
+            wait = grace if rec.submitted else max(self.config.idle_timeout, grace)
+            return now - rec.closed_at >= wait
         if not self._is_done(rec):
             rec.done_since = None
             return False
@@ -881,9 +912,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         if span is None:
             snapshot = None
             keep_summary = False
-            self._unseen_emitted[rec.id] = None
-            while len(self._unseen_emitted) > _MAX_REMEMBERED_UNSEEN:
-                self._unseen_emitted.popitem(last=False)
+            self._remember(self._unseen_emitted, rec.id)
         else:
             summarized = self._summarized
             snapshot = snapshot_span(

@@ -190,6 +190,26 @@ async def test_collection_built_in_block_and_computed_after_it_keeps_its_tasks(
 
 
 @gen_cluster(client=True)
+async def test_span_whose_tasks_collided_into_another_span_does_not_wait_idle(
+    c, s, a, b
+):
+    memory = MemoryProviders()
+    await install(c, memory, idle_timeout=60.0)
+    futures = []
+    for i in range(2):
+        with span(f"batch-{i}"):
+            # same TaskGroup "inc": distributed puts both on the first span
+            futures += c.map(inc, range(3), pure=False)
+    await c.gather(futures)
+    await async_wait_for(
+        lambda: memory.by_name("batch-0") and memory.by_name("batch-1"), timeout=15
+    )
+    [first], [second] = memory.by_name("batch-0"), memory.by_name("batch-1")
+    assert first.attributes[names.SPAN_TASK_COUNT] == 6
+    assert second.attributes[names.SPAN_TASK_COUNT] == 0
+
+
+@gen_cluster(client=True)
 async def test_shutdown_emits_open_span_as_incomplete(c, s, a, b):
     memory = MemoryProviders()
     await install(c, memory)
