@@ -116,6 +116,14 @@ def _otlp_protocol(environ: Mapping[str, str], signal: str) -> str:
     return protocol
 
 
+#: gRPC channel options of the OTLP exporters: reconnect to a collector that came
+#: back within seconds
+GRPC_CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 500),
+    ("grpc.max_reconnect_backoff_ms", 5000),
+)
+
+
 def otlp_exporter_kwargs(
     environ: Mapping[str, str], signal: str, protocol: str
 ) -> dict[str, Any]:
@@ -145,6 +153,9 @@ def otlp_exporter_kwargs(
         kwargs["compression"] = _compression(compression.strip().lower(), protocol)
     certificate = _signal_setting(environ, signal, "CERTIFICATE")
     if protocol == "grpc":
+        # gRPC's default reconnect backoff grows to 120 s: after a collector outage
+        # the exporter would stay away long after the collector is back.
+        kwargs["channel_options"] = GRPC_CHANNEL_OPTIONS
         insecure = _signal_setting(environ, signal, "INSECURE")
         if insecure:
             kwargs["insecure"] = insecure.strip().lower() == "true"

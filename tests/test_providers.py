@@ -83,6 +83,17 @@ def test_signal_specific_settings_win():
     assert kw["timeout"] == 3.0
 
 
+def test_grpc_exporter_reconnects_within_seconds():
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://a:4317"}
+    exporter = OTLPSpanExporter(**otlp_exporter_kwargs(env, "TRACES", "grpc"))
+    options = dict(exporter._channel_options)
+    assert options["grpc.max_reconnect_backoff_ms"] <= 5000
+    assert "grpc.primary_user_agent" in options  # the SDK's own options are kept
+    exporter.shutdown()
+
+
 def test_headers_are_url_decoded_and_malformed_items_skipped():
     assert parse_headers("Api-Key=a%20b,broken,x=1=2") == {"api-key": "a b", "x": "1=2"}
 
