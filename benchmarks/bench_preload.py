@@ -69,11 +69,23 @@ def stats(dask_scheduler) -> dict:
         "max_call_s": plugin.max_call_seconds if plugin else 0.0,
         "max_call_by_hook": dict(plugin.max_call_by_hook) if plugin else {},
         "max_call_cpu_s": plugin.max_call_cpu_seconds if plugin else 0.0,
+        "cpu_by_place": _cpu_by_place(plugin),
         "total_call_s": plugin.total_call_seconds if plugin else 0.0,
         "emitted": plugin.emitted_count if plugin else 0,
         "open": plugin.open_span_count if plugin else 0,
         "grace_s": plugin.grace if plugin else 0.0,
         "latencies": list(LATENCIES),
+    }
+
+
+def _cpu_by_place(plugin) -> dict:
+    """CPU seconds of the plugin: on the event loop, on its two threads."""
+    if plugin is None:
+        return {}
+    return {
+        "event loop": plugin.total_call_cpu_seconds,
+        "emitter thread": plugin.emitter.cpu_seconds if plugin.emitter else 0.0,
+        "metrics thread": plugin.pump.cpu_seconds if plugin.pump else 0.0,
     }
 
 
@@ -84,4 +96,8 @@ def reset(dask_scheduler) -> None:
         plugin.total_call_seconds = 0.0
         plugin.max_call_by_hook.clear()
         plugin.max_call_cpu_seconds = 0.0
+        plugin.total_call_cpu_seconds = 0.0
+        for worker in (plugin.emitter, plugin.pump):
+            if worker is not None:
+                worker.cpu_seconds = 0.0
     LATENCIES.clear()

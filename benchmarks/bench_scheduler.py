@@ -171,6 +171,16 @@ def run_once(with_plugin: bool, scale: dict[str, Any], workers: int, threads: in
     return out, stats
 
 
+def scale_tasks(scale: dict[str, Any]) -> dict[str, int]:
+    """Tasks per workload at this scale."""
+    return {
+        "futures": scale["futures"][0] * scale["futures"][1],
+        "delayed": scale["delayed"][0] * scale["delayed"][1],
+        "nested": scale["nested"][0] * scale["nested"][1] * scale["nested"][2],
+        "big-graph": scale["big"][0],
+    }
+
+
 def fmt_ratio(values: list[float]) -> str:
     return (f"median {statistics.median(values):.3f}  min {min(values):.3f}  "
             f"max {max(values):.3f}")
@@ -211,6 +221,16 @@ def part_throughput(pairs: int, scale: dict[str, Any], workers: int, threads: in
     max_cpu = max(s["max_call_cpu_s"] for s in plugin_stats)
     print(f"   longest single call in event-loop thread CPU time {max_cpu * 1e3:.2f} ms "
           "(wall time less GIL and OS waits)")
+    places = plugin_stats[0]["cpu_by_place"]
+    cpu_by_place = {
+        place: statistics.median(s["cpu_by_place"][place] for s in plugin_stats)
+        for place in places
+    }
+    n_tasks = sum(n for n in scale_tasks(scale).values())
+    print("   plugin CPU per run (median) by place: " + ", ".join(
+        f"{place} {seconds:.2f} s" for place, seconds in cpu_by_place.items())
+        + f" ({sum(cpu_by_place.values()) / n_tasks * 1e6:.0f} µs per task over "
+        f"{n_tasks} tasks)")
     print("   longest call by place: " + ", ".join(
         f"{hook} {seconds * 1e3:.2f} ms" for hook, seconds in sorted(by_hook.items())))
     lat = [x for s in plugin_stats for x in s["latencies"]]

@@ -207,6 +207,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         #: longest call in CPU time of the event-loop thread (wall time less waits
         #: for the GIL and the OS)
         self.max_call_cpu_seconds = 0.0
+        self.total_call_cpu_seconds = 0.0
 
     # -- pickling: keep providers when the scheduler is in this process -------------
 
@@ -246,6 +247,7 @@ class OTelSpansPlugin(SchedulerPlugin):
             elapsed = _time.perf_counter() - t0
             cpu = _time.thread_time() - cpu0
             self.total_call_seconds += elapsed
+            self.total_call_cpu_seconds += cpu
             if elapsed > self.max_call_seconds:
                 self.max_call_seconds = elapsed
             if elapsed > self.max_call_by_hook.get(where, 0.0):
