@@ -3,6 +3,7 @@ record export latency (done -> exporter) and discard the data, so that the bench
 measures the plugin and the SDK, not a collector."""
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Sequence
 
@@ -23,7 +24,18 @@ from dask_otel_spans import OTelSpansPlugin
 
 #: seconds from a dask span's end (Span.stop: when it became done) to its export
 LATENCIES: list[float] = []
+#: the same by workload (first tag of the span's name, up to a "-")
+LATENCIES_BY_WORKLOAD: dict[str, list[float]] = {}
 EXPORTED = [0]
+#: longest garbage-collector pause in the scheduler process, seconds
+GC_PAUSE = {"max_s": 0.0, "started": 0.0}
+
+
+def _gc_clock(phase: str, info: dict) -> None:
+    if phase == "start":
+        GC_PAUSE["started"] = time.perf_counter()
+    elif GC_PAUSE["started"]:
+        GC_PAUSE["max_s"] = max(GC_PAUSE["max_s"], time.perf_counter() - GC_PAUSE["started"])
 
 
 class LatencyExporter(SpanExporter):
@@ -31,7 +43,10 @@ class LatencyExporter(SpanExporter):
         now = time.time_ns()
         for s in spans:
             if "dask.span.id" in (s.attributes or {}):
-                LATENCIES.append((now - s.end_time) / 1e9)
+                latency = (now - s.end_time) / 1e9
+                LATENCIES.append(latency)
+                workload = str(s.attributes["dask.span.name"][0]).split("-")[0]
+                LATENCIES_BY_WORKLOAD.setdefault(workload, []).append(latency)
                 EXPORTED[0] += 1
         return SpanExportResult.SUCCESS
 
@@ -48,6 +63,7 @@ class NullMetricExporter(MetricExporter):
 
 
 def dask_setup(scheduler):
+    gc.callbacks.append(_gc_clock)
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(
         BatchSpanProcessor(LatencyExporter(), schedule_delay_millis=500, max_queue_size=100_000)
@@ -75,6 +91,8 @@ def stats(dask_scheduler) -> dict:
         "open": plugin.open_span_count if plugin else 0,
         "grace_s": plugin.grace if plugin else 0.0,
         "latencies": list(LATENCIES),
+        "latencies_by_workload": {k: list(v) for k, v in LATENCIES_BY_WORKLOAD.items()},
+        "max_gc_pause_s": GC_PAUSE["max_s"],
     }
 
 
@@ -101,3 +119,5 @@ def reset(dask_scheduler) -> None:
             if worker is not None:
                 worker.cpu_seconds = 0.0
     LATENCIES.clear()
+    LATENCIES_BY_WORKLOAD.clear()
+    GC_PAUSE["max_s"] = 0.0

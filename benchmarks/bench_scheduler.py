@@ -221,6 +221,9 @@ def part_throughput(pairs: int, scale: dict[str, Any], workers: int, threads: in
     max_cpu = max(s["max_call_cpu_s"] for s in plugin_stats)
     print(f"   longest single call in event-loop thread CPU time {max_cpu * 1e3:.2f} ms "
           "(wall time less GIL and OS waits)")
+    max_gc = max(s["max_gc_pause_s"] for s in plugin_stats)
+    print(f"   longest garbage-collector pause in the scheduler process {max_gc * 1e3:.2f} ms "
+          "(counted in whichever call triggered it)")
     places = plugin_stats[0]["cpu_by_place"]
     cpu_by_place = {
         place: statistics.median(s["cpu_by_place"][place] for s in plugin_stats)
@@ -239,6 +242,13 @@ def part_throughput(pairs: int, scale: dict[str, Any], workers: int, threads: in
     print(f"   {len(lat)} spans: median {statistics.median(lat):.2f} s, "
           f"p99 {sorted(lat)[int(0.99 * (len(lat) - 1))]:.2f} s, max {max(lat):.2f} s; "
           f"grace {grace:.2f} s (max <= grace + 1 s wanted)")
+    by_workload: dict[str, list[float]] = {}
+    for s in plugin_stats:
+        for name, values in s["latencies_by_workload"].items():
+            by_workload.setdefault(name, []).extend(values)
+    print("   by workload: " + ", ".join(
+        f"{name} median {statistics.median(v):.2f} s max {max(v):.2f} s ({len(v)})"
+        for name, v in sorted(by_workload.items())))
     return {"ratios": ratios, "max_call": max_call, "latencies": lat, "grace": grace}
 
 

@@ -872,7 +872,9 @@ class OTelSpansPlugin(SchedulerPlugin):
             rec.done_since = None
             return False
         if rec.done_since is None:
-            rec.done_since = now
+            # the grace period covers heartbeats still in flight: count it from
+            # when the last task finished, not from when this pass noticed
+            rec.done_since = min(now, _finished_at(rec.span) or now)
         quiet_since = max(rec.done_since, rec.last_activity)
         if rec.closed_at is not None:
             return now - max(quiet_since, rec.closed_at) >= grace
@@ -975,6 +977,11 @@ class OTelSpansPlugin(SchedulerPlugin):
                     provider.force_flush(int(timeout * 1000))
 
         await loop.run_in_executor(None, flush)
+
+
+def _finished_at(span: Span) -> float:
+    """When the last task of a done span tree finished; 0 without tasks."""
+    return max((tg.stop for tg in span.traverse_groups()), default=0.0)
 
 
 def _minus_depth(rec: _OpenSpan) -> int:

@@ -75,7 +75,7 @@ async def test_malformed_close_notice_is_ignored(c, s, a, b, msg):
 @gen_cluster(client=True)
 async def test_malformed_notice_in_a_batch_spares_the_others(c, s, a, b):
     memory = MemoryProviders()
-    plugin = await install(c, memory)
+    await install(c, memory)
     good = {"ids": ["span-a"], "name": ["a"], "opened": 1, "enter": 1.0, "exit": 2.0}
     await c.log_event(names.EVENT_TOPIC, ["not a dict", {"ids": 5}, good])
     await async_wait_for(lambda: memory.by_name("a"))
