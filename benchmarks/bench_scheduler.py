@@ -108,8 +108,11 @@ def delayed_workload(client: Client, n_spans: int, per_span: int) -> int:
     outs = []
     for i in range(n_spans):
         with span("delayed", f"span-{i}"):
-            outs += [dask.delayed(inc)(j, dask_key_name=f"d-{i}-{j}-{uuid.uuid4().hex}")
-                     for j in range(per_span)]
+            # tuple keys with a name of their own: one TaskGroup per span, as a dask
+            # collection gets (string keys "d-<i>-<j>" would all fall in TaskGroup "d",
+            # which distributed attaches to the first span only)
+            name = f"d{i}-{uuid.uuid4().hex}"
+            outs += [dask.delayed(inc)(j, dask_key_name=(name, j)) for j in range(per_span)]
     client.gather(client.compute(outs))
     return n_spans * per_span
 
@@ -122,7 +125,8 @@ def nested_workload(client: Client, a: int, b: int, c: int) -> int:
                 with span(f"l2-{j}"):
                     for k in range(c):
                         with span(f"l3-{k}"):
-                            outs.append(dask.delayed(inc)(k, dask_key_name=f"n-{uuid.uuid4().hex}"))
+                            outs.append(dask.delayed(inc)(
+                                k, dask_key_name=(f"n-{uuid.uuid4().hex}", 0)))
     client.gather(client.compute(outs))
     return a * b * c
 
