@@ -102,7 +102,13 @@ def promql(base: str, query: str) -> list[dict]:
 
 def test_span_metrics_have_the_design_labels_in_prometheus(scraped):
     query = 'dask_span_activity_time_seconds_total{dask_span_name="tenant=acme/etl/sleep step"}'
-    series = wait_for(lambda: promql(scraped["prom"], query), timeout=30, interval=0.5)
+
+    def both_series():
+        # the idle series is recorded when the span is emitted, after the heartbeats
+        got = promql(scraped["prom"], query)
+        return got if len(got) >= 2 else None
+
+    series = wait_for(both_series, timeout=30, interval=0.5)
     labels = series[0]["metric"]
     assert {"dask_span_name", "dask_task_prefix", "dask_activity", "dask_context",
             "dask_unit"} <= set(labels)
