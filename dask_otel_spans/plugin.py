@@ -83,6 +83,8 @@ class _OpenSpan:
         "counted",
         "depth",
         "submitted",
+        "open_children",
+        "children_finished_at",
     )
 
     def __init__(self, dask_id: str, tags: tuple[str, ...], ids: tuple[str, ...]):
@@ -111,6 +113,11 @@ class _OpenSpan:
         #: a graph carrying its annotation reached the scheduler (its tasks may sit
         #: in another span's TaskGroup: distributed's TaskGroup collision)
         self.submitted = False
+        #: registered children not emitted yet (so that a pass looks at the open
+        #: children only, never at every child the span ever had)
+        self.open_children: set[str] = set()
+        #: when the last task of the emitted children finished
+        self.children_finished_at = 0.0
 
 
 def _chain_ids(span: Span) -> tuple[str, ...]:
@@ -633,6 +640,11 @@ class OTelSpansPlugin(SchedulerPlugin):
             parent_rec = self._open.get(parent.id) if parent is not None else None
             if parent_rec is not None:
                 rec.carried.update(parent_rec.carried)
+        parent = span.parent
+        if parent is not None:
+            parent_rec = self._open.get(parent.id)
+            if parent_rec is not None:
+                parent_rec.open_children.add(span.id)
         rec.span = span
         rec.last_activity = time()
         if not rec.counted and self.pump is not None:
@@ -848,14 +860,26 @@ class OTelSpansPlugin(SchedulerPlugin):
         span = rec.span
         done = all(tg.done for tg in span.groups)
         if done:
-            for child in span.children:
-                child_rec = self._open.get(child.id)
+            for child_id in rec.open_children:
+                child_rec = self._open.get(child_id)
                 if child_rec is not None and child_rec.span is not None:
                     if not self._is_done(child_rec):
                         done = False
                         break
         memo[rec.id] = done
         return done
+
+    def _finished_at(self, rec: _OpenSpan) -> float:
+        """When the last task of a done span tree finished (0 without tasks): its own
+        groups, its open children, and what its emitted children left in the record;
+        O(own groups + open children), never the whole history of the tree."""
+        out = max((tg.stop for tg in rec.span.groups), default=0.0)
+        out = max(out, rec.children_finished_at)
+        for child_id in rec.open_children:
+            child_rec = self._open.get(child_id)
+            if child_rec is not None and child_rec.span is not None:
+                out = max(out, self._finished_at(child_rec))
+        return out
 
     def _is_ready(self, rec: _OpenSpan, now: float, grace: float) -> bool:
         """Whether the span is done, closed and past the grace period."""
@@ -874,7 +898,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         if rec.done_since is None:
             # the grace period covers heartbeats still in flight: count it from
             # when the last task finished, not from when this pass noticed
-            rec.done_since = min(now, _finished_at(rec.span) or now)
+            rec.done_since = min(now, self._finished_at(rec) or now)
         quiet_since = max(rec.done_since, rec.last_activity)
         if rec.closed_at is not None:
             return now - max(quiet_since, rec.closed_at) >= grace
@@ -925,7 +949,13 @@ class OTelSpansPlugin(SchedulerPlugin):
             for child in span.children:
                 summarized.discard(child.id)
             parent = span.parent
-            keep_summary = parent is not None and parent.id in self._open
+            parent_rec = self._open.get(parent.id) if parent is not None else None
+            keep_summary = parent_rec is not None
+            if parent_rec is not None:
+                parent_rec.open_children.discard(span.id)
+                parent_rec.children_finished_at = max(
+                    parent_rec.children_finished_at, self._finished_at(rec)
+                )
             if keep_summary:
                 summarized.add(span.id)
         carried = rec.carried
@@ -977,11 +1007,6 @@ class OTelSpansPlugin(SchedulerPlugin):
                     provider.force_flush(int(timeout * 1000))
 
         await loop.run_in_executor(None, flush)
-
-
-def _finished_at(span: Span) -> float:
-    """When the last task of a done span tree finished; 0 without tasks."""
-    return max((tg.stop for tg in span.traverse_groups()), default=0.0)
 
 
 def _minus_depth(rec: _OpenSpan) -> int:
