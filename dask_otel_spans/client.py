@@ -3,10 +3,12 @@ OTel context into the graph annotations and tells the scheduler when the block c
 from __future__ import annotations
 
 import logging
+import sys
 import time
 import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import dask
@@ -34,6 +36,28 @@ _BATCHES: weakref.WeakKeyDictionary[Any, list[dict[str, Any]]] = (
 )
 
 
+class _Block:
+    """A ``span()`` block being run: whether it, or a block inside it, left lazy
+    collections behind."""
+
+    __slots__ = ("lazy",)
+
+    def __init__(self) -> None:
+        self.lazy = False
+
+
+#: the innermost open ``span()`` block of this thread or task
+_CURRENT_BLOCK: ContextVar[_Block | None] = ContextVar(
+    "dask_otel_spans_block", default=None
+)
+
+
+def _references(obj: object) -> int | None:
+    """How many references ``obj`` has (None where the interpreter can't say)."""
+    getrefcount = getattr(sys, "getrefcount", None)
+    return getrefcount(obj) if getrefcount is not None else None
+
+
 def _warn_once(kind: str, msg: str, *args: Any) -> None:
     if kind not in _warned:
         _warned.add(kind)
@@ -53,7 +77,10 @@ def span(*tags: str) -> Iterator[str]:
       OTel spans created by client code (e.g. an instrumented HTTP call) land inside
       it, in the same trace;
     - when the block exits, the scheduler is told, so that the span is exported
-      once, covering every ``compute()`` made inside the block.
+      once, covering every ``compute()`` made inside the block. The notice says
+      whether collections built in the block (delayed objects, arrays) still hold
+      its annotation: a span the scheduler has not seen yet then waits for their
+      graph (``otel-spans.lazy-timeout``) instead of ``idle-timeout``.
 
     Examples
     --------
@@ -80,11 +107,27 @@ def span(*tags: str) -> Iterator[str]:
             trace.NonRecordingSpan(chain.span_context), client_ctx
         )
         token = otel_context.attach(own_ctx)
+        parent_block = _CURRENT_BLOCK.get()
+        block = _Block()
+        block_token = _CURRENT_BLOCK.set(block)
+        # Collections built in the block copy the annotations, and so reference
+        # ``carried``: more references after the block than before it means lazy
+        # collections (computed later, or never) that will bring this span's tasks.
+        refs_before = _references(carried)
         try:
             with dask.annotate(**{names.ANNOTATION_KEY: carried}):
                 yield dask_id
         finally:
+            refs_after = _references(carried)
+            try:
+                _CURRENT_BLOCK.reset(block_token)
+            except ValueError:  # exited in another context than it was entered
+                _CURRENT_BLOCK.set(parent_block)
             otel_context.detach(token)
+            if refs_before is not None and refs_after is not None:
+                block.lazy = block.lazy or refs_after > refs_before
+            if block.lazy and parent_block is not None:
+                parent_block.lazy = True  # an inner span's graph brings this one
             _notify_closed(
                 {
                     "ids": list(ids),
@@ -93,6 +136,7 @@ def span(*tags: str) -> Iterator[str]:
                     "otel": carried,
                     "enter": enter,
                     "exit": time.time(),
+                    "lazy": block.lazy,
                 }
             )
 
@@ -107,6 +151,7 @@ def _notify_closed(msg: dict[str, Any]) -> None:
             "the span after its idle timeout instead"
         )
         return
+    msg["client"] = client.id
     try:
         if client.asynchronous:
             batch = _BATCHES.get(client)

@@ -42,6 +42,7 @@ class PluginConfig:
 
     export_delay: float = 1.0
     idle_timeout: float = 5.0
+    lazy_timeout: float = 600.0
     tick_interval: float = 0.25
     tick_budget: float = 0.002
     prefix_spans: bool = True
@@ -67,6 +68,7 @@ class PluginConfig:
         cfg = cls(
             export_delay=seconds("export-delay"),
             idle_timeout=seconds("idle-timeout"),
+            lazy_timeout=seconds("lazy-timeout"),
             tick_interval=seconds("tick-interval"),
             tick_budget=seconds("tick-budget"),
             prefix_spans=bool(get("prefix-spans")),

@@ -83,6 +83,7 @@ class _OpenSpan:
         "counted",
         "depth",
         "submitted",
+        "awaiting_graph",
         "open_children",
         "children_finished_at",
     )
@@ -113,6 +114,9 @@ class _OpenSpan:
         #: a graph carrying its annotation reached the scheduler (its tasks may sit
         #: in another span's TaskGroup: distributed's TaskGroup collision)
         self.submitted = False
+        #: closed before the scheduler saw it, and the client said collections
+        #: built in the block are still to be computed: their graph will bring it
+        self.awaiting_graph = False
         #: registered children not emitted yet (so that a pass looks at the open
         #: children only, never at every child the span ever had)
         self.open_children: set[str] = set()
@@ -747,6 +751,10 @@ class OTelSpansPlugin(SchedulerPlugin):
             )
             return
         carried = parse_carried(msg.get("otel")) or {}
+        lazy = msg.get("lazy") is True
+        client = msg.get("client")
+        if not isinstance(client, str):
+            client = None
         spans = self._ext.spans
         for level in range(len(ids) - opened, len(ids)):
             dask_id = ids[level]
@@ -760,6 +768,10 @@ class OTelSpansPlugin(SchedulerPlugin):
                     rec.submitted = True
             rec.helper = True
             rec.carried.update(carried)
+            if client is not None:
+                rec.clients.add(client)
+            if rec.span is None and lazy:
+                rec.awaiting_graph = True
             rec.closed_at = now
             rec.close_reason = names.CLOSE_REASON_CLIENT
             rec.enter, rec.exit = enter, exit_
@@ -768,7 +780,8 @@ class OTelSpansPlugin(SchedulerPlugin):
         for i, rec in enumerate(list(self._open.values()), 1):
             if i % (_CHECK_EVERY * 4) == 0:
                 yield
-            if rec.helper and rec.closed_at is None and client in rec.clients:
+            waiting = rec.closed_at is None or (rec.span is None and rec.awaiting_graph)
+            if rec.helper and waiting and client in rec.clients:
                 rec.clients.discard(client)
                 if not rec.clients:
                     rec.client_gone = True
@@ -884,13 +897,20 @@ class OTelSpansPlugin(SchedulerPlugin):
     def _is_ready(self, rec: _OpenSpan, now: float, grace: float) -> bool:
         """Whether the span is done, closed and past the grace period."""
         if rec.span is None:
-            # Closed by the client, never seen by the scheduler (so far). When no
-            # graph carried it yet, its tasks may still come (collections built in
-            # the block, computed after it): wait as for an idle span. When one did,
-            # its tasks went to another span's TaskGroup and will not come.
+            # Closed by the client, never seen by the scheduler (so far). When a
+            # graph carried it, its tasks went to another span's TaskGroup and
+            # will not come. When the client said collections built in the block
+            # are still to be computed, wait for their graph (lazy-timeout, or
+            # until the client is gone). Otherwise tasks are unlikely but possible
+            # (e.g. a collection the client could not see): wait as for an idle span.
             if rec.closed_at is None or rec.id in self._ext.spans:
                 return False  # (in ext.spans: registered by the next pass)
-            wait = grace if rec.submitted else max(self.config.idle_timeout, grace)
+            if rec.submitted or rec.client_gone:
+                wait = grace
+            elif rec.awaiting_graph:
+                wait = max(self.config.lazy_timeout, grace)
+            else:
+                wait = max(self.config.idle_timeout, grace)
             return now - rec.closed_at >= wait
         if not self._is_done(rec):
             rec.done_since = None

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from time import time
 
 import dask
 import pytest
-from distributed import Scheduler, span as dask_span, wait
+from distributed import Client, Scheduler, default_client, span as dask_span, wait
 from distributed.utils_test import gen_cluster, inc, slowinc
 from opentelemetry.trace import StatusCode
 
@@ -175,18 +176,52 @@ async def test_span_without_tasks_takes_client_times(c, s, a, b):
 
 
 @gen_cluster(client=True)
-async def test_collection_built_in_block_and_computed_after_it_keeps_its_tasks(
-    c, s, a, b
-):
+async def test_collection_computed_after_idle_timeout_keeps_its_tasks(c, s, a, b):
     memory = MemoryProviders()
-    await install(c, memory, idle_timeout=5.0)
+    plugin = await install(c, memory, idle_timeout=0.2)
     with span("deferred"):
         d = dask.delayed(inc)(1, dask_key_name="work-1")
-    await asyncio.sleep(0.5)  # the user computes later than the grace period
+    # the client builds a big graph for longer than idle-timeout + grace
+    await asyncio.sleep(max(plugin.config.idle_timeout, plugin.grace) + 1.0)
+    assert not memory.by_name("deferred")
+    computed_at = time()
     assert await c.compute(d) == 2
     await async_wait_for(lambda: memory.by_name("deferred"))
     [deferred] = memory.by_name("deferred")
     assert deferred.attributes[names.SPAN_TASK_COUNT] == 1
+    assert deferred.start_time >= (computed_at - 0.1) * 1e9  # the scheduler's times
+
+
+@gen_cluster(client=True)
+async def test_lazy_span_never_computed_is_exported_after_lazy_timeout(c, s, a, b):
+    memory = MemoryProviders()
+    await install(c, memory, idle_timeout=0.1, lazy_timeout=1.5)
+    with span("never computed"):
+        d = dask.delayed(inc)(1)
+    closed_at = time()
+    await async_wait_for(lambda: memory.by_name("never computed"))
+    exported_after = time() - closed_at
+    [never] = memory.by_name("never computed")
+    assert never.attributes[names.SPAN_TASK_COUNT] == 0
+    assert exported_after >= 1.5
+    assert d is not None
+
+
+@gen_cluster(client=True)
+async def test_lazy_span_is_exported_when_its_client_leaves(c, s, a, b):
+    memory = MemoryProviders()
+    plugin = await install(c, memory, idle_timeout=60.0, lazy_timeout=60.0)
+    async with Client(s.address, asynchronous=True) as c2:
+        assert default_client() is c2
+        with span("left behind") as dask_id:
+            d = dask.delayed(inc)(1)
+        await async_wait_for(
+            lambda: dask_id in plugin._open and plugin._open[dask_id].closed_at
+        )
+    await async_wait_for(lambda: memory.by_name("left behind"), timeout=10)
+    [left] = memory.by_name("left behind")
+    assert left.attributes[names.SPAN_TASK_COUNT] == 0
+    assert d is not None
 
 
 @gen_cluster(client=True)
