@@ -4,6 +4,7 @@ measures the plugin and the SDK, not a collector."""
 from __future__ import annotations
 
 import gc
+import threading
 import time
 from collections.abc import Sequence
 
@@ -29,13 +30,29 @@ LATENCIES_BY_WORKLOAD: dict[str, list[float]] = {}
 EXPORTED = [0]
 #: longest garbage-collector pause in the scheduler process, seconds
 GC_PAUSE = {"max_s": 0.0, "started": 0.0}
+#: CPU seconds spent in garbage collection, by thread
+GC_CPU_BY_THREAD: dict[int, float] = {}
+_GC_CPU_STARTED: dict[int, float] = {}
 
 
 def _gc_clock(phase: str, info: dict) -> None:
+    thread = threading.get_ident()
     if phase == "start":
         GC_PAUSE["started"] = time.perf_counter()
-    elif GC_PAUSE["started"]:
+        _GC_CPU_STARTED[thread] = time.thread_time()
+        return
+    if GC_PAUSE["started"]:
         GC_PAUSE["max_s"] = max(GC_PAUSE["max_s"], time.perf_counter() - GC_PAUSE["started"])
+    started = _GC_CPU_STARTED.pop(thread, None)
+    if started is not None:
+        GC_CPU_BY_THREAD[thread] = (
+            GC_CPU_BY_THREAD.get(thread, 0.0) + time.thread_time() - started
+        )
+
+
+def gc_cpu_of_this_thread() -> float:
+    """Cumulative CPU seconds the calling thread spent collecting garbage."""
+    return GC_CPU_BY_THREAD.get(threading.get_ident(), 0.0)
 
 
 class LatencyExporter(SpanExporter):
@@ -73,9 +90,9 @@ def dask_setup(scheduler):
             PeriodicExportingMetricReader(NullMetricExporter(), export_interval_millis=5_000)
         ]
     )
-    scheduler.add_plugin(
-        OTelSpansPlugin(tracer_provider=tracer_provider, meter_provider=meter_provider)
-    )
+    plugin = OTelSpansPlugin(tracer_provider=tracer_provider, meter_provider=meter_provider)
+    plugin.pause_clock = gc_cpu_of_this_thread
+    scheduler.add_plugin(plugin)
 
 
 def stats(dask_scheduler) -> dict:
@@ -85,6 +102,12 @@ def stats(dask_scheduler) -> dict:
         "max_call_s": plugin.max_call_seconds if plugin else 0.0,
         "max_call_by_hook": dict(plugin.max_call_by_hook) if plugin else {},
         "max_call_cpu_s": plugin.max_call_cpu_seconds if plugin else 0.0,
+        "max_call_cpu_less_gc_s": (
+            plugin.max_call_cpu_less_pauses_seconds if plugin else 0.0
+        ),
+        "max_call_cpu_less_gc_by_hook": (
+            dict(plugin.max_call_cpu_less_pauses_by_hook) if plugin else {}
+        ),
         "cpu_by_place": _cpu_by_place(plugin),
         "total_call_s": plugin.total_call_seconds if plugin else 0.0,
         "emitted": plugin.emitted_count if plugin else 0,
@@ -115,6 +138,8 @@ def reset(dask_scheduler) -> None:
         plugin.max_call_by_hook.clear()
         plugin.max_call_cpu_seconds = 0.0
         plugin.total_call_cpu_seconds = 0.0
+        plugin.max_call_cpu_less_pauses_seconds = 0.0
+        plugin.max_call_cpu_less_pauses_by_hook.clear()
         for worker in (plugin.emitter, plugin.pump):
             if worker is not None:
                 worker.cpu_seconds = 0.0

@@ -1,6 +1,7 @@
 """The benchmark's --quick mode runs and produces every figure (no speed asserted)."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,4 +23,6 @@ def test_quick_benchmark_produces_all_figures():
         assert f"{workload:10s} tasks/s      median" in out
         assert f"{workload:10s} CPU s/task   median" in out
     assert "longest single call" in out
+    own = re.search(r"less the garbage collections it ran ([0-9.]+) ms", out)
+    assert own and float(own.group(1)) > 0  # the GC-free figure was measured
     assert out.count("emitted spans:") == 3
