@@ -615,11 +615,12 @@ class OTelSpansPlugin(SchedulerPlugin):
                 # The notice may have overtaken the graph event that made its spans
                 # (different connections): register every span that exists now, so
                 # that "in ext.spans but not open" means "emitted already".
-                yield from self._register_new_spans(len(self._ext.spans))
                 msg = event[3]
                 # one notice, or a batch of them from an asynchronous client
                 batch = msg if isinstance(msg, (list, tuple)) else (msg,)
                 for notice in batch:
+                    # a graph may have made spans while the batch was cut
+                    yield from self._register_new_spans(len(self._ext.spans))
                     with self._contain("close-notice"):
                         self._on_close_notice(notice, now)
                     yield  # tens of µs each (W3C headers parsed)

@@ -364,3 +364,43 @@ async def test_spans_never_emitted_twice(c, s, a, b):
     assert len(memory.by_name("wf")) == 1
     ids = [sp.context.span_id for sp in memory.dask_spans()]
     assert len(ids) == len(set(ids))
+
+
+@gen_cluster(client=True)
+async def test_graph_arriving_while_a_notice_batch_is_cut_loses_no_notice(c, s, a, b):
+    memory = MemoryProviders()
+    plugin = await install(c, memory, tick_budget=0.0, tick_interval=3600)
+
+    def nest(level: int):
+        with dask_span(f"level-{level}"):
+            if level < 9:
+                return nest(level + 1)
+            chain = dask.get_annotations()["span"]
+            return list(chain["ids"]), dask.delayed(inc)(1, dask_key_name="deep")
+
+    ids, deep = nest(0)
+    now = time()
+    batch = [
+        {"ids": ids[: k + 1], "name": [f"level-{i}" for i in range(k + 1)],
+         "opened": 1, "enter": now, "exit": now}
+        for k in reversed(range(10))
+    ]
+    # the close notices overtake the graph; their pass is cut after one step...
+    plugin.log_event(names.EVENT_TOPIC, batch)
+    plugin._tick()
+    parked, plugin._work = plugin._work, None
+    assert parked is not None
+    # ...and the graph that makes their spans arrives before the pass goes on
+    assert await c.compute(deep) == 2
+    assert all(i in s.extensions["spans"].spans for i in ids)
+    plugin._work = parked
+
+    def exported_all() -> bool:
+        plugin._run_slice()
+        if plugin._work is None:
+            plugin._tick()
+        return len(memory.dask_spans()) == 10
+
+    await async_wait_for(exported_all, timeout=20)
+    reasons = {sp.attributes[names.SPAN_CLOSE_REASON] for sp in memory.dask_spans()}
+    assert reasons == {names.CLOSE_REASON_CLIENT}
