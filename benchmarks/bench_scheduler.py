@@ -3,6 +3,7 @@ plugin, alternating, on the same cluster configuration, reported as ratios.
 
     python benchmarks/bench_scheduler.py            # full (figures in the README)
     python benchmarks/bench_scheduler.py --quick    # smoke test (CI)
+    python benchmarks/bench_scheduler.py --parts memory,export   # a subset
 
 Parts:
 1. throughput: 20,000 small tasks over 200 spans (futures, then one delayed graph), and
@@ -144,6 +145,14 @@ class Figures:
     cpu: dict[str, list[float]] = field(default_factory=dict)  # scheduler CPU s/task
 
 
+WORKLOADS = {
+    "futures": futures_workload,
+    "delayed": delayed_workload,
+    "nested": nested_workload,
+    "big-graph": big_graph_workload,
+}
+
+
 def run_once(with_plugin: bool, scale: dict[str, Any], workers: int, threads: int):
     cluster = Cluster(with_plugin, workers, threads)
     out: dict[str, tuple[float, float]] = {}
@@ -153,12 +162,10 @@ def run_once(with_plugin: bool, scale: dict[str, Any], workers: int, threads: in
         futures_workload(client, 4, 10)  # warm up imports and connections
         if with_plugin:
             client.run_on_scheduler(bench_preload.reset)
-        for name, fn, args in (
-            ("futures", futures_workload, scale["futures"]),
-            ("delayed", delayed_workload, scale["delayed"]),
-            ("nested", nested_workload, scale["nested"]),
-            ("big-graph", big_graph_workload, scale["big"]),
-        ):
+        for name, fn in WORKLOADS.items():
+            if name not in scale:
+                continue
+            args = scale[name]
             cpu0, t0 = cluster.cpu(), time.perf_counter()
             n = fn(client, *args)
             wall, cpu = time.perf_counter() - t0, cluster.cpu() - cpu0
@@ -177,12 +184,20 @@ def run_once(with_plugin: bool, scale: dict[str, Any], workers: int, threads: in
 
 def scale_tasks(scale: dict[str, Any]) -> dict[str, int]:
     """Tasks per workload at this scale."""
-    return {
-        "futures": scale["futures"][0] * scale["futures"][1],
-        "delayed": scale["delayed"][0] * scale["delayed"][1],
-        "nested": scale["nested"][0] * scale["nested"][1] * scale["nested"][2],
-        "big-graph": scale["big"][0],
+    count = {
+        "futures": lambda spans, per_span: spans * per_span,
+        "delayed": lambda spans, per_span: spans * per_span,
+        "nested": lambda a, b, c: a * b * c,
+        "big-graph": lambda tasks: tasks,
     }
+    return {name: count[name](*args) for name, args in scale.items()}
+
+
+def largest_graph(scale: dict[str, Any]) -> int:
+    """Tasks in the largest single submission: futures go 100 per ``client.map``;
+    the other workloads are one graph each."""
+    return max(shape[-1] if name == "futures" else scale_tasks({name: shape})[name]
+               for name, shape in scale.items())
 
 
 def fmt_ratio(values: list[float]) -> str:
@@ -217,7 +232,7 @@ def part_throughput(pairs: int, scale: dict[str, Any], workers: int, threads: in
     print("2. event-loop cost of the plugin (all hooks, wrappers and callbacks)")
     print(f"   longest single call {max_call * 1e3:.2f} ms (<= 5 ms wanted); "
           f"total per run (median) {total * 1e3:.1f} ms; "
-          f"largest graph {scale['big'][0]} tasks")
+          f"largest graph {largest_graph(scale)} tasks")
     by_hook: dict[str, float] = {}
     for s in plugin_stats:
         for hook, seconds in s["max_call_by_hook"].items():
@@ -401,19 +416,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=None)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS),
+                        help="comma-separated subset of the throughput workloads")
+    parser.add_argument("--parts", default="throughput,memory,export",
+                        help="comma-separated subset of throughput (parts 1, 2 and 4), "
+                             "memory (part 3), export (part 5)")
     args = parser.parse_args(argv)
+    parts = {p.strip() for p in args.parts.split(",") if p.strip()}
+    unknown = parts - {"throughput", "memory", "export"}
+    if unknown:
+        parser.error(f"unknown part(s): {', '.join(sorted(unknown))}")
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = set(workloads) - set(WORKLOADS)
+    if unknown or not workloads:
+        parser.error(f"unknown or no workload(s): {', '.join(sorted(unknown))}")
     if args.quick:
-        scale = {"futures": (20, 10), "delayed": (20, 10), "nested": (4, 3, 5), "big": (1000,)}
+        scale = {"futures": (20, 10), "delayed": (20, 10), "nested": (4, 3, 5),
+                 "big-graph": (1000,)}
         pairs, checkpoints, repeat = args.pairs or 1, [200, 1000, 2000], 5
     else:
         scale = {"futures": (200, 100), "delayed": (200, 100), "nested": (10, 10, 20),
-                 "big": (10_000,)}
+                 "big-graph": (10_000,)}
         pairs, checkpoints, repeat = args.pairs or 3, [1000, 10_000, 100_000], 50
+    scale = {name: shape for name, shape in scale.items() if name in workloads}
     print(f"machine: {os.cpu_count()} cores; {args.workers} workers x {args.threads} "
           f"threads; {pairs} pair(s), alternating order")
-    part_throughput(pairs, scale, args.workers, args.threads)
-    part_memory(checkpoints)
-    part_export_cost(repeat)
+    if "throughput" in parts:
+        part_throughput(pairs, scale, args.workers, args.threads)
+    if "memory" in parts:
+        part_memory(checkpoints)
+    if "export" in parts:
+        part_export_cost(repeat)
     return 0
 
 

@@ -226,7 +226,9 @@ class OTelSpansPlugin(SchedulerPlugin):
         self._adopting: Iterator[Span] | None = None
         #: the pass in progress, one slice at a time
         self._work: Iterator[None] | None = None
+        #: this pass's verdicts per open span id: done, and when its tree finished
         self._pass_done: dict[str, bool] = {}
+        self._pass_finished: dict[str, float] = {}
         self._logged: set[str] = set()
         self._undo: list[Any] = []
         self._undo_log_limit: Any = None
@@ -754,9 +756,14 @@ class OTelSpansPlugin(SchedulerPlugin):
             last_group = tg
             span_ids.add(tg.span_id)
         spans = self._ext.spans
-        for span_id in span_ids:
+        marked: set[str] = set()
+        for i, span_id in enumerate(span_ids, 1):
+            if i % _CHECK_EVERY == 0:
+                yield
             node = spans.get(span_id)
-            while node is not None:
+            # up the tree, stopping at an ancestor this call marked already: O(spans)
+            while node is not None and node.id not in marked:
+                marked.add(node.id)
                 rec = self._open.get(node.id)
                 if rec is not None:
                     rec.last_activity = now
@@ -872,7 +879,7 @@ class OTelSpansPlugin(SchedulerPlugin):
             return
         now = time()
         grace = self.grace
-        self._pass_done = {}
+        self._forget_pass_verdicts()
         ready = []
         order = sorted(self._open.values(), key=_minus_depth)
         for i, rec in enumerate(order, 1):
@@ -884,7 +891,7 @@ class OTelSpansPlugin(SchedulerPlugin):
             if self._pending:
                 # events arrived while the pass was cut: look again with them
                 yield from self._drain()
-                self._pass_done = {}
+                self._forget_pass_verdicts()
                 now = time()
                 if self._open.get(rec.id) is not rec or not self._is_ready(
                     rec, now, grace
@@ -894,7 +901,11 @@ class OTelSpansPlugin(SchedulerPlugin):
                 with self._contain("emit"):
                     self._emit(rec, now, complete=True)
                 yield
+        self._forget_pass_verdicts()
+
+    def _forget_pass_verdicts(self) -> None:
         self._pass_done = {}
+        self._pass_finished = {}
 
     def _is_done(self, rec: _OpenSpan) -> bool:
         """Span.done, but reusing this pass's verdicts for open children and taking
@@ -918,13 +929,19 @@ class OTelSpansPlugin(SchedulerPlugin):
     def _finished_at(self, rec: _OpenSpan) -> float:
         """When the last task of a done span tree finished (0 without tasks): its own
         groups, its open children, and what its emitted children left in the record;
-        O(own groups + open children), never the whole history of the tree."""
+        O(own groups + open children) with this pass's verdicts reused, never the
+        whole history of the tree."""
+        memo = self._pass_finished
+        cached = memo.get(rec.id)
+        if cached is not None:
+            return cached
         out = max((tg.stop for tg in rec.span.groups), default=0.0)
         out = max(out, rec.children_finished_at)
         for child_id in rec.open_children:
             child_rec = self._open.get(child_id)
             if child_rec is not None and child_rec.span is not None:
                 out = max(out, self._finished_at(child_rec))
+        memo[rec.id] = out
         return out
 
     def _is_ready(self, rec: _OpenSpan, now: float, grace: float) -> bool:
@@ -970,7 +987,7 @@ class OTelSpansPlugin(SchedulerPlugin):
 
     def _emit_all_at_shutdown(self) -> None:
         self._finish_work()
-        self._pass_done = {}
+        self._forget_pass_verdicts()
         now = time()
         for rec in sorted(self._open.values(), key=_minus_depth):
             if self._open.get(rec.id) is not rec:
@@ -984,7 +1001,7 @@ class OTelSpansPlugin(SchedulerPlugin):
                     rec.close_reason = names.CLOSE_REASON_SHUTDOWN
             with self._contain("emit"):
                 self._emit(rec, now, complete=complete)
-        self._pass_done = {}
+        self._forget_pass_verdicts()
 
     def _emit(self, rec: _OpenSpan, now: float, *, complete: bool) -> None:
         """Copy the span and hand it to the emitter thread; forget the record."""

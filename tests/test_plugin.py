@@ -404,3 +404,43 @@ async def test_graph_arriving_while_a_notice_batch_is_cut_loses_no_notice(c, s, 
     await async_wait_for(exported_all, timeout=20)
     reasons = {sp.attributes[names.SPAN_CLOSE_REASON] for sp in memory.dask_spans()}
     assert reasons == {names.CLOSE_REASON_CLIENT}
+
+
+class _CountingDict(dict):
+    """The plugin's table of open spans, counting the look-ups made in it."""
+
+    lookups = 0
+
+    def get(self, key, default=None):
+        self.lookups += 1
+        return super().get(key, default)
+
+
+@gen_cluster(client=True)
+async def test_each_step_of_the_pass_looks_at_a_bounded_number_of_spans(c, s, a, b):
+    """A deep tree (a chain of 100 spans with a task each, one graph) does not make a
+    step of the pass walk the tree once per span: no step is quadratic in the depth."""
+    from dask_otel_spans.plugin import _CHECK_EVERY
+
+    memory = MemoryProviders()
+    plugin = await install(c, memory, tick_budget=0.0, tick_interval=3600)
+    depth = 100
+
+    def nest(level: int) -> list:
+        with dask_span(f"level-{level}"):
+            here = dask.delayed(inc)(level, dask_key_name=(f"level-{level}", 0))
+            return [here] + (nest(level + 1) if level + 1 < depth else [])
+
+    await wait(c.compute(nest(0)))
+    assert plugin._work is None  # nothing ran the pass yet
+    plugin._open = _CountingDict(plugin._open)
+    plugin._work = plugin._one_pass()
+    per_step = []
+    for _ in plugin._work:
+        per_step.append(plugin._open.lookups)
+        plugin._open.lookups = 0
+    per_step.append(plugin._open.lookups)
+    plugin._work = None
+    assert len(plugin._open) == depth  # the pass saw the whole chain
+    # a slice item costs O(1) look-ups plus, at most, one walk up the chain
+    assert max(per_step) <= 4 * _CHECK_EVERY + depth, per_step
