@@ -28,6 +28,11 @@ LATENCIES: list[float] = []
 #: the same by workload (first tag of the span's name, up to a "-")
 LATENCIES_BY_WORKLOAD: dict[str, list[float]] = {}
 EXPORTED = [0]
+#: dask span id -> wall time when the plugin handed the span to its emitter thread
+HANDED_OVER: dict[str, float] = {}
+#: seconds from hand-over to export (emitter queue, translation, batch processor), by
+#: workload: the part of the latency that is not the plugin's waiting for readiness
+HAND_OVER_TO_EXPORT_BY_WORKLOAD: dict[str, list[float]] = {}
 #: longest garbage-collector pause in the scheduler process, seconds
 GC_PAUSE = {"max_s": 0.0, "started": 0.0}
 #: CPU seconds spent in garbage collection, by thread
@@ -64,6 +69,11 @@ class LatencyExporter(SpanExporter):
                 LATENCIES.append(latency)
                 workload = str(s.attributes["dask.span.name"][0]).split("-")[0]
                 LATENCIES_BY_WORKLOAD.setdefault(workload, []).append(latency)
+                handed = HANDED_OVER.pop(s.attributes["dask.span.id"], None)
+                if handed is not None:
+                    HAND_OVER_TO_EXPORT_BY_WORKLOAD.setdefault(workload, []).append(
+                        now / 1e9 - handed
+                    )
                 EXPORTED[0] += 1
         return SpanExportResult.SUCCESS
 
@@ -115,6 +125,9 @@ def stats(dask_scheduler) -> dict:
         "grace_s": plugin.grace if plugin else 0.0,
         "latencies": list(LATENCIES),
         "latencies_by_workload": {k: list(v) for k, v in LATENCIES_BY_WORKLOAD.items()},
+        "hand_over_to_export_by_workload": {
+            k: list(v) for k, v in HAND_OVER_TO_EXPORT_BY_WORKLOAD.items()
+        },
         "max_gc_pause_s": GC_PAUSE["max_s"],
     }
 
@@ -130,8 +143,24 @@ def _cpu_by_place(plugin) -> dict:
     }
 
 
+def _record_hand_over(emitter) -> None:
+    """Wrap the emitter's ``emit`` (called on the event loop) to note hand-over times."""
+    if getattr(emitter, "_bench_recording", False):
+        return
+    emit = emitter.emit
+
+    def emit_and_record(request) -> None:
+        HANDED_OVER[request.ids[-1]] = time.time()
+        emit(request)
+
+    emitter.emit = emit_and_record
+    emitter._bench_recording = True
+
+
 def reset(dask_scheduler) -> None:
     plugin = dask_scheduler.plugins.get("otel-spans")
+    if plugin is not None and plugin.emitter is not None:
+        _record_hand_over(plugin.emitter)
     if plugin is not None:
         plugin.max_call_seconds = 0.0
         plugin.total_call_seconds = 0.0
@@ -145,4 +174,6 @@ def reset(dask_scheduler) -> None:
                 worker.cpu_seconds = 0.0
     LATENCIES.clear()
     LATENCIES_BY_WORKLOAD.clear()
+    HANDED_OVER.clear()
+    HAND_OVER_TO_EXPORT_BY_WORKLOAD.clear()
     GC_PAUSE["max_s"] = 0.0

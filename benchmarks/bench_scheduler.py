@@ -276,6 +276,14 @@ def part_throughput(pairs: int, scale: dict[str, Any], workers: int, threads: in
     print("   by workload: " + ", ".join(
         f"{name} median {statistics.median(v):.2f} s max {max(v):.2f} s ({len(v)})"
         for name, v in sorted(by_workload.items())))
+    queued: dict[str, list[float]] = {}
+    for s in plugin_stats:
+        for name, values in s["hand_over_to_export_by_workload"].items():
+            queued.setdefault(name, []).extend(values)
+    print("   of which hand-over to exporter (emitter queue, translation, batch "
+          "processor with 0.5 s delay): " + ", ".join(
+              f"{name} median {statistics.median(v):.2f} s max {max(v):.2f} s"
+              for name, v in sorted(queued.items()) if v))
     return {"ratios": ratios, "max_call": max_call, "max_call_cpu_less_gc": own,
             "latencies": lat, "grace": grace}
 

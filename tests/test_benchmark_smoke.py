@@ -26,3 +26,5 @@ def test_quick_benchmark_produces_all_figures():
     own = re.search(r"less the garbage collections it ran ([0-9.]+) ms", out)
     assert own and float(own.group(1)) > 0  # the GC-free figure was measured
     assert out.count("emitted spans:") == 3
+    queued = re.search(r"of which hand-over to exporter .*futures median ([0-9.]+) s", out)
+    assert queued and float(queued.group(1)) > 0  # hand-over times were recorded
