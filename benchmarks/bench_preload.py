@@ -120,6 +120,8 @@ def stats(dask_scheduler) -> dict:
         ),
         "cpu_by_place": _cpu_by_place(plugin),
         "total_call_s": plugin.total_call_seconds if plugin else 0.0,
+        "readiness_checks": plugin.readiness_checks if plugin else 0,
+        "handed_over": plugin.handed_over_count if plugin else 0,
         "emitted": plugin.emitted_count if plugin else 0,
         "open": plugin.open_span_count if plugin else 0,
         "grace_s": plugin.grace if plugin else 0.0,
@@ -169,6 +171,8 @@ def reset(dask_scheduler) -> None:
         plugin.total_call_cpu_seconds = 0.0
         plugin.max_call_cpu_less_pauses_seconds = 0.0
         plugin.max_call_cpu_less_pauses_by_hook.clear()
+        plugin.readiness_checks = 0
+        plugin.handed_over_count = 0
         for worker in (plugin.emitter, plugin.pump):
             if worker is not None:
                 worker.cpu_seconds = 0.0

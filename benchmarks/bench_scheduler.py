@@ -261,6 +261,11 @@ def part_throughput(pairs: int, scale: dict[str, Any], workers: int, threads: in
         f"{place} {seconds:.2f} s" for place, seconds in cpu_by_place.items())
         + f" ({sum(cpu_by_place.values()) / n_tasks * 1e6:.0f} µs per task over "
         f"{n_tasks} tasks)")
+    checks = statistics.median(s["readiness_checks"] for s in plugin_stats)
+    handed = statistics.median(s["handed_over"] for s in plugin_stats)
+    print(f"   readiness checks per run (median) {checks:.0f} for {handed:.0f} spans "
+          f"handed over ({checks / max(handed, 1):.1f} per span): passes look at "
+          "spans that changed or are due, not at every open span")
     print("   longest call by place: " + ", ".join(
         f"{hook} {seconds * 1e3:.2f} ms" for hook, seconds in sorted(by_hook.items())))
     lat = [x for s in plugin_stats for x in s["latencies"]]

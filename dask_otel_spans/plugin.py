@@ -7,7 +7,9 @@ for the spans it already emitted, so its memory follows the open spans, not hist
 
 On the event loop the hooks only queue what happened (O(1) each); a periodic pass,
 cut in slices of at most ``tick-budget``, registers new spans, applies annotations,
-decides which spans are ready and copies them (:mod:`~dask_otel_spans.snapshot`).
+looks again at the spans that changed (or whose wait ran out), decides which are
+ready and copies them (:mod:`~dask_otel_spans.snapshot`): a pass costs what changed
+since the last one, not the number of open spans.
 Translation and the OTel SDK run on the :class:`~dask_otel_spans.emitter.SpanEmitter`
 thread, metric updates on the :class:`~dask_otel_spans.metrics.MetricsPump` thread.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import heapq
 import logging
 import time as _time
 import uuid
@@ -60,6 +63,8 @@ _CHECK_EVERY = 32
 
 #: Kinds of queued hook events
 _GRAPH, _NOTICE, _CLIENT_GONE = "graph", "notice", "client-gone"
+#: Task states a transition can leave a TaskGroup done in (``TaskGroup.done``)
+_SETTLED_STATES = frozenset({"memory", "erred", "released", "forgotten"})
 
 
 class _OpenSpan:
@@ -86,6 +91,7 @@ class _OpenSpan:
         "awaiting_graph",
         "open_children",
         "children_finished_at",
+        "wake_at",
     )
 
     def __init__(self, dask_id: str, tags: tuple[str, ...], ids: tuple[str, ...]):
@@ -122,6 +128,8 @@ class _OpenSpan:
         self.open_children: set[str] = set()
         #: when the last task of the emitted children finished
         self.children_finished_at = 0.0
+        #: when a pass looks at it again, unless something changes first
+        self.wake_at: float | None = None
 
 
 class _SpanTags(Mapping):
@@ -229,12 +237,25 @@ class OTelSpansPlugin(SchedulerPlugin):
         #: this pass's verdicts per open span id: done, and when its tree finished
         self._pass_done: dict[str, bool] = {}
         self._pass_finished: dict[str, float] = {}
+        #: open spans to look at in the next pass, deepest first: heap of
+        #: (-depth, id), and the ids in it
+        self._to_check: list[tuple[int, str]] = []
+        self._queued: set[str] = set()
+        #: when open spans waiting for a grace period or a timeout are due:
+        #: heap of (time, id)
+        self._wakeups: list[tuple[float, str]] = []
+        #: span ids of TaskGroups whose tasks settled since the last pass (the
+        #: ``transition`` hook)
+        self._settled: set[str] = set()
+        self._tasks: Mapping[Any, Any] | None = None
         self._logged: set[str] = set()
         self._undo: list[Any] = []
         self._undo_log_limit: Any = None
         #: figures for tests and benchmarks
         #: spans handed to the emitter
         self.handed_over_count = 0
+        #: readiness checks made by the passes (one per changed or due open span)
+        self.readiness_checks = 0
         self.max_call_seconds = 0.0
         self.total_call_seconds = 0.0
         self.max_call_by_hook: dict[str, float] = {}
@@ -370,6 +391,7 @@ class OTelSpansPlugin(SchedulerPlugin):
             )
             return
         self._ext = ext
+        self._tasks = scheduler.tasks
         self._span_tags = _SpanTags(ext.spans)
         if self.providers.owned:
             self._undo_log_limit = rate_limit_sdk_logs()
@@ -421,6 +443,9 @@ class OTelSpansPlugin(SchedulerPlugin):
         for rec in self._open.values():
             if rec.counted and self.pump is not None:
                 self.pump.submit("span_opened", rec.tags)
+            # the previous instance's wake-ups are gone: look at every span once
+            rec.wake_at = None
+            self._look_again(rec)
         await previous.close()
         if previous.emitter is not None and self.emitter is not None:
             # previous.close() drained its emitter: its summaries are final
@@ -445,6 +470,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         if self._closed:
             return
         self._closed = True
+        self._tasks = None
         if self._pc is not None:
             self._pc.stop()
             if self.scheduler is not None:
@@ -596,6 +622,28 @@ class OTelSpansPlugin(SchedulerPlugin):
         with self._guard("remove_client"):
             self._pending.append((_CLIENT_GONE, len(self._ext.spans), time(), client))
 
+    def transition(self, key: Any, start: str, finish: str, *args: Any,
+                   **kwargs: Any) -> None:
+        # Called for every transition of every task: a set insertion when a task
+        # settles, so that the next pass looks at its span again (and only then).
+        # Not timed by _guard: the clock reads would cost more than the work.
+        if finish not in _SETTLED_STATES:
+            return
+        tasks = self._tasks
+        if tasks is None:
+            return
+        try:
+            ts = tasks.get(key)
+            if ts is not None:
+                span_id = ts.group.span_id
+                if span_id is not None:
+                    self._settled.add(span_id)
+        except Exception:
+            self._log_once(
+                "error:transition", "unexpected error in transition (logged once)",
+                level=logging.ERROR, exc_info=True,
+            )
+
     # -- processing queued events ----------------------------------------------------
 
     def _drain(self) -> Iterator[None]:
@@ -685,6 +733,7 @@ class OTelSpansPlugin(SchedulerPlugin):
                 parent_rec.open_children.add(span.id)
         rec.span = span
         rec.last_activity = time()
+        self._look_again(rec)
         if not rec.counted and self.pump is not None:
             rec.counted = True
             self.pump.submit("span_opened", rec.tags)
@@ -720,6 +769,7 @@ class OTelSpansPlugin(SchedulerPlugin):
                     rec.carried.update(carried)
                     rec.helper = True
                     rec.submitted = True
+                    self._look_again(rec)
                 elif dask_id not in self._ext.spans:
                     self._remember(self._submitted_unknown, dask_id)
 
@@ -770,6 +820,7 @@ class OTelSpansPlugin(SchedulerPlugin):
                     rec.done_since = None
                     if client:
                         rec.clients.add(client)
+                    self._look_again(rec)
                 node = node.parent
 
     def _on_close_notice(self, msg: Any, now: float) -> None:
@@ -815,6 +866,7 @@ class OTelSpansPlugin(SchedulerPlugin):
             rec.closed_at = now
             rec.close_reason = names.CLOSE_REASON_CLIENT
             rec.enter, rec.exit = enter, exit_
+            self._look_again(rec)
 
     def _on_client_gone(self, client: str, now: float) -> Iterator[None]:
         for i, rec in enumerate(list(self._open.values()), 1):
@@ -826,6 +878,7 @@ class OTelSpansPlugin(SchedulerPlugin):
                 if not rec.clients:
                     rec.client_gone = True
                     rec.last_activity = max(rec.last_activity, now)
+                    self._look_again(rec)
 
     @staticmethod
     def _remember(ids: OrderedDict[str, None], dask_id: str) -> None:
@@ -872,36 +925,82 @@ class OTelSpansPlugin(SchedulerPlugin):
             pass
 
     def _one_pass(self) -> Iterator[None]:
-        """Process queued events, then emit the open spans that are ready, deepest
-        first (children before their parents)."""
+        """Process queued events, then look at the open spans that changed or whose
+        wait ran out, deepest first (children before their parents), and emit those
+        that are ready."""
         yield from self._drain()
-        if not self._open:
-            return
         now = time()
+        yield from self._wake_due(now)
+        yield from self._take_settled()
+        if not self._to_check:
+            return
         grace = self.grace
         self._forget_pass_verdicts()
-        ready = []
-        order = sorted(self._open.values(), key=_minus_depth)
-        for i, rec in enumerate(order, 1):
-            if self._open.get(rec.id) is rec and self._is_ready(rec, now, grace):
-                ready.append(rec)
-            if i % _CHECK_EVERY == 0:
-                yield
-        for rec in ready:
+        to_check = self._to_check
+        n = 0
+        while to_check:
+            _, dask_id = heapq.heappop(to_check)
+            self._queued.discard(dask_id)
+            rec = self._open.get(dask_id)
+            if rec is None:
+                continue
+            self.readiness_checks += 1
+            ready_at = self._ready_at(rec, now, grace)
+            if ready_at is not None and ready_at <= now:
+                with self._contain("emit"):
+                    self._emit(rec, now, complete=True)
+                n = 0
+            else:
+                if ready_at is not None:
+                    self._wake_up_at(rec, ready_at)
+                n += 1
+                if n % _CHECK_EVERY:
+                    continue
+            yield
             if self._pending:
-                # events arrived while the pass was cut: look again with them
+                # events arrived while the pass was cut: take them in before the
+                # next verdict (they queue the spans they touch)
                 yield from self._drain()
                 self._forget_pass_verdicts()
                 now = time()
-                if self._open.get(rec.id) is not rec or not self._is_ready(
-                    rec, now, grace
-                ):
-                    continue
-            if self._open.get(rec.id) is rec:
-                with self._contain("emit"):
-                    self._emit(rec, now, complete=True)
-                yield
         self._forget_pass_verdicts()
+
+    def _look_again(self, rec: _OpenSpan) -> None:
+        """Queue an open span for the next readiness check (O(log n))."""
+        if rec.id not in self._queued:
+            self._queued.add(rec.id)
+            heapq.heappush(self._to_check, (-rec.depth, rec.id))
+
+    def _wake_up_at(self, rec: _OpenSpan, when: float) -> None:
+        """Look at a waiting span again at ``when``, unless an earlier wake-up is
+        set (that one looks again and sets the next)."""
+        if rec.wake_at is None or when < rec.wake_at:
+            rec.wake_at = when
+            heapq.heappush(self._wakeups, (when, rec.id))
+
+    def _wake_due(self, now: float) -> Iterator[None]:
+        """Queue the spans whose wake-up time has come."""
+        wakeups = self._wakeups
+        n = 0
+        while wakeups and wakeups[0][0] <= now:
+            when, dask_id = heapq.heappop(wakeups)
+            rec = self._open.get(dask_id)
+            if rec is not None and rec.wake_at is not None and rec.wake_at <= now:
+                rec.wake_at = None
+                self._look_again(rec)
+            n += 1
+            if n % _CHECK_EVERY == 0:
+                yield
+
+    def _take_settled(self) -> Iterator[None]:
+        """Queue the open spans whose tasks settled since the last pass."""
+        settled, self._settled = self._settled, set()
+        for i, dask_id in enumerate(settled, 1):
+            rec = self._open.get(dask_id)
+            if rec is not None:
+                self._look_again(rec)
+            if i % (_CHECK_EVERY * 4) == 0:
+                yield
 
     def _forget_pass_verdicts(self) -> None:
         self._pass_done = {}
@@ -944,8 +1043,10 @@ class OTelSpansPlugin(SchedulerPlugin):
         memo[rec.id] = out
         return out
 
-    def _is_ready(self, rec: _OpenSpan, now: float, grace: float) -> bool:
-        """Whether the span is done, closed and past the grace period."""
+    def _ready_at(self, rec: _OpenSpan, now: float, grace: float) -> float | None:
+        """When the span is ready (done, closed and past the grace period): a time
+        at or before ``now`` when it is ready now, a later time when only waiting
+        is left, None when it waits for an event (tasks, a close notice)."""
         if rec.span is None:
             # Closed by the client, never seen by the scheduler (so far). When a
             # graph carried it, its tasks went to another span's TaskGroup and
@@ -954,34 +1055,39 @@ class OTelSpansPlugin(SchedulerPlugin):
             # until the client is gone). Otherwise tasks are unlikely but possible
             # (e.g. a collection the client could not see): wait as for an idle span.
             if rec.closed_at is None or rec.id in self._ext.spans:
-                return False  # (in ext.spans: registered by the next pass)
+                return None  # (in ext.spans: registered by the next pass)
             if rec.submitted or rec.client_gone:
                 wait = grace
             elif rec.awaiting_graph:
                 wait = max(self.config.lazy_timeout, grace)
             else:
                 wait = max(self.config.idle_timeout, grace)
-            return now - rec.closed_at >= wait
+            return rec.closed_at + wait
         if not self._is_done(rec):
             rec.done_since = None
-            return False
+            return None
         if rec.done_since is None:
             # the grace period covers heartbeats still in flight: count it from
             # when the last task finished, not from when this pass noticed
             rec.done_since = min(now, self._finished_at(rec) or now)
+            # its parent may be done now too
+            if rec.depth > 1:
+                parent_rec = self._open.get(rec.ids[-2])
+                if parent_rec is not None:
+                    self._look_again(parent_rec)
         quiet_since = max(rec.done_since, rec.last_activity)
         if rec.closed_at is not None:
-            return now - max(quiet_since, rec.closed_at) >= grace
+            return max(quiet_since, rec.closed_at) + grace
         if rec.helper and not rec.client_gone:
-            return False
-        if now - quiet_since >= max(self.config.idle_timeout, grace):
+            return None
+        ready_at = quiet_since + max(self.config.idle_timeout, grace)
+        if ready_at <= now:
             rec.close_reason = (
                 names.CLOSE_REASON_CLIENT_GONE
                 if rec.helper
                 else names.CLOSE_REASON_IDLE
             )
-            return True
-        return False
+        return ready_at
 
     # -- emission --------------------------------------------------------------------
 
@@ -1026,6 +1132,7 @@ class OTelSpansPlugin(SchedulerPlugin):
                 parent_rec.children_finished_at = max(
                     parent_rec.children_finished_at, self._finished_at(rec)
                 )
+                self._look_again(parent_rec)
             if keep_summary:
                 summarized.add(span.id)
         carried = rec.carried

@@ -28,3 +28,5 @@ def test_quick_benchmark_produces_all_figures():
     assert out.count("emitted spans:") == 3
     queued = re.search(r"of which hand-over to exporter .*futures median ([0-9.]+) s", out)
     assert queued and float(queued.group(1)) > 0  # hand-over times were recorded
+    checks = re.search(r"readiness checks per run \(median\) ([0-9]+) for ([0-9]+) spans", out)
+    assert checks and int(checks.group(1)) > 0 and int(checks.group(2)) > 0

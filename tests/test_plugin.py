@@ -7,7 +7,7 @@ from time import time
 
 import dask
 import pytest
-from distributed import Client, Scheduler, default_client, span as dask_span, wait
+from distributed import Client, Event, Scheduler, default_client, span as dask_span, wait
 from distributed.utils_test import gen_cluster, inc, slowinc
 from opentelemetry.trace import StatusCode
 
@@ -444,3 +444,45 @@ async def test_each_step_of_the_pass_looks_at_a_bounded_number_of_spans(c, s, a,
     assert len(plugin._open) == depth  # the pass saw the whole chain
     # a slice item costs O(1) look-ups plus, at most, one walk up the chain
     assert max(per_step) <= 4 * _CHECK_EVERY + depth, per_step
+
+
+def wait_for_event(name: str) -> int:
+    Event(name).wait()
+    return 1
+
+
+def run_pass(plugin: OTelSpansPlugin) -> int:
+    """One whole pass of the plugin, now; how many readiness checks it made."""
+    before = plugin.readiness_checks
+    plugin._tick()
+    while plugin._work is not None:
+        plugin._run_slice()
+    return plugin.readiness_checks - before
+
+
+@gen_cluster(client=True)
+async def test_a_pass_checks_only_the_spans_whose_tasks_or_state_changed(c, s, a, b):
+    """Open spans that nothing happened to cost a pass nothing: no readiness check
+    until their tasks settle (or their wait runs out)."""
+    memory = MemoryProviders()
+    plugin = await install(c, memory, tick_interval=3600)
+    release = Event("release")
+    futures = []
+    for i in range(20):
+        with span(f"blocked-{i}"):
+            # a task group of its own per span (key names differ before any "-")
+            futures.append(c.submit(wait_for_event, "release", key=f"blocked{i}"))
+    # new spans and the blocks' close notices: checked once each
+    await async_wait_for(
+        lambda: run_pass(plugin) >= 0
+        and plugin.open_span_count == 20
+        and all(rec.closed_at for rec in plugin._open.values())
+    )
+    assert run_pass(plugin) == 0  # nothing changed
+    await release.set()
+    await wait(futures)
+    assert run_pass(plugin) == 20  # each span's task settled: one check each
+    assert run_pass(plugin) == 0  # done, waiting for the grace period
+    await async_wait_for(
+        lambda: run_pass(plugin) >= 0 and len(memory.dask_spans()) == 20, timeout=10
+    )
