@@ -122,6 +122,8 @@ def stats(dask_scheduler) -> dict:
         "total_call_s": plugin.total_call_seconds if plugin else 0.0,
         "readiness_checks": plugin.readiness_checks if plugin else 0,
         "handed_over": plugin.handed_over_count if plugin else 0,
+        "metric_updates": plugin.instruments.updates if plugin else 0,
+        "metric_sdk_calls": plugin.instruments.sdk_calls if plugin else 0,
         "emitted": plugin.emitted_count if plugin else 0,
         "open": plugin.open_span_count if plugin else 0,
         "grace_s": plugin.grace if plugin else 0.0,
@@ -173,6 +175,8 @@ def reset(dask_scheduler) -> None:
         plugin.max_call_cpu_less_pauses_by_hook.clear()
         plugin.readiness_checks = 0
         plugin.handed_over_count = 0
+        plugin.instruments.updates = 0
+        plugin.instruments.sdk_calls = 0
         for worker in (plugin.emitter, plugin.pump):
             if worker is not None:
                 worker.cpu_seconds = 0.0

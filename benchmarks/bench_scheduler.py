@@ -266,6 +266,10 @@ def part_throughput(pairs: int, scale: dict[str, Any], workers: int, threads: in
     print(f"   readiness checks per run (median) {checks:.0f} for {handed:.0f} spans "
           f"handed over ({checks / max(handed, 1):.1f} per span): passes look at "
           "spans that changed or are due, not at every open span")
+    updates = statistics.median(s["metric_updates"] for s in plugin_stats)
+    sdk_calls = statistics.median(s["metric_sdk_calls"] for s in plugin_stats)
+    print(f"   metric updates per run (median) {updates:.0f}, handed to the OTel SDK as "
+          f"{sdk_calls:.0f} counter adds (sums per series every send-interval)")
     print("   longest call by place: " + ", ".join(
         f"{hook} {seconds * 1e3:.2f} ms" for hook, seconds in sorted(by_hook.items())))
     lat = [x for s in plugin_stats for x in s["latencies"]]

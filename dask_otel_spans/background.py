@@ -43,6 +43,16 @@ class BackgroundQueue:
     def handle(self, item: Any) -> None:
         raise NotImplementedError
 
+    def settle(self) -> None:
+        """Finish work that ``handle`` held back: called on the thread when
+        :meth:`next_settle_in` runs out with no item, and before a flush or a stop
+        completes."""
+
+    def next_settle_in(self) -> float | None:
+        """Seconds the thread may wait for an item before :meth:`settle` is due;
+        None waits for the next item."""
+        return None
+
     def start(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(
@@ -67,26 +77,39 @@ class BackgroundQueue:
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=self.next_settle_in())
+            except queue.Empty:
+                cpu0 = time.thread_time()
+                self._safely(self.settle)
+                self.cpu_seconds += time.thread_time() - cpu0
+                continue
             cpu0 = time.thread_time()
             try:
                 if item is _STOP:
+                    self._safely(self.settle)
                     return
                 if isinstance(item, threading.Event):
+                    self._safely(self.settle)
                     item.set()
                     continue
-                self.handle(item)
-            except Exception as e:
-                kind = type(e).__name__
-                if kind not in self._failures_logged:
-                    self._failures_logged.add(kind)
-                    logger.exception(
-                        "dask_otel_spans: %s failed on one of its %s (logged once "
-                        "per error type)", self.name, self.what,
-                    )
+                self._safely(self.handle, item)
             finally:
                 self.cpu_seconds += time.thread_time() - cpu0
                 self._queue.task_done()
+
+    def _safely(self, method: Any, *args: Any) -> None:
+        """Run one piece of work; a failure is logged once per exception type."""
+        try:
+            method(*args)
+        except Exception as e:
+            kind = type(e).__name__
+            if kind not in self._failures_logged:
+                self._failures_logged.add(kind)
+                logger.exception(
+                    "dask_otel_spans: %s failed on one of its %s (logged once "
+                    "per error type)", self.name, self.what,
+                )
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every item submitted so far was handled; False on timeout."""

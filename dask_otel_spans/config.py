@@ -52,6 +52,7 @@ class PluginConfig:
     max_span_names: int = 1000
     max_span_name_length: int = 256
     max_queue_size: int = 10000
+    send_interval: float = 1.0
     output_dir: str = "dask-otel-spans"
 
     @classmethod
@@ -78,6 +79,7 @@ class PluginConfig:
             max_span_names=int(get("metrics.max-span-names")),
             max_span_name_length=int(get("metrics.max-span-name-length")),
             max_queue_size=int(get("metrics.max-queue-size")),
+            send_interval=seconds("metrics.send-interval"),
             output_dir=str(get("output-dir")),
         )
         known = {f.name for f in fields(cls)}

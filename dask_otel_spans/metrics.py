@@ -1,9 +1,11 @@
 """OTel instruments for dask's fine performance metrics: heartbeat deltas become
-counter adds, on a thread of their own, with a cap on span-name cardinality."""
+counter adds, summed per series and handed to the SDK on a thread of their own, with
+a cap on span-name cardinality."""
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
@@ -61,27 +63,46 @@ class SpanNameCap:
         return names.OTHER_SPAN_NAME
 
 
-class _AttributesCache:
-    """LRU of frozen attribute dicts, so that steady-state adds allocate nothing."""
+class _Series:
+    """One metric series: its instrument, attributes and identity."""
+
+    __slots__ = ("instrument", "attributes", "key")
+
+    def __init__(self, instrument: Any, attributes: dict[str, Any]):
+        self.instrument = instrument
+        self.attributes = attributes
+        #: equal for equal (instrument, attributes): e.g. every span past the
+        #: span-name cap lands in the same ``__other__`` series
+        self.key = (id(instrument), *attributes.values())
+
+
+class _SeriesCache:
+    """LRU of series by heartbeat key, so that steady-state adds allocate nothing."""
 
     def __init__(self, maxsize: int = 4096):
         self.maxsize = maxsize
-        self._data: OrderedDict[Hashable, dict[str, Any]] = OrderedDict()
+        self._data: OrderedDict[Hashable, _Series] = OrderedDict()
 
-    def get(self, key: Hashable) -> dict[str, Any] | None:
-        attrs = self._data.get(key)
-        if attrs is not None:
+    def get(self, key: Hashable) -> _Series | None:
+        series = self._data.get(key)
+        if series is not None:
             self._data.move_to_end(key)
-        return attrs
+        return series
 
-    def put(self, key: Hashable, attrs: dict[str, Any]) -> None:
-        self._data[key] = attrs
+    def put(self, key: Hashable, series: _Series) -> None:
+        self._data[key] = series
         if len(self._data) > self.maxsize:
             self._data.popitem(last=False)
 
 
 class DaskInstruments:
-    """The package's instruments on one meter; every method is thread-safe."""
+    """The package's instruments on one meter; every method is thread-safe.
+
+    Counter updates are summed per series and reach the SDK when :meth:`send` is
+    called (the :class:`MetricsPump` does, at most every ``send-interval``): one SDK
+    call per changed series, not one per heartbeat, worker and key. Histogram
+    records go to the SDK at once.
+    """
 
     def __init__(self, meter: Meter, span_names: SpanNameCap):
         self.span_names = span_names
@@ -97,7 +118,13 @@ class DaskInstruments:
             unit="{span}",
             description="Dask spans open on the scheduler (not emitted yet)",
         )
-        self._cache = _AttributesCache()
+        self._cache = _SeriesCache()
+        #: sums not handed to the SDK yet: series key -> [series, sum]
+        self._unsent: dict[tuple[Any, ...], list[Any]] = {}
+        self._lock = threading.Lock()
+        #: figures for tests and benchmarks: updates summed, SDK calls made
+        self.updates = 0
+        self.sdk_calls = 0
 
     @staticmethod
     def _counters(meter: Meter, prefix: str) -> dict[str, Counter]:
@@ -124,8 +151,8 @@ class DaskInstruments:
             if not isinstance(value, (int, float)) or value <= 0:
                 # counters are monotonic; dask's deltas are never negative
                 continue
-            attrs = self._cache.get(key)
-            if attrs is None:
+            series = self._cache.get(key)
+            if series is None:
                 context, span_id, *middle, activity, unit = key
                 tags = span_tags.get(span_id, (str(span_id),))
                 attrs = {
@@ -135,8 +162,9 @@ class DaskInstruments:
                     names.ACTIVITY: str(activity),
                     names.UNIT: str(unit),
                 }
-                self._cache.put(key, attrs)
-            self._span_counters[unit_family(key[-1])[0]].add(value, attrs)
+                series = _Series(self._span_counters[unit_family(unit)[0]], attrs)
+                self._cache.put(key, series)
+            self._sum(series, value)
 
     def add_worker_deltas(self, deltas: Mapping[Hashable, float]) -> None:
         """Worker-wide heartbeat deltas ``{(context, ..., activity, unit): value}``."""
@@ -146,18 +174,20 @@ class DaskInstruments:
             if not isinstance(value, (int, float)) or value <= 0:
                 continue
             cache_key = ("worker", key)
-            attrs = self._cache.get(cache_key)
-            if attrs is None:
+            series = self._cache.get(cache_key)
+            if series is None:
                 attrs = {
                     names.CONTEXT: str(key[0]),
                     names.ACTIVITY: str(key[-2]),
                     names.UNIT: str(key[-1]),
                 }
-                self._cache.put(cache_key, attrs)
-            self._worker_counters[unit_family(key[-1])[0]].add(value, attrs)
+                series = _Series(self._worker_counters[unit_family(key[-1])[0]], attrs)
+                self._cache.put(cache_key, series)
+            self._sum(series, value)
 
     def span_opened(self, tags: Sequence[str]) -> None:
-        self.span_active.add(1, {names.SPAN_NAME: self.span_names(tags)})
+        name = self.span_names(tags)
+        self._sum(_Series(self.span_active, {names.SPAN_NAME: name}), 1)
 
     def span_emitted(
         self, tags: Sequence[str], duration: float, idle_seconds: float, opened: bool
@@ -167,10 +197,10 @@ class DaskInstruments:
         name = self.span_names(tags)
         self.span_duration.record(max(0.0, duration), {names.SPAN_NAME: name})
         if opened:
-            self.span_active.add(-1, {names.SPAN_NAME: name})
+            self._sum(_Series(self.span_active, {names.SPAN_NAME: name}), -1)
         if idle_seconds > 0:
-            self._span_counters["time"].add(
-                idle_seconds,
+            idle = _Series(
+                self._span_counters["time"],
                 {
                     names.SPAN_NAME: name,
                     names.CONTEXT: "execute",
@@ -179,20 +209,58 @@ class DaskInstruments:
                     names.UNIT: "seconds",
                 },
             )
+            self._sum(idle, idle_seconds)
+
+    def _sum(self, series: _Series, value: float) -> None:
+        with self._lock:
+            self.updates += 1
+            entry = self._unsent.get(series.key)
+            if entry is None:
+                self._unsent[series.key] = [series, value]
+            else:
+                entry[1] += value
+
+    @property
+    def has_unsent(self) -> bool:
+        return bool(self._unsent)
+
+    def send(self) -> None:
+        """Hand the sums to the SDK: one ``add`` per series that changed (an
+        up-down sum that came back to zero is left out)."""
+        with self._lock:
+            unsent, self._unsent = self._unsent, {}
+        for series, value in unsent.values():
+            if value:
+                series.instrument.add(value, series.attributes)
+                self.sdk_calls += 1
 
 
 class MetricsPump(BackgroundQueue):
-    """Runs instrument updates on a daemon thread, off the scheduler's event loop.
+    """Runs instrument updates on a daemon thread, off the scheduler's event loop,
+    and hands their sums to the SDK at most every ``send_interval`` seconds (and at
+    every flush and at stop).
 
     ``submit`` never blocks: past ``max_queue_size`` pending items the item is dropped,
     counted in ``dropped`` and logged once.
     """
 
-    def __init__(self, instruments: DaskInstruments, max_queue_size: int = 10000):
+    def __init__(self, instruments: DaskInstruments, max_queue_size: int = 10000,
+                 send_interval: float = 1.0):
         super().__init__(
             "dask-otel-spans-metrics", max(1, max_queue_size), "metric updates"
         )
         self.instruments = instruments
+        self.send_interval = max(0.0, send_interval)
+        self._next_send = 0.0
+
+    def settle(self) -> None:
+        self._next_send = time.monotonic() + self.send_interval
+        self.instruments.send()
+
+    def next_settle_in(self) -> float | None:
+        if not self.instruments.has_unsent:
+            return None
+        return max(0.0, self._next_send - time.monotonic())
 
     def submit(self, method: str, *args: Any) -> None:
         """Call ``instruments.<method>(*args)`` on the thread."""
@@ -201,3 +269,5 @@ class MetricsPump(BackgroundQueue):
     def handle(self, item: tuple[str, tuple[Any, ...]]) -> None:
         method, args = item
         getattr(self.instruments, method)(*args)
+        if time.monotonic() >= self._next_send:
+            self.settle()

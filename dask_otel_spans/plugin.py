@@ -405,7 +405,9 @@ class OTelSpansPlugin(SchedulerPlugin):
                     self.config.max_span_name_length,
                 ),
             )
-            self.pump = MetricsPump(self.instruments, self.config.max_queue_size)
+            self.pump = MetricsPump(
+                self.instruments, self.config.max_queue_size, self.config.send_interval
+            )
             self.pump.start()
         self.emitter = SpanEmitter(
             self.providers.tracer_provider,

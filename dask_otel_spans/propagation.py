@@ -2,6 +2,7 @@
 from dask span ids, so that the client and the scheduler compute the same ids."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import uuid
 from collections.abc import Mapping, Sequence
@@ -18,10 +19,24 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 #: W3C limits: traceparent is 55 characters, tracestate at most 32 members of 256
 _MAX_CARRIER_VALUE = 512 * 32
 _CARRIER_FIELDS = ("traceparent", "tracestate")
+#: Parsed carriers remembered: a span chain's contexts arrive once per graph
+#: annotation and once per close notice, and ancestors' contexts in every chain below
+_PARSED_CACHE_SIZE = 4096
 
 
 def _id_bits(dask_id: str) -> int:
     """128 bits of a dask span id: its UUID, or a stable hash when it is no UUID."""
+    if isinstance(dask_id, str):
+        return _id_bits_of_str(dask_id)
+    return _id_bits_uncached(dask_id)
+
+
+@functools.lru_cache(maxsize=_PARSED_CACHE_SIZE)
+def _id_bits_of_str(dask_id: str) -> int:
+    return _id_bits_uncached(dask_id)
+
+
+def _id_bits_uncached(dask_id: Any) -> int:
     try:
         return uuid.UUID(dask_id).int
     except (ValueError, TypeError, AttributeError):
@@ -71,10 +86,20 @@ def span_context_from_carrier(carrier: Any) -> SpanContext | None:
         value = carrier.get(name)
         if isinstance(value, str) and len(value) <= _MAX_CARRIER_VALUE:
             clean[name] = value
-    if "traceparent" not in clean:
+    traceparent = clean.get("traceparent")
+    if traceparent is None:
         return None
+    return _parse_w3c(traceparent, clean.get("tracestate"))
+
+
+@functools.lru_cache(maxsize=_PARSED_CACHE_SIZE)
+def _parse_w3c(traceparent: str, tracestate: str | None) -> SpanContext | None:
+    """The span context of W3C headers (immutable, so shared by every caller)."""
+    carrier = {"traceparent": traceparent}
+    if tracestate is not None:
+        carrier["tracestate"] = tracestate
     try:
-        ctx = _PROPAGATOR.extract(clean)
+        ctx = _PROPAGATOR.extract(carrier)
     except Exception:  # pragma: no cover - the propagator validates itself
         return None
     sc = trace.get_current_span(ctx).get_span_context()

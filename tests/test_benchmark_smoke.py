@@ -30,3 +30,6 @@ def test_quick_benchmark_produces_all_figures():
     assert queued and float(queued.group(1)) > 0  # hand-over times were recorded
     checks = re.search(r"readiness checks per run \(median\) ([0-9]+) for ([0-9]+) spans", out)
     assert checks and int(checks.group(1)) > 0 and int(checks.group(2)) > 0
+    sums = re.search(r"metric updates per run \(median\) ([0-9]+), handed to the OTel SDK as "
+                     r"([0-9]+) counter adds", out)
+    assert sums and 0 < int(sums.group(2)) <= int(sums.group(1))

@@ -6,6 +6,8 @@ import pytest
 from dask_otel_spans import names
 from dask_otel_spans.metrics import DaskInstruments, MetricsPump, SpanNameCap, unit_family
 
+from conftest import wait_for
+
 SID = "0eadd631-e68b-495e-b072-7765d0d61002"
 
 
@@ -40,6 +42,7 @@ def test_span_deltas_go_to_the_instrument_of_their_unit(memory, instruments):
         },
         {SID: ("wf", "load")},
     )
+    instruments.send()
     assert memory.points(names.SPAN_ACTIVITY_TIME) == [
         (
             names.SPAN_ACTIVITY_TIME,
@@ -62,8 +65,39 @@ def test_span_deltas_go_to_the_instrument_of_their_unit(memory, instruments):
 def test_deltas_accumulate(memory, instruments):
     key = ("execute", SID, "read", "thread-cpu", "seconds")
     instruments.add_span_deltas({key: 1.0}, {SID: ("wf",)})
+    instruments.send()
     instruments.add_span_deltas({key: 2.0}, {SID: ("wf",)})
+    instruments.send()
     assert memory.points(names.SPAN_ACTIVITY_TIME)[0][2] == pytest.approx(3.0)
+
+
+def test_heartbeats_of_one_series_reach_the_sdk_as_one_call(memory, instruments):
+    key = ("execute", SID, "read", "thread-cpu", "seconds")
+    for _ in range(10):  # e.g. ten workers' heartbeats between two sends
+        instruments.add_span_deltas({key: 0.5}, {SID: ("wf",)})
+    instruments.send()
+    assert (instruments.updates, instruments.sdk_calls) == (10, 1)
+    assert memory.points(names.SPAN_ACTIVITY_TIME)[0][2] == pytest.approx(5.0)
+
+
+def test_spans_past_the_name_cap_share_one_sdk_call(memory, instruments):
+    # the fixture's cap is 3 names: spans 3 to 9 all land in __other__
+    ids = [f"span-{i}" for i in range(10)]
+    instruments.add_span_deltas(
+        {("execute", i, "read", "thread-cpu", "seconds"): 1.0 for i in ids},
+        {i: (i,) for i in ids},
+    )
+    instruments.send()
+    assert instruments.sdk_calls == 4
+    other = [p for p in memory.points(names.SPAN_ACTIVITY_TIME)
+             if p[1][names.SPAN_NAME] == names.OTHER_SPAN_NAME]
+    assert [p[2] for p in other] == [pytest.approx(7.0)]
+
+
+def test_nothing_reaches_the_sdk_before_send(memory, instruments):
+    instruments.add_worker_deltas({("gather-dep", "network", "seconds"): 0.5})
+    assert memory.points(names.WORKER_ACTIVITY_TIME) == []
+    assert instruments.has_unsent
 
 
 def test_malformed_deltas_are_skipped(memory, instruments):
@@ -77,12 +111,14 @@ def test_malformed_deltas_are_skipped(memory, instruments):
         },
         {},
     )
+    instruments.send()
     points = memory.points(names.SPAN_ACTIVITY_TIME)
     assert [(p[1][names.ACTIVITY], p[2]) for p in points] == [("42", 2.0)]
 
 
 def test_worker_deltas_have_no_span(memory, instruments):
     instruments.add_worker_deltas({("gather-dep", "network", "seconds"): 0.5})
+    instruments.send()
     [(name, attrs, value)] = memory.points(names.WORKER_ACTIVITY_TIME)
     assert attrs == {
         names.CONTEXT: "gather-dep",
@@ -116,7 +152,9 @@ def test_span_name_is_cut_to_max_length():
 
 def test_emitted_span_records_duration_idle_and_active(memory, instruments):
     instruments.span_opened(("wf",))
+    instruments.send()
     instruments.span_emitted(("wf",), 2.5, 0.75, True)
+    instruments.send()
     [(_, attrs, total)] = memory.points(names.SPAN_DURATION)
     assert total == 2.5
     [(_, _, active)] = memory.points(names.SPAN_ACTIVE)
@@ -137,6 +175,20 @@ def test_pump_records_on_its_thread_and_flushes(memory, instruments):
     finally:
         pump.stop()
     assert pump._thread is None
+
+
+def test_pump_sends_the_sums_when_its_interval_runs_out(memory, instruments):
+    pump = MetricsPump(instruments, max_queue_size=100, send_interval=1.0)
+    pump.start()
+    try:
+        for _ in range(3):
+            pump.submit("add_worker_deltas", {("get-data", "network", "seconds"): 1.0})
+        # no flush: the thread wakes up for the sums still unsent
+        wait_for(lambda: memory.points(names.WORKER_ACTIVITY_TIME)
+                 and memory.points(names.WORKER_ACTIVITY_TIME)[0][2] == 3.0, timeout=10)
+        assert instruments.sdk_calls <= 2  # the first update at once, then the rest
+    finally:
+        pump.stop()
 
 
 def test_pump_drops_and_counts_when_full(instruments):
