@@ -33,6 +33,9 @@ HANDED_OVER: dict[str, float] = {}
 #: seconds from hand-over to export (emitter queue, translation, batch processor), by
 #: workload: the part of the latency that is not the plugin's waiting for readiness
 HAND_OVER_TO_EXPORT_BY_WORKLOAD: dict[str, list[float]] = {}
+#: seconds from a dask span's end to its hand-over, by workload: the plugin's wait
+#: (grace period, tick, event-loop lag)
+DONE_TO_HAND_OVER_BY_WORKLOAD: dict[str, list[float]] = {}
 #: longest garbage-collector pause in the scheduler process, seconds
 GC_PAUSE = {"max_s": 0.0, "started": 0.0}
 #: CPU seconds spent in garbage collection, by thread
@@ -73,6 +76,9 @@ class LatencyExporter(SpanExporter):
                 if handed is not None:
                     HAND_OVER_TO_EXPORT_BY_WORKLOAD.setdefault(workload, []).append(
                         now / 1e9 - handed
+                    )
+                    DONE_TO_HAND_OVER_BY_WORKLOAD.setdefault(workload, []).append(
+                        handed - s.end_time / 1e9
                     )
                 EXPORTED[0] += 1
         return SpanExportResult.SUCCESS
@@ -132,6 +138,9 @@ def stats(dask_scheduler) -> dict:
         "hand_over_to_export_by_workload": {
             k: list(v) for k, v in HAND_OVER_TO_EXPORT_BY_WORKLOAD.items()
         },
+        "done_to_hand_over_by_workload": {
+            k: list(v) for k, v in DONE_TO_HAND_OVER_BY_WORKLOAD.items()
+        },
         "max_gc_pause_s": GC_PAUSE["max_s"],
     }
 
@@ -184,4 +193,5 @@ def reset(dask_scheduler) -> None:
     LATENCIES_BY_WORKLOAD.clear()
     HANDED_OVER.clear()
     HAND_OVER_TO_EXPORT_BY_WORKLOAD.clear()
+    DONE_TO_HAND_OVER_BY_WORKLOAD.clear()
     GC_PAUSE["max_s"] = 0.0

@@ -289,7 +289,15 @@ def part_throughput(pairs: int, scale: dict[str, Any], workers: int, threads: in
     for s in plugin_stats:
         for name, values in s["hand_over_to_export_by_workload"].items():
             queued.setdefault(name, []).extend(values)
-    print("   of which hand-over to exporter (emitter queue, translation, batch "
+    waited: dict[str, list[float]] = {}
+    for s in plugin_stats:
+        for name, values in s["done_to_hand_over_by_workload"].items():
+            waited.setdefault(name, []).extend(values)
+    print("   of which done to hand-over (the plugin's wait: grace, tick, event-loop "
+          "lag): " + ", ".join(
+              f"{name} median {statistics.median(v):.2f} s max {max(v):.2f} s"
+              for name, v in sorted(waited.items()) if v))
+    print("   and hand-over to exporter (emitter queue, translation, batch "
           "processor with 0.5 s delay): " + ", ".join(
               f"{name} median {statistics.median(v):.2f} s max {max(v):.2f} s"
               for name, v in sorted(queued.items()) if v))

@@ -43,7 +43,7 @@ class PluginConfig:
     export_delay: float = 1.0
     idle_timeout: float = 5.0
     lazy_timeout: float = 600.0
-    tick_interval: float = 0.25
+    tick_interval: float = 0.1
     tick_budget: float = 0.002
     prefix_spans: bool = True
     include_code: bool = False

@@ -26,7 +26,9 @@ def test_quick_benchmark_produces_all_figures():
     own = re.search(r"less the garbage collections it ran ([0-9.]+) ms", out)
     assert own and float(own.group(1)) > 0  # the GC-free figure was measured
     assert out.count("emitted spans:") == 3
-    queued = re.search(r"of which hand-over to exporter .*futures median ([0-9.]+) s", out)
+    waited = re.search(r"of which done to hand-over .*futures median ([0-9.]+) s", out)
+    assert waited and float(waited.group(1)) > 0  # the plugin's wait was recorded
+    queued = re.search(r"and hand-over to exporter .*futures median ([0-9.]+) s", out)
     assert queued and float(queued.group(1)) > 0  # hand-over times were recorded
     checks = re.search(r"readiness checks per run \(median\) ([0-9]+) for ([0-9]+) spans", out)
     assert checks and int(checks.group(1)) > 0 and int(checks.group(2)) > 0
