@@ -92,6 +92,7 @@ class _OpenSpan:
         "open_children",
         "children_finished_at",
         "wake_at",
+        "unfinished_group",
     )
 
     def __init__(self, dask_id: str, tags: tuple[str, ...], ids: tuple[str, ...]):
@@ -130,6 +131,9 @@ class _OpenSpan:
         self.children_finished_at = 0.0
         #: when a pass looks at it again, unless something changes first
         self.wake_at: float | None = None
+        #: a TaskGroup of the span found not done by the last check: looked at
+        #: first, so that checking a running span of many groups is O(1)
+        self.unfinished_group: Any = None
 
 
 class _SpanTags(Mapping):
@@ -1015,8 +1019,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         cached = memo.get(rec.id)
         if cached is not None:
             return cached
-        span = rec.span
-        done = all(tg.done for tg in span.groups)
+        done = self._own_groups_done(rec)
         if done:
             for child_id in rec.open_children:
                 child_rec = self._open.get(child_id)
@@ -1026,6 +1029,18 @@ class OTelSpansPlugin(SchedulerPlugin):
                         break
         memo[rec.id] = done
         return done
+
+    @staticmethod
+    def _own_groups_done(rec: _OpenSpan) -> bool:
+        unfinished = rec.unfinished_group
+        if unfinished is not None and not unfinished.done:
+            return False
+        for tg in rec.span.groups:
+            if not tg.done:
+                rec.unfinished_group = tg
+                return False
+        rec.unfinished_group = None
+        return True
 
     def _finished_at(self, rec: _OpenSpan) -> float:
         """When the last task of a done span tree finished (0 without tasks): its own

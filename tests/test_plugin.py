@@ -486,3 +486,32 @@ async def test_a_pass_checks_only_the_spans_whose_tasks_or_state_changed(c, s, a
     await async_wait_for(
         lambda: run_pass(plugin) >= 0 and len(memory.dask_spans()) == 20, timeout=10
     )
+
+
+class _CountedGroup:
+    """A TaskGroup stand-in counting how often its ``done`` is read."""
+
+    def __init__(self, done: bool):
+        self.finished = done
+        self.looks = 0
+
+    @property
+    def done(self) -> bool:
+        self.looks += 1
+        return self.finished
+
+
+def test_checking_a_running_span_of_many_groups_looks_at_one_group():
+    from types import SimpleNamespace
+
+    from dask_otel_spans.plugin import _OpenSpan
+
+    groups = [_CountedGroup(True) for _ in range(99)] + [_CountedGroup(False)]
+    rec = _OpenSpan("s", ("s",), ("s",))
+    rec.span = SimpleNamespace(groups=groups)
+    assert not OTelSpansPlugin._own_groups_done(rec)
+    looks = sum(g.looks for g in groups)
+    assert not OTelSpansPlugin._own_groups_done(rec)  # still running
+    assert sum(g.looks for g in groups) == looks + 1  # only the unfinished group
+    groups[-1].finished = True
+    assert OTelSpansPlugin._own_groups_done(rec)
