@@ -951,7 +951,15 @@ class OTelSpansPlugin(SchedulerPlugin):
             if rec is None:
                 continue
             self.readiness_checks += 1
-            ready_at = self._ready_at(rec, now, grace)
+            try:
+                ready_at = self._ready_at(rec, now, grace)
+            except Exception:
+                # never drop a span from the queue: look again after a grace period
+                self._log_once(
+                    "error:readiness", "unexpected error checking span %s (logged "
+                    "once)", rec.id, level=logging.ERROR, exc_info=True,
+                )
+                ready_at = now + max(grace, self.config.tick_interval)
             if ready_at is not None and ready_at <= now:
                 with self._contain("emit"):
                     self._emit(rec, now, complete=True)

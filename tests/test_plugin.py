@@ -515,3 +515,26 @@ def test_checking_a_running_span_of_many_groups_looks_at_one_group():
     assert sum(g.looks for g in groups) == looks + 1  # only the unfinished group
     groups[-1].finished = True
     assert OTelSpansPlugin._own_groups_done(rec)
+
+
+@gen_cluster(client=True)
+async def test_a_failing_readiness_check_is_logged_once_and_the_span_still_exported(
+    c, s, a, b
+):
+    memory = MemoryProviders()
+    plugin = await install(c, memory)
+    real_ready_at = plugin._ready_at
+    failed: list[str] = []
+
+    def fails_every_check_for_a_while(rec, now, grace):
+        if len(failed) < 3:
+            failed.append(rec.id)
+            raise RuntimeError("boom")
+        return real_ready_at(rec, now, grace)
+
+    plugin._ready_at = fails_every_check_for_a_while
+    with span("wf"):
+        await c.submit(inc, 1, key="inc-1")
+    await async_wait_for(lambda: memory.by_name("wf"))
+    assert len(failed) == 3
+    assert "error:readiness" in plugin._logged
