@@ -22,6 +22,9 @@ _CARRIER_FIELDS = ("traceparent", "tracestate")
 #: Parsed carriers remembered: a span chain's contexts arrive once per graph
 #: annotation and once per close notice, and ancestors' contexts in every chain below
 _PARSED_CACHE_SIZE = 4096
+#: Longest tracestate kept in that cache (bounds it to ~4 MiB; longer ones, rare and
+#: possibly hostile, are parsed each time)
+_MAX_CACHED_TRACESTATE = 1024
 
 
 def _id_bits(dask_id: str) -> int:
@@ -89,7 +92,10 @@ def span_context_from_carrier(carrier: Any) -> SpanContext | None:
     traceparent = clean.get("traceparent")
     if traceparent is None:
         return None
-    return _parse_w3c(traceparent, clean.get("tracestate"))
+    tracestate = clean.get("tracestate")
+    if tracestate is not None and len(tracestate) > _MAX_CACHED_TRACESTATE:
+        return _parse_w3c.__wrapped__(traceparent, tracestate)
+    return _parse_w3c(traceparent, tracestate)
 
 
 @functools.lru_cache(maxsize=_PARSED_CACHE_SIZE)

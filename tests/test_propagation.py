@@ -137,3 +137,16 @@ def test_reserved_span_context_is_valid_and_local():
     sc = resolve_chain([ROOT, CHILD], {}).span_context
     assert sc.is_valid and not sc.is_remote
     assert trace.NonRecordingSpan(sc).get_span_context().span_id == otel_span_id(CHILD)
+
+
+def test_long_tracestates_are_parsed_but_not_kept_in_the_cache():
+    from dask_otel_spans.propagation import _parse_w3c
+
+    ctx = SpanContext(trace_id=0xABC, span_id=0xDEF, is_remote=True,
+                      trace_flags=TraceFlags(1))
+    carrier = carrier_for(ctx)
+    carrier["tracestate"] = ",".join(f"k{i}=" + "v" * 200 for i in range(30))
+    before = _parse_w3c.cache_info().currsize
+    parsed = span_context_from_carrier(carrier)
+    assert (parsed.trace_id, parsed.span_id) == (0xABC, 0xDEF)
+    assert _parse_w3c.cache_info().currsize == before
