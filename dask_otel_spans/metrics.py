@@ -1,6 +1,6 @@
 """OTel instruments for dask's fine performance metrics: heartbeat deltas become
 counter adds, summed per series and handed to the SDK on a thread of their own, with
-a cap on span-name cardinality."""
+caps on span-name and series cardinality."""
 from __future__ import annotations
 
 import logging
@@ -16,6 +16,15 @@ from dask_otel_spans import names
 from dask_otel_spans.background import BackgroundQueue
 
 logger = logging.getLogger(__name__)
+
+#: The OpenTelemetry SDK's default cardinality limit: distinct attribute sets per
+#: instrument and reader; further sets land, attributes dropped, in one point marked
+#: ``otel.metric.overflow``
+SDK_DEFAULT_CARDINALITY_LIMIT = 2000
+
+#: Attributes that make series many, folded to ``__other__`` first past the series cap
+_HIGH_CARDINALITY = (names.SPAN_NAME, names.TASK_PREFIX)
+
 
 def unit_family(unit: Any) -> tuple[str, str]:
     """``(instrument suffix, OTel unit)`` for a dask unit."""
@@ -63,6 +72,65 @@ class SpanNameCap:
         return names.OTHER_SPAN_NAME
 
 
+class SeriesCap:
+    """At most ``max_series`` attribute sets per instrument, overflow included.
+
+    Kept at or below the SDK's cardinality limit (2000 by default), it keeps the
+    plugin's series out of the SDK's anonymous ``otel.metric.overflow`` point: past
+    ``max_series`` less a reserve, a new attribute set keeps its context, activity and
+    unit, but its span name and task prefix become ``__other__``; when only one set is
+    left, everything else lands in one set whose every attribute is ``__other__``.
+    Totals stay right; only the breakdown of the newest series is lost. The first
+    fold is logged once per instrument.
+
+    Thread-safe; memory is bounded by ``max_series`` sets per instrument.
+    """
+
+    def __init__(self, max_series: int = SDK_DEFAULT_CARDINALITY_LIMIT):
+        self.max_series = max(1, max_series)
+        #: sets kept apart for the ``__other__`` forms of span name and task prefix
+        self.reserve = min(100, self.max_series // 10)
+        self._admitted: dict[Any, set[frozenset[tuple[str, Any]]]] = {}
+        self._lock = threading.Lock()
+        self.folded: set[str] = set()
+
+    def __call__(self, instrument: Any, attributes: dict[str, Any]) -> dict[str, Any]:
+        """The attributes under which a new series of ``instrument`` is recorded."""
+        key = frozenset(attributes.items())
+        with self._lock:
+            admitted = self._admitted.setdefault(instrument, set())
+            if key in admitted:
+                return attributes
+            if len(admitted) < self.max_series - self.reserve - 1:
+                admitted.add(key)
+                return attributes
+            folded = {
+                k: names.OTHER_SPAN_NAME if k in _HIGH_CARDINALITY else v
+                for k, v in attributes.items()
+            }
+            folded_key = frozenset(folded.items())
+            if folded_key not in admitted and len(admitted) >= self.max_series - 1:
+                folded = dict.fromkeys(attributes, names.OTHER_SPAN_NAME)
+                folded_key = frozenset(folded.items())
+            admitted.add(folded_key)
+        self._log_fold(instrument)
+        return folded
+
+    def _log_fold(self, instrument: Any) -> None:
+        name = str(getattr(instrument, "name", instrument))
+        if name in self.folded:
+            return
+        self.folded.add(name)
+        logger.warning(
+            "dask_otel_spans: %s reached %d metric series (otel-spans.metrics."
+            "max-series); newer series are reported with %s %r",
+            name,
+            self.max_series - self.reserve - 1,
+            " and ".join(_HIGH_CARDINALITY),
+            names.OTHER_SPAN_NAME,
+        )
+
+
 class _Series:
     """One metric series: its instrument, attributes and identity."""
 
@@ -104,8 +172,11 @@ class DaskInstruments:
     records go to the SDK at once.
     """
 
-    def __init__(self, meter: Meter, span_names: SpanNameCap):
+    def __init__(
+        self, meter: Meter, span_names: SpanNameCap, series_cap: SeriesCap | None = None
+    ):
         self.span_names = span_names
+        self.series_cap = series_cap if series_cap is not None else SeriesCap()
         self._span_counters = self._counters(meter, "dask.span.activity.")
         self._worker_counters = self._counters(meter, "dask.worker.activity.")
         self.span_duration = meter.create_histogram(
@@ -162,7 +233,7 @@ class DaskInstruments:
                     names.ACTIVITY: str(activity),
                     names.UNIT: str(unit),
                 }
-                series = _Series(self._span_counters[unit_family(unit)[0]], attrs)
+                series = self._series(self._span_counters[unit_family(unit)[0]], attrs)
                 self._cache.put(key, series)
             self._sum(series, value)
 
@@ -181,13 +252,15 @@ class DaskInstruments:
                     names.ACTIVITY: str(key[-2]),
                     names.UNIT: str(key[-1]),
                 }
-                series = _Series(self._worker_counters[unit_family(key[-1])[0]], attrs)
+                series = self._series(
+                    self._worker_counters[unit_family(key[-1])[0]], attrs
+                )
                 self._cache.put(cache_key, series)
             self._sum(series, value)
 
     def span_opened(self, tags: Sequence[str]) -> None:
         name = self.span_names(tags)
-        self._sum(_Series(self.span_active, {names.SPAN_NAME: name}), 1)
+        self._sum(self._series(self.span_active, {names.SPAN_NAME: name}), 1)
 
     def span_emitted(
         self, tags: Sequence[str], duration: float, idle_seconds: float, opened: bool
@@ -195,11 +268,12 @@ class DaskInstruments:
         """A span was emitted: its duration, its closing ``idle or other spans``
         seconds, and (when it was counted as open) one fewer active span."""
         name = self.span_names(tags)
-        self.span_duration.record(max(0.0, duration), {names.SPAN_NAME: name})
+        duration_series = self._series(self.span_duration, {names.SPAN_NAME: name})
+        self.span_duration.record(max(0.0, duration), duration_series.attributes)
         if opened:
-            self._sum(_Series(self.span_active, {names.SPAN_NAME: name}), -1)
+            self._sum(self._series(self.span_active, {names.SPAN_NAME: name}), -1)
         if idle_seconds > 0:
-            idle = _Series(
+            idle = self._series(
                 self._span_counters["time"],
                 {
                     names.SPAN_NAME: name,
@@ -210,6 +284,9 @@ class DaskInstruments:
                 },
             )
             self._sum(idle, idle_seconds)
+
+    def _series(self, instrument: Any, attributes: dict[str, Any]) -> _Series:
+        return _Series(instrument, self.series_cap(instrument, attributes))
 
     def _sum(self, series: _Series, value: float) -> None:
         with self._lock:

@@ -36,7 +36,12 @@ from dask_otel_spans import names
 from dask_otel_spans.config import PluginConfig
 from dask_otel_spans.emitter import EmitRequest, SpanEmitter
 from dask_otel_spans.export_health import rate_limit_sdk_logs
-from dask_otel_spans.metrics import DaskInstruments, MetricsPump, SpanNameCap
+from dask_otel_spans.metrics import (
+    DaskInstruments,
+    MetricsPump,
+    SeriesCap,
+    SpanNameCap,
+)
 from dask_otel_spans.propagation import parse_carried
 from dask_otel_spans.providers import Providers, resolve_providers
 from dask_otel_spans.snapshot import snapshot_span
@@ -387,6 +392,7 @@ class OTelSpansPlugin(SchedulerPlugin):
                 scheduler_address=scheduler.address,
                 output_dir=self.config.output_dir,
                 use_global=self._use_global,
+                metric_series_limit=self.config.max_series,
             )
         except Exception as e:
             self._log_once(
@@ -408,6 +414,7 @@ class OTelSpansPlugin(SchedulerPlugin):
                     self.config.max_span_names,
                     self.config.max_span_name_length,
                 ),
+                SeriesCap(self.config.max_series),
             )
             self.pump = MetricsPump(
                 self.instruments, self.config.max_queue_size, self.config.send_interval

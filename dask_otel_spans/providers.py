@@ -13,6 +13,7 @@ from urllib.parse import unquote
 from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.metrics.export import (
     ConsoleMetricExporter,
     MetricReader,
@@ -28,6 +29,7 @@ from dask_otel_spans.export_health import (
     HealthMetricExporter,
     HealthSpanExporter,
 )
+from dask_otel_spans.metrics import SDK_DEFAULT_CARDINALITY_LIMIT
 from dask_otel_spans.otlpjson import (
     METRICS_FILE,
     TRACES_FILE,
@@ -319,13 +321,27 @@ def build_tracer_provider(
     return provider, ", ".join(where)
 
 
+def _series_limit_views(series_limit: int | None) -> list[Any]:
+    """Views that let the package's instruments keep ``series_limit`` attribute sets
+    where that is above the SDK's default cardinality limit (none are needed below
+    it, nor on SDKs without cardinality limits)."""
+    if series_limit is None or series_limit <= SDK_DEFAULT_CARDINALITY_LIMIT:
+        return []
+    try:
+        return [View(instrument_name="dask.*", aggregation_cardinality_limit=series_limit)]
+    except TypeError:  # an SDK without cardinality limits
+        return []
+
+
 def build_meter_provider(
     environ: Mapping[str, str],
     resource: Resource,
     output_dir: str,
     health: list[ExportHealth] | None = None,
+    series_limit: int | None = None,
 ) -> tuple[MeterProvider | None, str]:
-    """A meter provider with one reader per configured exporter."""
+    """A meter provider with one reader per configured exporter; the package's
+    instruments may keep ``series_limit`` series each (otel-spans.metrics.max-series)."""
     exporters = (
         [FILE_EXPORTER]
         if is_unconfigured(environ)
@@ -339,7 +355,10 @@ def build_meter_provider(
         reader, description = _metric_reader(name, environ, output_dir, health)
         readers.append(reader)
         where.append(description)
-    return MeterProvider(metric_readers=readers, resource=resource), ", ".join(where)
+    provider = MeterProvider(
+        metric_readers=readers, resource=resource, views=_series_limit_views(series_limit)
+    )
+    return provider, ", ".join(where)
 
 
 def _global_sdk_tracer_provider() -> TracerProvider | None:
@@ -360,8 +379,12 @@ def resolve_providers(
     scheduler_address: str | None = None,
     output_dir: str = "dask-otel-spans",
     use_global: bool = True,
+    metric_series_limit: int | None = None,
 ) -> Providers:
-    """Pick the providers: argument, then global SDK provider, then ``OTEL_*``."""
+    """Pick the providers: argument, then global SDK provider, then ``OTEL_*``.
+
+    ``metric_series_limit`` is the cardinality limit of the package's instruments in
+    a meter provider built here."""
     environ = os.environ if environ is None else environ
     out = Providers()
     resource = None
@@ -391,7 +414,7 @@ def resolve_providers(
             out.meter_provider, out.metrics_to = globm, "the global meter provider"
         else:
             out.meter_provider, out.metrics_to = build_meter_provider(
-                environ, get_resource(), output_dir, out.health
+                environ, get_resource(), output_dir, out.health, metric_series_limit
             )
             if out.meter_provider is not None:
                 out.owned.append(out.meter_provider)

@@ -4,7 +4,14 @@ from __future__ import annotations
 import pytest
 
 from dask_otel_spans import names
-from dask_otel_spans.metrics import DaskInstruments, MetricsPump, SpanNameCap, unit_family
+from dask_otel_spans.metrics import (
+    SDK_DEFAULT_CARDINALITY_LIMIT,
+    DaskInstruments,
+    MetricsPump,
+    SeriesCap,
+    SpanNameCap,
+    unit_family,
+)
 
 from conftest import wait_for
 
@@ -196,3 +203,87 @@ def test_pump_drops_and_counts_when_full(instruments):
     for _ in range(5):
         pump.submit("add_worker_deltas", {})
     assert pump.dropped == 3
+
+
+ACTIVITIES = ["thread-cpu", "thread-noncpu", "executor", "other", "deserialize", "serialize"]
+
+
+def _one_second_per_activity(instruments, spans: int) -> None:
+    """``spans`` distinct span names, each with one second of every activity."""
+    for i in range(spans):
+        sid = f"span-{i}"
+        instruments.add_span_deltas(
+            {("execute", sid, "inc", a, "seconds"): 1.0 for a in ACTIVITIES},
+            {sid: (f"workflow-{i}",)},
+        )
+    instruments.send()
+
+
+def test_default_series_cap_keeps_every_series_out_of_the_sdk_overflow(memory):
+    # 400 names x 6 activities = 2,400 series: past the SDK's default limit (2,000),
+    # which would put 400 of them in an anonymous otel.metric.overflow point
+    meter = memory.meter_provider.get_meter("test")
+    instruments = DaskInstruments(meter, SpanNameCap(depth=None, max_names=1000))
+    _one_second_per_activity(instruments, 400)
+    points = memory.points(names.SPAN_ACTIVITY_TIME)
+    assert len(points) <= SDK_DEFAULT_CARDINALITY_LIMIT
+    assert not [p for p in points if "otel.metric.overflow" in p[1]]
+    for activity in ACTIVITIES:
+        total = sum(v for _, a, v in points if a[names.ACTIVITY] == activity)
+        assert total == pytest.approx(400.0)
+
+
+def test_series_past_the_cap_keep_context_activity_and_unit(memory):
+    meter = memory.meter_provider.get_meter("test")
+    instruments = DaskInstruments(
+        meter, SpanNameCap(depth=None, max_names=1000), SeriesCap(max_series=100)
+    )
+    _one_second_per_activity(instruments, 30)  # 180 series wanted
+    points = memory.points(names.SPAN_ACTIVITY_TIME)
+    assert len(points) <= 100
+    other = [a for _, a, _ in points if a[names.SPAN_NAME] == names.OTHER_SPAN_NAME]
+    assert {a[names.ACTIVITY] for a in other} == set(ACTIVITIES)
+    assert {a[names.TASK_PREFIX] for a in other} == {names.OTHER_SPAN_NAME}
+    assert {a[names.UNIT] for a in other} == {"seconds"}
+    assert sum(v for _, _, v in points) == pytest.approx(180.0)
+
+
+def test_series_cap_never_creates_more_than_its_limit(memory):
+    # a cap too small for even one __other__ form per activity: the rest lands in
+    # one set whose every attribute is __other__
+    meter = memory.meter_provider.get_meter("test")
+    instruments = DaskInstruments(
+        meter, SpanNameCap(depth=None, max_names=1000), SeriesCap(max_series=5)
+    )
+    _one_second_per_activity(instruments, 10)
+    points = memory.points(names.SPAN_ACTIVITY_TIME)
+    assert len(points) == 5
+    everything_else = [
+        v for _, a, v in points if set(a.values()) == {names.OTHER_SPAN_NAME}
+    ]
+    assert everything_else == [pytest.approx(60.0 - 4)]
+
+
+def test_series_cap_also_bounds_the_span_duration_histogram(memory):
+    meter = memory.meter_provider.get_meter("test")
+    instruments = DaskInstruments(
+        meter, SpanNameCap(depth=None, max_names=1000), SeriesCap(max_series=10)
+    )
+    for i in range(50):
+        instruments.span_emitted((f"workflow-{i}",), 1.0, 0.0, False)
+    points = memory.points(names.SPAN_DURATION)
+    assert len(points) <= 10
+    assert sum(v for _, _, v in points) == pytest.approx(50.0)
+
+
+def test_series_cap_is_logged_once_per_instrument(memory, caplog):
+    meter = memory.meter_provider.get_meter("test")
+    instruments = DaskInstruments(
+        meter, SpanNameCap(depth=None, max_names=1000), SeriesCap(max_series=20)
+    )
+    with caplog.at_level("WARNING", logger="dask_otel_spans.metrics"):
+        _one_second_per_activity(instruments, 10)
+        _one_second_per_activity(instruments, 20)
+    logged = [r for r in caplog.records if "max-series" in r.getMessage()]
+    assert len(logged) == 1
+    assert names.SPAN_ACTIVITY_TIME in logged[0].getMessage()

@@ -538,3 +538,36 @@ async def test_a_failing_readiness_check_is_logged_once_and_the_span_still_expor
     await async_wait_for(lambda: memory.by_name("wf"))
     assert len(failed) == 3
     assert "error:readiness" in plugin._logged
+
+
+@gen_cluster(client=True)
+async def test_metrics_past_max_series_keep_their_totals(c, s, a, b):
+    memory = MemoryProviders()
+    plugin = await install(c, memory, max_series=10)
+    ids = []
+    for i in range(4):
+        with span(f"wf-{i}") as sid:
+            # a task group (prefix) of its own per span
+            keys = [f"step{'abcd'[i]}-{j}" for j in range(3)]
+            await wait(c.map(slowinc, range(3), key=keys, delay=0.05))
+        ids.append(sid)
+    await async_wait_for(lambda: len(memory.dask_spans()) == 4)
+    await plugin.flush()
+    spans = s.extensions["spans"].spans
+    # distributed's cumulative_worker_metrics include "idle or other spans"
+    seconds = sum(
+        v for sid in ids for k, v in spans[sid].cumulative_worker_metrics.items()
+        if k[-1] == "seconds"
+    )
+    points = memory.points(names.SPAN_ACTIVITY_TIME)
+    assert sum(v for _, _, v in points) == pytest.approx(seconds)
+    assert len(points) <= 10
+    assert any(attrs[names.SPAN_NAME] == names.OTHER_SPAN_NAME for _, attrs, _ in points)
+
+
+def test_max_series_is_a_dask_setting():
+    from dask_otel_spans.config import PluginConfig
+
+    assert PluginConfig.from_dask_config().max_series == 2000
+    with dask.config.set({"otel-spans.metrics.max-series": 50}):
+        assert PluginConfig.from_dask_config().max_series == 50

@@ -5,7 +5,10 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 
+from conftest import otlp_grpc_env, wait_for
+
 from dask_otel_spans import names
+from dask_otel_spans.metrics import DaskInstruments, SeriesCap, SpanNameCap
 from dask_otel_spans.providers import (
     ConfigurationError,
     build_resource,
@@ -111,3 +114,27 @@ def test_resource_defaults_and_overrides():
         {"OTEL_SERVICE_NAME": "etl", "OTEL_RESOURCE_ATTRIBUTES": "service.name=x"}
     )
     assert r.attributes[names.SERVICE_NAME] == "etl"
+
+
+def test_built_meter_provider_keeps_max_series_above_the_sdk_default(otlp_receiver):
+    # 2,400 series with max-series 3,000: a provider built by the package lets all
+    # of them through to a real OTLP receiver (the SDK's default limit is 2,000)
+    p = resolve_providers(
+        environ=otlp_grpc_env(otlp_receiver), use_global=False, metric_series_limit=3000
+    )
+    try:
+        meter = p.meter_provider.get_meter(names.INSTRUMENTATION_SCOPE)
+        instruments = DaskInstruments(meter, SpanNameCap(None, 1000), SeriesCap(3000))
+        for i in range(400):
+            instruments.add_span_deltas(
+                {("execute", f"s{i}", "inc", f"activity-{a}", "seconds"): 1.0
+                 for a in range(6)},
+                {f"s{i}": (f"workflow-{i}",)},
+            )
+        instruments.send()
+        p.meter_provider.force_flush()
+        sums = wait_for(lambda: otlp_receiver.latest_sums(names.SPAN_ACTIVITY_TIME))
+    finally:
+        _shutdown(p)
+    assert len(sums) == 2400
+    assert not [attrs for attrs in sums if "otel.metric.overflow" in dict(attrs)]
