@@ -22,6 +22,15 @@ logger = logging.getLogger(__name__)
 #: ``otel.metric.overflow``
 SDK_DEFAULT_CARDINALITY_LIMIT = 2000
 
+#: Bucket boundaries (seconds) of ``dask.span.duration``, given to the SDK as advice:
+#: dask spans last from tens of milliseconds to hours, and the SDK's default
+#: boundaries (0, 5, 10, ... 10000) are meant for milliseconds, which would put every
+#: span shorter than 5 s in one bucket
+SPAN_DURATION_BUCKETS = (
+    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+    1800.0, 3600.0, 7200.0, 14400.0, 43200.0, 86400.0,
+)
+
 #: Attributes that make series many, folded to ``__other__`` first past the series cap
 _HIGH_CARDINALITY = (names.SPAN_NAME, names.TASK_PREFIX)
 
@@ -183,6 +192,7 @@ class DaskInstruments:
             names.SPAN_DURATION,
             unit="s",
             description="Wall time of emitted dask spans",
+            explicit_bucket_boundaries_advisory=SPAN_DURATION_BUCKETS,
         )
         self.span_active = meter.create_up_down_counter(
             names.SPAN_ACTIVE,

@@ -6,6 +6,7 @@ import pytest
 from dask_otel_spans import names
 from dask_otel_spans.metrics import (
     SDK_DEFAULT_CARDINALITY_LIMIT,
+    SPAN_DURATION_BUCKETS,
     DaskInstruments,
     MetricsPump,
     SeriesCap,
@@ -287,3 +288,25 @@ def test_series_cap_is_logged_once_per_instrument(memory, caplog):
     logged = [r for r in caplog.records if "max-series" in r.getMessage()]
     assert len(logged) == 1
     assert names.SPAN_ACTIVITY_TIME in logged[0].getMessage()
+
+
+def test_span_duration_buckets_suit_seconds(memory, instruments):
+    # 0.3 s, 0.4 s, 45 s and 2 h: the SDK's default boundaries (meant for ms) would
+    # put the first three in one bucket (0, 5]
+    for duration in (0.3, 0.4, 45.0, 7200.0):
+        instruments.span_emitted(("wf",), duration, 0.0, False)
+    data = memory.metric_reader.get_metrics_data()
+    [point] = [
+        dp
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == names.SPAN_DURATION
+        for dp in m.data.data_points
+    ]
+    assert tuple(point.explicit_bounds) == SPAN_DURATION_BUCKETS
+    counts = dict(zip((*SPAN_DURATION_BUCKETS, float("inf")), point.bucket_counts))
+    assert counts[0.5] == 2  # (0.25, 0.5]
+    assert counts[60.0] == 1  # (30, 60]
+    assert counts[7200.0] == 1  # (3600, 7200]
+    assert sum(point.bucket_counts) == 4
