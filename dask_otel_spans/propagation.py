@@ -27,6 +27,11 @@ _PARSED_CACHE_SIZE = 4096
 _MAX_CACHED_TRACESTATE = 1024
 
 
+#: masks of the variant bits within the low 64 bits of a UUID
+_UUID_VARIANT_CLEAR = ~(0xC000 << 48) & _MASK64
+_UUID_VARIANT_RFC4122 = 0x8000 << 48
+
+
 def _id_bits(dask_id: str) -> int:
     """128 bits of a dask span id: its UUID, or a stable hash when it is no UUID."""
     if isinstance(dask_id, str):
@@ -58,9 +63,13 @@ def otel_trace_id(dask_span_id: str) -> int:
 
 
 def prefix_span_id(dask_span_id: str, prefix: str) -> int:
-    """Deterministic OTel span id of the child span of a task prefix."""
-    namespace = uuid.UUID(int=_id_bits(dask_span_id))
-    return (uuid.uuid5(namespace, str(prefix)).int & _MASK64) or 1
+    """Deterministic OTel span id of the child span of a task prefix: the low 64 bits
+    of ``uuid5(<dask span id as a UUID>, prefix)``, computed without building UUIDs."""
+    namespace = _id_bits(dask_span_id).to_bytes(16, "big")
+    digest = hashlib.sha1(namespace + str(prefix).encode("utf-8")).digest()
+    low = int.from_bytes(digest[8:16], "big")
+    # the RFC 4122 variant bits, as uuid5 sets them
+    return ((low & _UUID_VARIANT_CLEAR) | _UUID_VARIANT_RFC4122) or 1
 
 
 def carrier_from_context(ctx: Context | None = None) -> dict[str, str]:

@@ -2,6 +2,7 @@
 ids, attributes); no I/O, no OpenTelemetry SDK objects, no live scheduler state."""
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,11 +21,17 @@ def to_ns(seconds: float) -> int:
     return int(round(seconds * 1e9))
 
 
+#: Distinct metric keys and attribute names remembered (they recur in every span)
+_KEY_CACHE_SIZE = 4096
+
+
+@functools.lru_cache(maxsize=_KEY_CACHE_SIZE)
 def metric_attribute(activity: Any, unit: Any) -> str:
     """``dask.metrics.<activity>.<unit>``"""
     return f"{names.METRICS_ATTRIBUTE_PREFIX}{activity}.{unit}"
 
 
+@functools.lru_cache(maxsize=_KEY_CACHE_SIZE)
 def split_metric_key(key: Hashable) -> tuple[str, str, str, str] | None:
     """``(context, prefix or where, activity, unit)`` of a per-span heartbeat key
     without its span id, or None when it does not have that shape."""

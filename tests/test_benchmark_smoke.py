@@ -22,6 +22,8 @@ def test_quick_benchmark_produces_all_figures():
     for workload in ("futures", "delayed", "nested", "big-graph"):
         assert f"{workload:10s} tasks/s      median" in out
         assert f"{workload:10s} CPU s/task   median" in out
+        loop = re.search(rf"{workload:10s} loop s/task  median ([0-9.]+)", out)
+        assert loop and float(loop.group(1)) > 0  # the main thread's CPU was read
     assert "longest single call" in out
     own = re.search(r"less the garbage collections it ran ([0-9.]+) ms", out)
     assert own and float(own.group(1)) > 0  # the GC-free figure was measured

@@ -9,6 +9,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from dask_otel_spans.propagation import (
+    _id_bits,
     carrier_for,
     carrier_from_context,
     otel_span_id,
@@ -42,6 +43,17 @@ def test_non_uuid_ids_hash_stably_and_never_zero():
     assert otel_span_id("not-a-uuid") == otel_span_id("not-a-uuid")
     assert otel_span_id("not-a-uuid") != otel_span_id("other")
     assert otel_span_id("00000000-0000-0000-0000-000000000000") == 1
+
+
+@pytest.mark.parametrize(
+    "dask_id", [ROOT, str(uuid.UUID(int=1)), "not-a-uuid", "spaces and ünïcode"]
+)
+@pytest.mark.parametrize("prefix", ["sum", "read-parquet", "", "ünï", "x" * 300])
+def test_prefix_span_id_is_the_low_64_bits_of_uuid5(dask_id, prefix):
+    # the id scheme is part of the data contract: it must not drift with the code
+    namespace = uuid.UUID(int=_id_bits(dask_id))
+    expected = (uuid.uuid5(namespace, prefix).int & ((1 << 64) - 1)) or 1
+    assert prefix_span_id(dask_id, prefix) == expected
 
 
 def test_prefix_span_ids_are_deterministic_and_distinct():
