@@ -226,6 +226,7 @@ class DaskInstruments:
     ) -> None:
         """Heartbeat deltas ``{(context, span_id, prefix, activity, unit): value}``;
         ``span_tags`` maps the span ids in them to the span's tags."""
+        span_names: dict[Any, str] = {}  # the name of each span, once per call
         for key, value in deltas.items():
             if not isinstance(key, tuple) or len(key) < 4:
                 continue
@@ -235,9 +236,12 @@ class DaskInstruments:
             series = self._cache.get(key)
             if series is None:
                 context, span_id, *middle, activity, unit = key
-                tags = span_tags.get(span_id, (str(span_id),))
+                name = span_names.get(span_id)
+                if name is None:
+                    tags = span_tags.get(span_id, (str(span_id),))
+                    name = span_names[span_id] = self.span_names(tags)
                 attrs = {
-                    names.SPAN_NAME: self.span_names(tags),
+                    names.SPAN_NAME: name,
                     names.CONTEXT: str(context),
                     names.TASK_PREFIX: str(middle[0]) if middle else "",
                     names.ACTIVITY: str(activity),
