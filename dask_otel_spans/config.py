@@ -50,7 +50,7 @@ class PluginConfig:
     max_code_length: int = 4096
     span_name_depth: int | None = None
     max_span_names: int = 1000
-    max_series: int = 2000
+    max_series: int | None = 2000
     max_span_name_length: int = 256
     max_queue_size: int = 10000
     send_interval: float = 1.0
@@ -67,6 +67,7 @@ class PluginConfig:
             return float(parse_timedelta(get(key), default="seconds"))
 
         depth = get("metrics.span-name-depth")
+        series = get("metrics.max-series")
         cfg = cls(
             export_delay=seconds("export-delay"),
             idle_timeout=seconds("idle-timeout"),
@@ -78,7 +79,7 @@ class PluginConfig:
             max_code_length=int(get("max-code-length")),
             span_name_depth=None if depth in (None, "", "null") else int(depth),
             max_span_names=int(get("metrics.max-span-names")),
-            max_series=int(get("metrics.max-series")),
+            max_series=None if series in (None, "", "null") else int(series),
             max_span_name_length=int(get("metrics.max-span-name-length")),
             max_queue_size=int(get("metrics.max-queue-size")),
             send_interval=seconds("metrics.send-interval"),

@@ -92,19 +92,25 @@ class SeriesCap:
     Totals stay right; only the breakdown of the newest series is lost. The first
     fold is logged once per instrument.
 
-    Thread-safe; memory is bounded by ``max_series`` sets per instrument.
+    Thread-safe; memory is bounded by ``max_series`` sets per instrument. The cap
+    counts every set ever admitted, as cumulative temporality (the SDK's default, and
+    Prometheus') keeps every series for the life of the process.
     """
 
-    def __init__(self, max_series: int = SDK_DEFAULT_CARDINALITY_LIMIT):
-        self.max_series = max(1, max_series)
+    def __init__(self, max_series: int | None = SDK_DEFAULT_CARDINALITY_LIMIT):
+        #: None: no cap (e.g. delta temporality, where the SDK's limit is per
+        #: collection cycle and forgets idle series)
+        self.max_series = None if max_series is None else max(1, max_series)
         #: sets kept apart for the ``__other__`` forms of span name and task prefix
-        self.reserve = min(100, self.max_series // 10)
+        self.reserve = 0 if self.max_series is None else min(100, self.max_series // 10)
         self._admitted: dict[Any, set[frozenset[tuple[str, Any]]]] = {}
         self._lock = threading.Lock()
         self.folded: set[str] = set()
 
     def __call__(self, instrument: Any, attributes: dict[str, Any]) -> dict[str, Any]:
         """The attributes under which a new series of ``instrument`` is recorded."""
+        if self.max_series is None:
+            return attributes
         key = frozenset(attributes.items())
         with self._lock:
             admitted = self._admitted.setdefault(instrument, set())
@@ -134,7 +140,7 @@ class SeriesCap:
             "dask_otel_spans: %s reached %d metric series (otel-spans.metrics."
             "max-series); newer series are reported with %s %r",
             name,
-            self.max_series - self.reserve - 1,
+            (self.max_series or 0) - self.reserve - 1,
             " and ".join(_HIGH_CARDINALITY),
             names.OTHER_SPAN_NAME,
         )

@@ -310,3 +310,11 @@ def test_span_duration_buckets_suit_seconds(memory, instruments):
     assert counts[60.0] == 1  # (30, 60]
     assert counts[7200.0] == 1  # (3600, 7200]
     assert sum(point.bucket_counts) == 4
+
+
+def test_series_cap_of_none_admits_every_series():
+    cap = SeriesCap(max_series=None)
+    instrument = object()
+    for i in range(3000):
+        attrs = {names.SPAN_NAME: f"workflow-{i}"}
+        assert cap(instrument, attrs) is attrs

@@ -571,3 +571,5 @@ def test_max_series_is_a_dask_setting():
     assert PluginConfig.from_dask_config().max_series == 2000
     with dask.config.set({"otel-spans.metrics.max-series": 50}):
         assert PluginConfig.from_dask_config().max_series == 50
+    with dask.config.set({"otel-spans.metrics.max-series": None}):
+        assert PluginConfig.from_dask_config().max_series is None
