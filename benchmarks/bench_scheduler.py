@@ -28,7 +28,7 @@ import sys
 import time
 import tracemalloc
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import dask
@@ -150,13 +150,6 @@ def big_graph_workload(client: Client, n: int) -> int:
     return n
 
 
-@dataclass
-class Figures:
-    rate: dict[str, list[float]] = field(default_factory=dict)  # tasks/s
-    cpu: dict[str, list[float]] = field(default_factory=dict)  # scheduler CPU s/task
-    loop_cpu: dict[str, list[float]] = field(default_factory=dict)  # main thread s/task
-
-
 WORKLOADS = {
     "futures": futures_workload,
     "delayed": delayed_workload,
@@ -257,8 +250,8 @@ def part_throughput(pairs: int, scale: dict[str, Any], workers: int, threads: in
     print("   scheduler CPU seconds per task, plugin / baseline (<= 1.03 wanted)")
     for name, r in ratios.items():
         print(f"   {name:10s} CPU s/task   {fmt_ratio(r['cpu'])}")
-    print("   of which the main thread (the event loop), plugin / baseline; the rest of "
-          "the plugin's CPU is on its own threads")
+    print("   main thread (the event loop) CPU seconds per task, plugin / baseline; the "
+          "rest of the plugin's CPU is on its own threads")
     for name, r in ratios.items():
         print(f"   {name:10s} loop s/task  {fmt_ratio(r['loop'])}")
     max_call = max(s["max_call_s"] for s in plugin_stats)
