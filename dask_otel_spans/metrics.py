@@ -105,7 +105,8 @@ class SeriesCap:
         self.reserve = 0 if self.max_series is None else min(100, self.max_series // 10)
         self._admitted: dict[Any, set[frozenset[tuple[str, Any]]]] = {}
         self._lock = threading.Lock()
-        self.folded: set[str] = set()
+        #: instruments whose first fold was logged
+        self.folded_instruments: set[str] = set()
 
     def __call__(self, instrument: Any, attributes: dict[str, Any]) -> dict[str, Any]:
         """The attributes under which a new series of ``instrument`` is recorded."""
@@ -133,9 +134,9 @@ class SeriesCap:
 
     def _log_fold(self, instrument: Any) -> None:
         name = str(getattr(instrument, "name", instrument))
-        if name in self.folded:
+        if name in self.folded_instruments:
             return
-        self.folded.add(name)
+        self.folded_instruments.add(name)
         logger.warning(
             "dask_otel_spans: %s reached %d metric series (otel-spans.metrics."
             "max-series); newer series are reported with %s %r",
