@@ -55,6 +55,8 @@ class PluginConfig:
     max_queue_size: int = 10000
     send_interval: float = 1.0
     output_dir: str = "dask-otel-spans"
+    export_process: bool = False
+    providers: str | None = None
 
     @classmethod
     def from_dask_config(cls, **overrides: Any) -> PluginConfig:
@@ -68,6 +70,7 @@ class PluginConfig:
 
         depth = get("metrics.span-name-depth")
         series = get("metrics.max-series")
+        factory = get("providers")
         cfg = cls(
             export_delay=seconds("export-delay"),
             idle_timeout=seconds("idle-timeout"),
@@ -84,6 +87,8 @@ class PluginConfig:
             max_queue_size=int(get("metrics.max-queue-size")),
             send_interval=seconds("metrics.send-interval"),
             output_dir=str(get("output-dir")),
+            export_process=bool(get("export-process")),
+            providers=str(factory) if factory not in (None, "", "null") else None,
         )
         known = {f.name for f in fields(cls)}
         unknown = set(overrides) - known

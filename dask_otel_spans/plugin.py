@@ -11,7 +11,9 @@ looks again at the spans that changed (or whose wait ran out), decides which are
 ready and copies them (:mod:`~dask_otel_spans.snapshot`): a pass costs what changed
 since the last one, not the number of open spans.
 Translation and the OTel SDK run on the :class:`~dask_otel_spans.emitter.SpanEmitter`
-thread, metric updates on the :class:`~dask_otel_spans.metrics.MetricsPump` thread.
+thread, metric updates on the :class:`~dask_otel_spans.metrics.MetricsPump` thread
+(:mod:`~dask_otel_spans.pipeline`); with ``otel-spans.export-process`` both run in a
+child process instead (:mod:`~dask_otel_spans.export_process`).
 """
 from __future__ import annotations
 
@@ -35,15 +37,15 @@ from tornado.ioloop import IOLoop, PeriodicCallback
 from dask_otel_spans import names
 from dask_otel_spans.config import PluginConfig
 from dask_otel_spans.emitter import EmitRequest, SpanEmitter
-from dask_otel_spans.export_health import rate_limit_sdk_logs
-from dask_otel_spans.metrics import (
-    DaskInstruments,
-    MetricsPump,
-    SeriesCap,
-    SpanNameCap,
-)
+from dask_otel_spans.export_process import ExportProcess, ExportProcessError
+from dask_otel_spans.metrics import DaskInstruments, MetricsPump
+from dask_otel_spans.pipeline import ExportPipeline, PipelineSpec
 from dask_otel_spans.propagation import parse_carried
-from dask_otel_spans.providers import Providers, resolve_providers
+from dask_otel_spans.providers import (
+    Providers,
+    _global_sdk_meter_provider,
+    _global_sdk_tracer_provider,
+)
 from dask_otel_spans.snapshot import snapshot_span
 
 if TYPE_CHECKING:
@@ -222,9 +224,14 @@ class OTelSpansPlugin(SchedulerPlugin):
         self._ext: SpansSchedulerExtension | None = None
         self._span_tags: _SpanTags | None = None
         self.providers: Providers | None = None
-        self.emitter: SpanEmitter | None = None
+        self.pipeline: ExportPipeline | None = None
+        #: the child process that exports, with ``export_process=True``
+        self.export_process: ExportProcess | None = None
+        #: where spans go: the pipeline's emitter, or the export process
+        self.emitter: SpanEmitter | ExportProcess | None = None
         self.instruments: DaskInstruments | None = None
-        self.pump: MetricsPump | None = None
+        #: where metric updates go: the pipeline's pump, or the export process
+        self.pump: MetricsPump | ExportProcess | None = None
         self._pc: PeriodicCallback | None = None
         self._closed = False
         self._started = False
@@ -259,7 +266,6 @@ class OTelSpansPlugin(SchedulerPlugin):
         self._tasks: Mapping[Any, Any] | None = None
         self._logged: set[str] = set()
         self._undo: list[Any] = []
-        self._undo_log_limit: Any = None
         #: figures for tests and benchmarks
         #: spans handed to the emitter
         self.handed_over_count = 0
@@ -384,56 +390,39 @@ class OTelSpansPlugin(SchedulerPlugin):
                 "idle", level=logging.WARNING,
             )
             return
-        try:
-            self.providers = resolve_providers(
-                tracer_provider=self._explicit_tracer_provider,
-                meter_provider=self._explicit_meter_provider,
-                environ=self._environ,
-                scheduler_address=scheduler.address,
-                output_dir=self.config.output_dir,
-                use_global=self._use_global,
-                metric_series_limit=self.config.max_series,
+        spec = PipelineSpec(
+            self.config,
+            dict(self._environ) if self._environ is not None else None,
+            scheduler.address,
+            self.config.providers,
+        )
+        if self.config.export_process and self._may_export_in_child():
+            await self._start_export_process(spec)
+        if self.export_process is None:
+            try:
+                self.providers = spec.resolve_providers(
+                    tracer_provider=self._explicit_tracer_provider,
+                    meter_provider=self._explicit_meter_provider,
+                    use_global=self._use_global,
+                )
+                self.pipeline = ExportPipeline.build(self.providers, self.config)
+            except Exception as e:
+                self._log_once(
+                    "providers", "cannot set up exporters (%s); the plugin stays idle",
+                    e, level=logging.ERROR,
+                )
+                return
+            self.emitter = self.pipeline.emitter
+            self.pump = self.pipeline.pump
+            self.instruments = self.pipeline.instruments
+            logger.info(
+                "dask_otel_spans: traces to %s; metrics to %s",
+                self.providers.traces_to,
+                self.providers.metrics_to,
             )
-        except Exception as e:
-            self._log_once(
-                "providers", "cannot set up exporters (%s); the plugin stays idle", e,
-                level=logging.ERROR,
-            )
-            return
         self._ext = ext
         self._tasks = scheduler.tasks
         self._span_tags = _SpanTags(ext.spans)
-        if self.providers.owned:
-            self._undo_log_limit = rate_limit_sdk_logs()
-        if self.providers.meter_provider is not None:
-            meter = self.providers.meter_provider.get_meter(names.INSTRUMENTATION_SCOPE)
-            self.instruments = DaskInstruments(
-                meter,
-                SpanNameCap(
-                    self.config.span_name_depth,
-                    self.config.max_span_names,
-                    self.config.max_span_name_length,
-                ),
-                SeriesCap(self.config.max_series),
-            )
-            self.pump = MetricsPump(
-                self.instruments, self.config.max_queue_size, self.config.send_interval
-            )
-            self.pump.start()
-        self.emitter = SpanEmitter(
-            self.providers.tracer_provider,
-            self.pump,
-            prefix_spans=self.config.prefix_spans,
-            code_max_length=(
-                self.config.max_code_length if self.config.include_code else None
-            ),
-        )
-        self.emitter.start()
-        logger.info(
-            "dask_otel_spans: traces to %s; metrics to %s",
-            self.providers.traces_to,
-            self.providers.metrics_to,
-        )
 
         previous = scheduler.plugins.get(self.name)
         if isinstance(previous, OTelSpansPlugin) and previous is not self:
@@ -447,6 +436,48 @@ class OTelSpansPlugin(SchedulerPlugin):
         self._pc = PeriodicCallback(self._tick, self.config.tick_interval * 1000)
         scheduler.periodic_callbacks[f"{self.name}-tick"] = self._pc
         self._pc.start()
+
+    def _may_export_in_child(self) -> bool:
+        """Whether the providers can be built in the export process: not when they
+        are objects of this process (given, or the global ones)."""
+        if self._explicit_tracer_provider is not None or (
+            self._explicit_meter_provider is not None
+        ):
+            where = "given providers"
+        elif self.config.providers:
+            return True
+        elif self._use_global and (
+            _global_sdk_tracer_provider() is not None
+            or _global_sdk_meter_provider() is not None
+        ):
+            where = "the process's global providers"
+        else:
+            return True
+        self._log_once(
+            "export-process-providers", "export-process needs providers built from "
+            "configuration (OTEL_* or otel-spans.providers); with %s, spans are "
+            "exported in the scheduler process", where, level=logging.INFO,
+        )
+        return False
+
+    async def _start_export_process(self, spec: PipelineSpec) -> None:
+        """Start the export process; on failure the scheduler process exports."""
+        process = ExportProcess(spec, max_metric_backlog=self.config.max_queue_size)
+        loop = asyncio.get_running_loop()
+        try:
+            info = await loop.run_in_executor(None, process.launch)
+        except ExportProcessError as e:
+            self._log_once(
+                "export-process-start", "the export process did not start (%s); "
+                "exporting in the scheduler process", e, level=logging.ERROR,
+            )
+            return
+        process.start()
+        self.export_process = self.emitter = self.pump = process
+        logger.info(
+            "dask_otel_spans: export process pid %s: traces to %s; metrics to %s",
+            info.get("pid"), info.get("traces_to"), info.get("metrics_to"),
+        )
 
     async def _take_over(self, previous: OTelSpansPlugin) -> None:
         """Registered again (same name): continue where the previous instance was,
@@ -496,44 +527,22 @@ class OTelSpansPlugin(SchedulerPlugin):
                 undo()
         self._undo.clear()
         loop = asyncio.get_running_loop()
-        # The emitter feeds the pump: stop it first
-        if self.emitter is not None:
-            await loop.run_in_executor(None, self.emitter.stop, _CLOSE_TIMEOUT)
-        if self.pump is not None:
-            await loop.run_in_executor(None, self.pump.stop, _CLOSE_TIMEOUT)
-        await self._flush_providers()
-        if self._undo_log_limit is not None:
-            # kept until the providers' final flush is over
-            self._undo_log_limit()
-            self._undo_log_limit = None
+        if self.export_process is not None:
+            await loop.run_in_executor(None, self.export_process.stop, _CLOSE_TIMEOUT)
+        pipeline = self.pipeline
+        if pipeline is not None:
+            await loop.run_in_executor(None, pipeline.stop_threads, _CLOSE_TIMEOUT)
+            try:
+                await asyncio.wait_for(
+                    loop.run_in_executor(None, pipeline.close_providers, _CLOSE_TIMEOUT),
+                    2 * _CLOSE_TIMEOUT,
+                )
+            except asyncio.TimeoutError:
+                logger.error(
+                    "dask_otel_spans: exporters did not flush within %ss",
+                    2 * _CLOSE_TIMEOUT,
+                )
         _LOCAL_PLUGINS.pop(self._token, None)
-
-    async def _flush_providers(self) -> None:
-        providers = self.providers
-        if providers is None:
-            return
-
-        def flush_and_shut_down() -> None:
-            for provider in (providers.tracer_provider, providers.meter_provider):
-                if provider is None:
-                    continue
-                try:
-                    if provider in providers.owned:
-                        provider.shutdown()
-                    elif hasattr(provider, "force_flush"):
-                        provider.force_flush(int(_CLOSE_TIMEOUT * 1000))
-                except Exception:
-                    logger.exception("dask_otel_spans: flushing %r failed", provider)
-
-        loop = asyncio.get_running_loop()
-        try:
-            await asyncio.wait_for(
-                loop.run_in_executor(None, flush_and_shut_down), 2 * _CLOSE_TIMEOUT
-            )
-        except asyncio.TimeoutError:
-            logger.error(
-                "dask_otel_spans: exporters did not flush within %ss", 2 * _CLOSE_TIMEOUT
-            )
 
     # -- wrapping dask internals -----------------------------------------------------
 
@@ -1203,19 +1212,10 @@ class OTelSpansPlugin(SchedulerPlugin):
             while self._work is not None:
                 await asyncio.sleep(0.001)
         loop = asyncio.get_running_loop()
-        for worker in (self.emitter, self.pump):
-            if worker is not None:
-                await loop.run_in_executor(None, worker.flush, timeout)
-        providers = self.providers
-        if providers is None:
-            return
-
-        def flush() -> None:
-            for provider in (providers.tracer_provider, providers.meter_provider):
-                if provider is not None and hasattr(provider, "force_flush"):
-                    provider.force_flush(int(timeout * 1000))
-
-        await loop.run_in_executor(None, flush)
+        if self.export_process is not None:
+            await loop.run_in_executor(None, self.export_process.flush, timeout)
+        if self.pipeline is not None:
+            await loop.run_in_executor(None, self.pipeline.flush, timeout)
 
 
 def _minus_depth(rec: _OpenSpan) -> int:

@@ -1,0 +1,147 @@
+"""The export process: runs the export pipeline (translation, OTel SDK, exporters) on
+what the scheduler's plugin sends over its stdin, outside the scheduler process.
+
+Started by :class:`~dask_otel_spans.export_process.ExportProcess` as
+``python -m dask_otel_spans.export_child``. Protocol (frames of :mod:`~dask_otel_spans.wire`):
+
+- stdin, first frame: a :class:`~dask_otel_spans.pipeline.PipelineSpec`; then batches
+  (lists) of ``("emit", EmitRequest)``, ``("metric", method, args)`` and
+  ``("flush", token, timeout)``. End of stdin: finish, shut down, exit.
+- stdout: ``("ready", info)`` or ``("failed", reason)``; ``("stats", stats)`` when
+  the figures changed; ``("flushed", token, ok, stats)``; ``("stopped", stats)``.
+
+Anything else the process prints goes to stderr, as do its log lines.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import IO, Any
+
+from dask_otel_spans.pipeline import ExportPipeline, PipelineSpec
+from dask_otel_spans.wire import read_frame, write_frame
+
+logger = logging.getLogger("dask_otel_spans.export_child")
+
+#: Seconds between two looks at whether the figures changed
+_STATS_INTERVAL = 0.5
+#: Longest wait for the final export at the end
+_STOP_TIMEOUT = 10.0
+
+
+class _Outbox:
+    """The frames to the scheduler: one writer at a time; a closed pipe (the
+    scheduler went away) is ignored."""
+
+    def __init__(self, stream: IO[bytes]):
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def send(self, message: Any) -> None:
+        with self._lock:
+            try:
+                write_frame(self._stream, message)
+            except (OSError, ValueError):
+                pass
+
+
+def _process_cpu_seconds() -> float:
+    return time.process_time()
+
+
+def _stats(pipeline: ExportPipeline) -> dict[str, Any]:
+    return {**pipeline.stats(), "process_cpu_s": _process_cpu_seconds()}
+
+
+def _report_stats(
+    pipeline: ExportPipeline, outbox: _Outbox, stopped: threading.Event
+) -> None:
+    last: dict[str, Any] = {}
+    while not stopped.wait(_STATS_INTERVAL):
+        stats = pipeline.stats()
+        if stats != last:
+            last = stats
+            outbox.send(("stats", {**stats, "process_cpu_s": _process_cpu_seconds()}))
+
+
+def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
+    """Build the pipeline from the first frame, then feed it until ``inbox`` ends."""
+    try:
+        spec: PipelineSpec = read_frame(inbox)
+        pipeline = ExportPipeline.build(spec.resolve_providers(), spec.config)
+    except EOFError:
+        return 0
+    except Exception as e:
+        logger.exception("dask_otel_spans: the export process cannot set up exporters")
+        outbox.send(("failed", f"{type(e).__name__}: {e}"))
+        return 1
+    outbox.send((
+        "ready",
+        {
+            "traces_to": pipeline.providers.traces_to,
+            "metrics_to": pipeline.providers.metrics_to,
+            "pid": os.getpid(),
+        },
+    ))
+    stopped = threading.Event()
+    reporter = threading.Thread(
+        target=_report_stats, args=(pipeline, outbox, stopped),
+        name="dask-otel-spans-export-stats", daemon=True,
+    )
+    reporter.start()
+    bad_frames = 0
+    while True:
+        try:
+            batch = read_frame(inbox)
+        except EOFError:
+            break
+        except Exception:
+            bad_frames += 1
+            if bad_frames == 1:
+                logger.exception("dask_otel_spans: unreadable frame from the scheduler "
+                                 "(logged once)")
+            continue
+        for message in batch:
+            kind = message[0]
+            if kind == "emit":
+                pipeline.emitter.emit(message[1])
+            elif kind == "metric":
+                if pipeline.pump is not None:
+                    pipeline.pump.submit(message[1], *message[2])
+            elif kind == "flush":
+                _, token, timeout = message
+                ok = pipeline.flush(timeout)
+                outbox.send(("flushed", token, ok, _stats(pipeline)))
+    stopped.set()
+    pipeline.stop_threads(_STOP_TIMEOUT)
+    pipeline.close_providers(_STOP_TIMEOUT)
+    outbox.send(("stopped", _stats(pipeline)))
+    return 0
+
+
+def main() -> int:
+    # The protocol owns the real stdout; stray prints (e.g. a console exporter) go
+    # to stderr with the log lines.
+    protocol_out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    # Ctrl-C or a TERM sent to the scheduler's process group must not end the export
+    # before the scheduler's final spans are in: this process ends when its stdin
+    # does (the scheduler closed it, or exited).
+    for sig in (signal.SIGINT, getattr(signal, "SIGTERM", None)):
+        if sig is not None:
+            signal.signal(sig, signal.SIG_IGN)
+    logging.basicConfig(
+        level=logging.WARNING,
+        format="%(asctime)s - dask_otel_spans export process - %(levelname)s - "
+        "%(message)s",
+    )
+    logging.getLogger("dask_otel_spans").setLevel(logging.INFO)
+    return serve(sys.stdin.buffer, _Outbox(protocol_out))
+
+
+if __name__ == "__main__":  # pragma: no cover - run as a child process
+    sys.exit(main())

@@ -1,0 +1,329 @@
+"""``ExportProcess``: the scheduler's side of the export process. It copies what the
+plugin queues onto a pipe to a child process that translates and exports it, so that
+the OTel SDK's work does not share the scheduler's GIL with its event loop."""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from itertools import count
+from typing import Any
+
+from dask_otel_spans.background import BackgroundQueue
+from dask_otel_spans.emitter import EmitRequest
+from dask_otel_spans.pipeline import PipelineSpec
+from dask_otel_spans.wire import portable_request, read_frame, span_tags_of, write_frame
+
+logger = logging.getLogger(__name__)
+
+#: Items per frame at most; a frame also goes out whenever the queue runs empty
+_BATCH_SIZE = 256
+
+
+class ExportProcessError(RuntimeError):
+    """The export process could not be started."""
+
+
+class _Flush:
+    """A flush waiting for the export process's answer."""
+
+    __slots__ = ("done", "ok")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.ok = False
+
+
+class ExportProcess(BackgroundQueue):
+    """Send span snapshots and metric updates to an export process.
+
+    Takes the place of the :class:`~dask_otel_spans.emitter.SpanEmitter` and the
+    :class:`~dask_otel_spans.metrics.MetricsPump` in the scheduler: :meth:`emit` and
+    :meth:`submit` queue (never block; past ``maxsize`` pending items they drop and
+    count), a sender thread makes each item self-contained
+    (:func:`~dask_otel_spans.wire.portable_request`), pickles batches and writes them
+    to the child's stdin. The child (:mod:`~dask_otel_spans.export_child`) builds the
+    providers from ``spec`` and runs the same pipeline as the scheduler would.
+
+    When the child dies, this is logged and a new one is started, at most
+    ``max_restarts`` times; what the dead one held (spans not yet exported, metric
+    sums since its last export, subtree summaries of emitted spans) is lost, and its
+    counters start again from zero (cumulative consumers see a reset).
+
+    Parameters
+    ----------
+    spec:
+        How the child builds its providers
+    maxsize:
+        Largest number of items waiting for the sender thread
+    start_timeout:
+        Seconds to wait for a child to report ready
+    max_restarts:
+        Children started after the first one died
+    max_metric_backlog:
+        Metric updates are dropped (and counted in ``dropped``) while this many items
+        wait for the sender thread; spans are never dropped here
+    """
+
+    def __init__(
+        self,
+        spec: PipelineSpec,
+        *,
+        maxsize: int = 100_000,
+        start_timeout: float = 60.0,
+        max_restarts: int = 3,
+        max_metric_backlog: int = 10_000,
+    ):
+        super().__init__(
+            "dask-otel-spans-export-sender", maxsize, "spans and metric updates"
+        )
+        self.max_metric_backlog = max(1, max_metric_backlog)
+        self.spec = spec
+        self.start_timeout = start_timeout
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        #: items that could not reach a live export process
+        self.lost = 0
+        #: the child's figures (:meth:`ExportPipeline.stats`), as last reported
+        self.child_stats: dict[str, Any] = {}
+        #: what the child said when it was ready: where traces and metrics go, pid
+        self.info: dict[str, Any] = {}
+        #: subtree summaries live in the child; none to hand over here
+        self.summaries: dict[str, Any] = {}
+        self._proc: subprocess.Popen | None = None
+        self._reader: threading.Thread | None = None
+        self._batch: list[tuple[Any, ...]] = []
+        self._flushes: dict[int, _Flush] = {}
+        self._tokens = count(1)
+        self._stopping = False
+        self._gave_up = False
+
+    # -- the child -----------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def exported_count(self) -> int:
+        """Spans the export process handed to its tracer provider (as last
+        reported)."""
+        return int(self.child_stats.get("exported", 0))
+
+    def launch(self) -> dict[str, Any]:
+        """Start a child and wait until it is ready; its ``info``."""
+        env = dict(os.environ)
+        # the child imports what this process imports (e.g. a providers factory)
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in sys.path if p))
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "dask_otel_spans.export_child"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+            )
+        except (OSError, ValueError) as e:
+            raise ExportProcessError(f"cannot start {sys.executable}: {e}") from e
+        ready = threading.Event()
+        answer: dict[str, Any] = {}
+        reader = threading.Thread(
+            target=self._read, args=(proc, ready, answer),
+            name="dask-otel-spans-export-reader", daemon=True,
+        )
+        reader.start()
+        try:
+            write_frame(proc.stdin, self.spec)
+        except (OSError, ValueError):
+            pass  # the reader sees the child end
+        if not ready.wait(self.start_timeout) or "ready" not in answer:
+            reason = answer.get("failed") or (
+                f"no answer within {self.start_timeout}s"
+                if proc.poll() is None
+                else f"exit code {proc.poll()}"
+            )
+            self._end(proc, reader, timeout=1.0)
+            raise ExportProcessError(reason)
+        self._proc, self._reader = proc, reader
+        self.info = answer["ready"]
+        return self.info
+
+    def _read(self, proc: subprocess.Popen, ready: threading.Event,
+              answer: dict[str, Any]) -> None:
+        """Reader thread of one child: its answers, until its stdout ends."""
+        try:
+            while True:
+                message = read_frame(proc.stdout)
+                kind = message[0]
+                if kind in ("ready", "failed"):
+                    answer[kind] = message[1]
+                    ready.set()
+                elif kind == "stats" or kind == "stopped":
+                    self.child_stats = message[1]
+                elif kind == "flushed":
+                    _, token, ok, stats = message
+                    self.child_stats = stats
+                    flush = self._flushes.pop(token, None)
+                    if flush is not None:
+                        flush.ok = bool(ok)
+                        flush.done.set()
+        except EOFError:
+            pass
+        except Exception:
+            logger.exception("dask_otel_spans: unreadable answer from the export process")
+        finally:
+            ready.set()
+            if proc is self._proc and not self._stopping:
+                code = proc.wait()
+                logger.error(
+                    "dask_otel_spans: the export process (pid %d) exited with code %s; "
+                    "spans and metric sums it had not exported yet are lost",
+                    proc.pid, code,
+                )
+            if proc is self._proc:
+                self._fail_flushes()
+
+    def _fail_flushes(self) -> None:
+        for token in list(self._flushes):
+            flush = self._flushes.pop(token, None)
+            if flush is not None:
+                flush.done.set()
+
+    def _live_child(self) -> subprocess.Popen | None:
+        """The running child; a new one when it died (at most ``max_restarts``)."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            return proc
+        if self._stopping or self._gave_up:
+            return None
+        while self.restarts < self.max_restarts:
+            self.restarts += 1
+            logger.warning(
+                "dask_otel_spans: starting a new export process (%d of at most %d "
+                "restarts)", self.restarts, self.max_restarts,
+            )
+            try:
+                self.launch()
+                return self._proc
+            except ExportProcessError as e:
+                logger.error("dask_otel_spans: the export process did not start: %s", e)
+        self._gave_up = True
+        logger.error(
+            "dask_otel_spans: no export process after %d restarts; spans and metrics "
+            "are dropped from now on (counted in ExportProcess.lost)", self.restarts,
+        )
+        return None
+
+    @staticmethod
+    def _end(proc: subprocess.Popen, reader: threading.Thread | None,
+             timeout: float) -> None:
+        """Close the child's stdin (it finishes and exits), wait, then kill."""
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            logger.error(
+                "dask_otel_spans: the export process (pid %d) did not finish within "
+                "%ss; killed", proc.pid, timeout,
+            )
+            proc.kill()
+            proc.wait()
+        if reader is not None:
+            reader.join(timeout)
+        try:
+            proc.stdout.close()
+        except OSError:
+            pass
+
+    # -- what the plugin calls -----------------------------------------------------
+
+    def emit(self, request: EmitRequest) -> None:
+        self.put(("emit", request))
+
+    def submit(self, method: str, *args: Any) -> None:
+        """Call ``DaskInstruments.<method>(*args)`` in the export process."""
+        if self._queue.qsize() >= self.max_metric_backlog:
+            self.dropped += 1
+            if self.dropped == 1:
+                logger.warning(
+                    "dask_otel_spans: %d items wait for the export process; dropping "
+                    "metric updates (counted in ExportProcess.dropped)",
+                    self.max_metric_backlog,
+                )
+            return
+        self.put(("metric", method, args))
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until the export process exported everything queued so far; False
+        when it did not answer within ``timeout`` seconds (or is gone)."""
+        if self._thread is None:
+            return True
+        timeout = 10.0 if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        token = next(self._tokens)
+        flush = self._flushes[token] = _Flush()
+        try:
+            self._queue.put(("flush", token, timeout), timeout=timeout)
+        except Exception:
+            self._flushes.pop(token, None)
+            return False
+        flush.done.wait(max(0.0, deadline - time.monotonic()))
+        self._flushes.pop(token, None)
+        return flush.ok
+
+    def stop(self, timeout: float = 10) -> None:
+        """Send what is queued, then let the export process finish its exports and
+        exit (killed after ``timeout`` seconds)."""
+        super().stop(timeout)
+        self._stopping = True
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            self._end(proc, self._reader, timeout)
+        self._reader = None
+
+    # -- the sender thread ---------------------------------------------------------
+
+    def handle(self, item: tuple[Any, ...]) -> None:
+        kind = item[0]
+        if kind == "emit":
+            item = ("emit", portable_request(item[1]))
+        elif kind == "metric" and item[1] == "add_span_deltas":
+            deltas, span_tags = item[2]
+            if not isinstance(deltas, Mapping):
+                return
+            item = ("metric", "add_span_deltas",
+                    (dict(deltas), span_tags_of(deltas, span_tags)))
+        self._batch.append(item)
+        if kind == "flush" or len(self._batch) >= _BATCH_SIZE:
+            self.settle()
+
+    def next_settle_in(self) -> float | None:
+        return 0.0 if self._batch else None
+
+    def settle(self) -> None:
+        """Write the batch to the export process."""
+        batch, self._batch = self._batch, []
+        if not batch:
+            return
+        for _ in range(2):  # the running child, or else a new one
+            proc = self._live_child()
+            if proc is None:
+                break
+            try:
+                write_frame(proc.stdin, batch)
+                return
+            except (OSError, ValueError):
+                try:
+                    proc.wait(1.0)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        self.lost += sum(1 for item in batch if item[0] != "flush")
+        for item in batch:
+            if item[0] == "flush":
+                flush = self._flushes.pop(item[1], None)
+                if flush is not None:
+                    flush.done.set()

@@ -1,0 +1,180 @@
+"""The export pipeline: the emitter and metrics threads over one pair of providers,
+built, flushed and stopped together, in the scheduler process or in the export
+process."""
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dask_otel_spans import names
+from dask_otel_spans.config import PluginConfig
+from dask_otel_spans.emitter import SpanEmitter
+from dask_otel_spans.export_health import rate_limit_sdk_logs
+from dask_otel_spans.metrics import DaskInstruments, MetricsPump, SeriesCap, SpanNameCap
+from dask_otel_spans.providers import Providers, resolve_providers
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """Everything needed to build a pipeline's providers without live objects, so
+    that it can travel to another process.
+
+    Parameters
+    ----------
+    config:
+        The plugin's settings
+    environ:
+        Mapping to read ``OTEL_*`` variables from; None for the building process's
+        environment
+    scheduler_address:
+        For the resource attribute ``dask.scheduler.address``
+    providers_factory:
+        ``"module:callable"`` returning ``(tracer_provider, meter_provider)`` (either
+        may be None), called without arguments where the pipeline is built; None
+        builds providers from ``OTEL_*`` as the plugin does
+    """
+
+    config: PluginConfig
+    environ: Mapping[str, str] | None = None
+    scheduler_address: str | None = None
+    providers_factory: str | None = None
+
+    def resolve_providers(self, **explicit: Any) -> Providers:
+        """The providers: ``explicit`` (``tracer_provider``, ``meter_provider``,
+        ``use_global``), then the factory, then ``OTEL_*`` and the embedded default."""
+        if self.providers_factory and not any(
+            explicit.get(k) is not None for k in ("tracer_provider", "meter_provider")
+        ):
+            tracer_provider, meter_provider = load_factory(self.providers_factory)()
+            where = f"the providers of {self.providers_factory}"
+            return Providers(
+                tracer_provider=tracer_provider,
+                meter_provider=meter_provider,
+                owned=[p for p in (tracer_provider, meter_provider) if p is not None],
+                traces_to=where if tracer_provider is not None else "nowhere",
+                metrics_to=where if meter_provider is not None else "nowhere",
+            )
+        return resolve_providers(
+            environ=self.environ,
+            scheduler_address=self.scheduler_address,
+            output_dir=self.config.output_dir,
+            metric_series_limit=self.config.max_series,
+            **explicit,
+        )
+
+
+def load_factory(path: str) -> Callable[[], tuple[Any, Any]]:
+    """The callable named by ``"package.module:attribute"``."""
+    module_name, sep, attribute = path.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ValueError(
+            f"providers factory {path!r} is not of the form 'package.module:callable'"
+        )
+    factory = getattr(importlib.import_module(module_name), attribute)
+    if not callable(factory):
+        raise TypeError(f"providers factory {path!r} is not callable")
+    return factory
+
+
+@dataclass
+class ExportPipeline:
+    """The threads that turn span snapshots and heartbeat deltas into OTel data.
+
+    Build it with :meth:`build`; its threads are running from then on.
+    """
+
+    providers: Providers
+    emitter: SpanEmitter
+    instruments: DaskInstruments | None = None
+    pump: MetricsPump | None = None
+    _undo_log_limit: Callable[[], None] | None = field(default=None, repr=False)
+
+    @classmethod
+    def build(cls, providers: Providers, config: PluginConfig) -> ExportPipeline:
+        """Start the metrics thread (when there is a meter provider) and the
+        emitter thread over ``providers``."""
+        undo_log_limit = rate_limit_sdk_logs() if providers.owned else None
+        instruments = pump = None
+        if providers.meter_provider is not None:
+            meter = providers.meter_provider.get_meter(names.INSTRUMENTATION_SCOPE)
+            instruments = DaskInstruments(
+                meter,
+                SpanNameCap(
+                    config.span_name_depth,
+                    config.max_span_names,
+                    config.max_span_name_length,
+                ),
+                SeriesCap(config.max_series),
+            )
+            pump = MetricsPump(instruments, config.max_queue_size, config.send_interval)
+            pump.start()
+        emitter = SpanEmitter(
+            providers.tracer_provider,
+            pump,
+            prefix_spans=config.prefix_spans,
+            code_max_length=config.max_code_length if config.include_code else None,
+        )
+        emitter.start()
+        return cls(providers, emitter, instruments, pump, undo_log_limit)
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until everything queued so far reached the providers, then flush
+        them; False when something did not finish within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        ok = True
+        # the emitter feeds the pump: flush it first
+        for worker in (self.emitter, self.pump):
+            if worker is not None:
+                ok = worker.flush(max(0.0, deadline - time.monotonic())) and ok
+        for provider in (self.providers.tracer_provider, self.providers.meter_provider):
+            if provider is not None and hasattr(provider, "force_flush"):
+                left_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
+                try:
+                    ok = provider.force_flush(left_ms) is not False and ok
+                except Exception:
+                    logger.exception("dask_otel_spans: flushing %r failed", provider)
+                    ok = False
+        return ok
+
+    def stop_threads(self, timeout: float) -> None:
+        """Handle what is queued, then end the emitter and metrics threads."""
+        self.emitter.stop(timeout)
+        if self.pump is not None:
+            self.pump.stop(timeout)
+
+    def close_providers(self, timeout: float) -> None:
+        """Shut down the providers the pipeline owns; flush the others."""
+        providers = self.providers
+        for provider in (providers.tracer_provider, providers.meter_provider):
+            if provider is None:
+                continue
+            try:
+                if provider in providers.owned:
+                    provider.shutdown()
+                elif hasattr(provider, "force_flush"):
+                    provider.force_flush(int(timeout * 1000))
+            except Exception:
+                logger.exception("dask_otel_spans: flushing %r failed", provider)
+        if self._undo_log_limit is not None:
+            # kept until the providers' final flush is over
+            self._undo_log_limit()
+            self._undo_log_limit = None
+
+    def stats(self) -> dict[str, Any]:
+        """Figures for tests and benchmarks."""
+        instruments = self.instruments
+        return {
+            "exported": self.emitter.exported_count,
+            "emitter_cpu_s": self.emitter.cpu_seconds,
+            "metrics_cpu_s": self.pump.cpu_seconds if self.pump is not None else 0.0,
+            "dropped": self.emitter.dropped
+            + (self.pump.dropped if self.pump is not None else 0),
+            "metric_updates": instruments.updates if instruments is not None else 0,
+            "metric_sdk_calls": instruments.sdk_calls if instruments is not None else 0,
+        }

@@ -1,0 +1,86 @@
+"""What crosses the pipe to the export process: length-prefixed pickle frames, and
+self-contained copies of the items the plugin queues (no references into the
+scheduler's live state)."""
+from __future__ import annotations
+
+import pickle
+import struct
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import replace
+from typing import IO, Any
+
+from dask_otel_spans.emitter import EmitRequest
+from dask_otel_spans.snapshot import SpanSnapshot
+
+_HEADER = struct.Struct("!I")
+
+
+def write_frame(stream: IO[bytes], obj: Any) -> None:
+    """Pickle ``obj`` onto ``stream`` as one frame and flush it."""
+    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_HEADER.pack(len(payload)))
+    stream.write(payload)
+    stream.flush()
+
+
+def read_frame(stream: IO[bytes]) -> Any:
+    """The next frame's object; raises ``EOFError`` when the stream ended."""
+    header = stream.read(_HEADER.size)
+    if len(header) < _HEADER.size:
+        raise EOFError("export pipe closed")
+    (size,) = _HEADER.unpack(header)
+    payload = stream.read(size)
+    if len(payload) < size:
+        raise EOFError("export pipe closed in the middle of a frame")
+    return pickle.loads(payload)
+
+
+def portable_request(request: EmitRequest) -> EmitRequest:
+    """``request`` with its snapshots' reference to the scheduler's (append-only,
+    ever-growing) ``total_nthreads_history`` replaced by a copy of the part from the
+    oldest snapshot's offset on: what is pickled follows the span, not history."""
+    snapshot = request.snapshot
+    if snapshot is None or isinstance(snapshot.nthreads_history, tuple):
+        return request
+    start = _lowest_offset(snapshot)
+    history = tuple(snapshot.nthreads_history[start:])
+    return replace(request, snapshot=_rebased(snapshot, history, start))
+
+
+def _lowest_offset(snapshot: SpanSnapshot) -> int:
+    lowest = snapshot.nthreads_offset
+    for child in snapshot.children:
+        if not isinstance(child, str):
+            lowest = min(lowest, _lowest_offset(child))
+    return lowest
+
+
+def _rebased(
+    snapshot: SpanSnapshot, history: tuple[tuple[float, int], ...], start: int
+) -> SpanSnapshot:
+    return replace(
+        snapshot,
+        nthreads_history=history,
+        nthreads_offset=snapshot.nthreads_offset - start,
+        children=tuple(
+            child if isinstance(child, str) else _rebased(child, history, start)
+            for child in snapshot.children
+        ),
+    )
+
+
+def span_tags_of(
+    deltas: Mapping[Hashable, float], span_tags: Mapping[str, Sequence[str]]
+) -> dict[str, tuple[str, ...]]:
+    """The tags of the spans named in heartbeat deltas
+    ``{(context, span_id, prefix, activity, unit): value}``, as a plain dict."""
+    out: dict[str, tuple[str, ...]] = {}
+    for key in deltas:
+        if isinstance(key, tuple) and len(key) >= 4:
+            span_id = key[1]
+            try:
+                if span_id not in out:
+                    out[span_id] = tuple(span_tags[span_id])
+            except (KeyError, TypeError):  # unknown or unhashable: the default name
+                pass
+    return out
