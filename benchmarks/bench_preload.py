@@ -1,9 +1,15 @@
 """Scheduler preload of the benchmark: the plugin with SDK providers whose exporters
 record export latency (done -> exporter) and discard the data, so that the benchmark
-measures the plugin and the SDK, not a collector."""
+measures the plugin and the SDK, not a collector.
+
+With ``BENCH_EXPORT_RECORDS`` set (a file path), the plugin runs with its export
+process, whose providers come from :func:`child_providers`: the export process writes
+one line per exported span to that file, which :func:`stats` reads on the scheduler.
+"""
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -63,24 +69,61 @@ def gc_cpu_of_this_thread() -> float:
     return GC_CPU_BY_THREAD.get(threading.get_ident(), 0.0)
 
 
+#: environment variable naming the file of the export process's export records
+RECORDS_VARIABLE = "BENCH_EXPORT_RECORDS"
+_RECORDS_READ = [0]
+
+
+def _record(span_id: str, workload: str, end_s: float, exported_s: float) -> None:
+    """One dask span reached the exporter."""
+    latency = exported_s - end_s
+    LATENCIES.append(latency)
+    LATENCIES_BY_WORKLOAD.setdefault(workload, []).append(latency)
+    handed = HANDED_OVER.pop(span_id, None)
+    if handed is not None:
+        HAND_OVER_TO_EXPORT_BY_WORKLOAD.setdefault(workload, []).append(
+            exported_s - handed
+        )
+        DONE_TO_HAND_OVER_BY_WORKLOAD.setdefault(workload, []).append(handed - end_s)
+    EXPORTED[0] += 1
+
+
+def _read_records() -> None:
+    """Feed the export process's new records (complete lines) to :func:`_record`."""
+    path = os.environ.get(RECORDS_VARIABLE)
+    if not path or not os.path.exists(path):
+        return
+    with open(path) as f:
+        f.seek(_RECORDS_READ[0])
+        data = f.read()
+    end = data.rfind("\n") + 1
+    _RECORDS_READ[0] += len(data[:end].encode())
+    for line in data[:end].splitlines():
+        span_id, workload, end_s, exported_s = line.split("\t")
+        _record(span_id, workload, float(end_s), float(exported_s))
+
+
 class LatencyExporter(SpanExporter):
+    """Records each dask span's export time, in this process or, given a file, as
+    lines of that file."""
+
+    def __init__(self, records_file: str | None = None):
+        self.records = open(records_file, "a") if records_file else None
+
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        now = time.time_ns()
+        now = time.time_ns() / 1e9
+        lines = []
         for s in spans:
             if "dask.span.id" in (s.attributes or {}):
-                latency = (now - s.end_time) / 1e9
-                LATENCIES.append(latency)
+                span_id = s.attributes["dask.span.id"]
                 workload = str(s.attributes["dask.span.name"][0]).split("-")[0]
-                LATENCIES_BY_WORKLOAD.setdefault(workload, []).append(latency)
-                handed = HANDED_OVER.pop(s.attributes["dask.span.id"], None)
-                if handed is not None:
-                    HAND_OVER_TO_EXPORT_BY_WORKLOAD.setdefault(workload, []).append(
-                        now / 1e9 - handed
-                    )
-                    DONE_TO_HAND_OVER_BY_WORKLOAD.setdefault(workload, []).append(
-                        handed - s.end_time / 1e9
-                    )
-                EXPORTED[0] += 1
+                if self.records is None:
+                    _record(span_id, workload, s.end_time / 1e9, now)
+                else:
+                    lines.append(f"{span_id}\t{workload}\t{s.end_time / 1e9!r}\t{now!r}\n")
+        if lines:
+            self.records.write("".join(lines))
+            self.records.flush()
         return SpanExportResult.SUCCESS
 
 
@@ -95,18 +138,34 @@ class NullMetricExporter(MetricExporter):
         pass
 
 
-def dask_setup(scheduler):
-    gc.callbacks.append(_gc_clock)
+def _providers(records_file: str | None = None) -> tuple[TracerProvider, MeterProvider]:
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(
-        BatchSpanProcessor(LatencyExporter(), schedule_delay_millis=500, max_queue_size=100_000)
+        BatchSpanProcessor(LatencyExporter(records_file), schedule_delay_millis=500,
+                           max_queue_size=100_000)
     )
     meter_provider = MeterProvider(
         metric_readers=[
             PeriodicExportingMetricReader(NullMetricExporter(), export_interval_millis=5_000)
         ]
     )
-    plugin = OTelSpansPlugin(tracer_provider=tracer_provider, meter_provider=meter_provider)
+    return tracer_provider, meter_provider
+
+
+def child_providers() -> tuple[TracerProvider, MeterProvider]:
+    """Providers factory of the export process (``otel-spans.providers``)."""
+    return _providers(os.environ[RECORDS_VARIABLE])
+
+
+def dask_setup(scheduler):
+    gc.callbacks.append(_gc_clock)
+    if os.environ.get(RECORDS_VARIABLE):
+        plugin = OTelSpansPlugin(export_process=True,
+                                 providers="bench_preload:child_providers")
+    else:
+        tracer_provider, meter_provider = _providers()
+        plugin = OTelSpansPlugin(tracer_provider=tracer_provider,
+                                 meter_provider=meter_provider)
     plugin.pause_clock = gc_cpu_of_this_thread
     scheduler.add_plugin(plugin)
 
@@ -114,6 +173,8 @@ def dask_setup(scheduler):
 def stats(dask_scheduler) -> dict:
     """run_on_scheduler: the plugin's event-loop figures and the export latencies."""
     plugin = dask_scheduler.plugins.get("otel-spans")
+    _read_records()
+    metrics = _metric_figures(plugin)
     return {
         "max_call_s": plugin.max_call_seconds if plugin else 0.0,
         "max_call_by_hook": dict(plugin.max_call_by_hook) if plugin else {},
@@ -128,8 +189,8 @@ def stats(dask_scheduler) -> dict:
         "total_call_s": plugin.total_call_seconds if plugin else 0.0,
         "readiness_checks": plugin.readiness_checks if plugin else 0,
         "handed_over": plugin.handed_over_count if plugin else 0,
-        "metric_updates": plugin.instruments.updates if plugin else 0,
-        "metric_sdk_calls": plugin.instruments.sdk_calls if plugin else 0,
+        "metric_updates": metrics["metric_updates"],
+        "metric_sdk_calls": metrics["metric_sdk_calls"],
         "emitted": plugin.emitted_count if plugin else 0,
         "open": plugin.open_span_count if plugin else 0,
         "grace_s": plugin.grace if plugin else 0.0,
@@ -145,10 +206,35 @@ def stats(dask_scheduler) -> dict:
     }
 
 
+#: the export process's cumulative figures when the benchmark reset the plugin's
+_CHILD_BASE: dict[str, float] = {}
+
+
+def _child_figure(plugin, name: str) -> float:
+    return plugin.export_process.child_stats.get(name, 0) - _CHILD_BASE.get(name, 0)
+
+
+def _metric_figures(plugin) -> dict:
+    if plugin is None:
+        return {"metric_updates": 0, "metric_sdk_calls": 0}
+    if plugin.export_process is not None:
+        return {name: _child_figure(plugin, name)
+                for name in ("metric_updates", "metric_sdk_calls")}
+    return {"metric_updates": plugin.instruments.updates,
+            "metric_sdk_calls": plugin.instruments.sdk_calls}
+
+
 def _cpu_by_place(plugin) -> dict:
-    """CPU seconds of the plugin: on the event loop, on its two threads."""
+    """CPU seconds of the plugin: on the event loop, on its two threads (or, with the
+    export process, its sender thread and the export process)."""
     if plugin is None:
         return {}
+    if plugin.export_process is not None:
+        return {
+            "event loop": plugin.total_call_cpu_seconds,
+            "sender thread": plugin.export_process.cpu_seconds,
+            "export process": _child_figure(plugin, "process_cpu_s"),
+        }
     return {
         "event loop": plugin.total_call_cpu_seconds,
         "emitter thread": plugin.emitter.cpu_seconds if plugin.emitter else 0.0,
@@ -184,11 +270,15 @@ def reset(dask_scheduler) -> None:
         plugin.max_call_cpu_less_pauses_by_hook.clear()
         plugin.readiness_checks = 0
         plugin.handed_over_count = 0
-        plugin.instruments.updates = 0
-        plugin.instruments.sdk_calls = 0
-        for worker in (plugin.emitter, plugin.pump):
+        if plugin.instruments is not None:
+            plugin.instruments.updates = 0
+            plugin.instruments.sdk_calls = 0
+        if plugin.export_process is not None:
+            _CHILD_BASE.update(plugin.export_process.child_stats)
+        for worker in {id(w): w for w in (plugin.emitter, plugin.pump)}.values():
             if worker is not None:
                 worker.cpu_seconds = 0.0
+    _read_records()
     LATENCIES.clear()
     LATENCIES_BY_WORKLOAD.clear()
     HANDED_OVER.clear()

@@ -4,6 +4,8 @@ plugin, alternating, on the same cluster configuration, reported as ratios.
     python benchmarks/bench_scheduler.py            # full (figures in the README)
     python benchmarks/bench_scheduler.py --quick    # smoke test (CI)
     python benchmarks/bench_scheduler.py --parts memory,export   # a subset
+    python benchmarks/bench_scheduler.py --export-process         # plugin side with
+                                                                  # its export process
 
 Parts:
 1. throughput: 20,000 small tasks over 200 spans (futures, then one delayed graph), and
@@ -53,10 +55,16 @@ def inc(x: int) -> int:
 class Cluster:
     """``dask scheduler`` (optionally with the plugin preloaded) + ``dask worker``s."""
 
-    def __init__(self, with_plugin: bool, workers: int, threads: int):
+    def __init__(self, with_plugin: bool, workers: int, threads: int,
+                 export_process: bool = False):
         self.with_plugin = with_plugin
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([HERE, *sys.path])}
         env = {k: v for k, v in env.items() if not k.startswith("OTEL_")}
+        env.pop(bench_preload.RECORDS_VARIABLE, None)
+        self.records = None
+        if with_plugin and export_process:
+            self.records = self._file().replace(".json", "-records.tsv")
+            env[bench_preload.RECORDS_VARIABLE] = self.records
         cmd = [sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1",
                "--port", "0", "--no-dashboard", "--scheduler-file", self._file()]
         if with_plugin:
@@ -80,6 +88,17 @@ class Cluster:
         t = self.scheduler.cpu_times()
         return t.user + t.system
 
+    def export_cpu(self) -> float:
+        """CPU seconds of the scheduler's child processes (the export process)."""
+        total = 0.0
+        for child in self.scheduler.children(recursive=True):
+            try:
+                t = child.cpu_times()
+            except psutil.Error:
+                continue
+            total += t.user + t.system
+        return total
+
     def loop_cpu(self) -> float:
         """CPU seconds of the scheduler's main thread, which runs its event loop (the
         scheduler's bottleneck); the plugin's emitter and metrics threads, the SDK's
@@ -98,10 +117,12 @@ class Cluster:
                 p.wait(30)
             except subprocess.TimeoutExpired:
                 p.kill()
-        try:
-            os.remove(self._file())
-        except OSError:
-            pass
+        for path in (self._file(), self.records):
+            try:
+                if path:
+                    os.remove(path)
+            except OSError:
+                pass
 
 
 # -- workloads -----------------------------------------------------------------------
@@ -175,9 +196,10 @@ def wait_until_plugin_idle(client: Client, timeout: float = 60) -> dict:
         time.sleep(0.2)
 
 
-def run_once(with_plugin: bool, scale: dict[str, Any], workers: int, threads: int):
-    cluster = Cluster(with_plugin, workers, threads)
-    out: dict[str, tuple[float, float, float]] = {}
+def run_once(with_plugin: bool, scale: dict[str, Any], workers: int, threads: int,
+             export_process: bool = False):
+    cluster = Cluster(with_plugin, workers, threads, export_process)
+    out: dict[str, tuple[float, float, float, float]] = {}
     stats = None
     try:
         client = cluster.client
@@ -190,12 +212,14 @@ def run_once(with_plugin: bool, scale: dict[str, Any], workers: int, threads: in
                 continue
             args = scale[name]
             cpu0, loop0, t0 = cluster.cpu(), cluster.loop_cpu(), time.perf_counter()
+            child0 = cluster.export_cpu()
             n = fn(client, *args)
             wall = time.perf_counter() - t0
             time.sleep(SETTLE_S)
             cpu = cluster.cpu() - cpu0
             loop = cluster.loop_cpu() - loop0
-            out[name] = (n / wall, cpu / n, loop / n)
+            child = cluster.export_cpu() - child0
+            out[name] = (n / wall, cpu / n, loop / n, child / n)
             if with_plugin:
                 # the next workload starts on a quiet scheduler, as in the baseline
                 stats = wait_until_plugin_idle(client)
@@ -227,21 +251,24 @@ def fmt_ratio(values: list[float]) -> str:
             f"max {max(values):.3f}")
 
 
-def part_throughput(pairs: int, scale: dict[str, Any], workers: int, threads: int) -> dict:
+def part_throughput(pairs: int, scale: dict[str, Any], workers: int, threads: int,
+                    export_process: bool = False) -> dict:
     ratios: dict[str, dict[str, list[float]]] = {}
     plugin_stats = []
     for i in range(pairs):
         order = (False, True) if i % 2 == 0 else (True, False)
         runs = {}
         for with_plugin in order:
-            runs[with_plugin], stats = run_once(with_plugin, scale, workers, threads)
+            runs[with_plugin], stats = run_once(with_plugin, scale, workers, threads,
+                                                export_process)
             if stats:
                 plugin_stats.append(stats)
         for name in runs[True]:
-            r = ratios.setdefault(name, {"rate": [], "cpu": [], "loop": []})
+            r = ratios.setdefault(name, {"rate": [], "cpu": [], "loop": [], "child": []})
             r["rate"].append(runs[True][name][0] / runs[False][name][0])
             r["cpu"].append(runs[True][name][1] / runs[False][name][1])
             r["loop"].append(runs[True][name][2] / runs[False][name][2])
+            r["child"].append(runs[True][name][3] / runs[False][name][1])
         print(f"  pair {i + 1}/{pairs}: " + ", ".join(
             f"{n} {runs[True][n][0]:.0f}/{runs[False][n][0]:.0f} tasks/s" for n in runs[True]))
     print("1. throughput, plugin / baseline (tasks per second; >= 0.98 wanted)")
@@ -254,6 +281,11 @@ def part_throughput(pairs: int, scale: dict[str, Any], workers: int, threads: in
           "rest of the plugin's CPU is on its own threads")
     for name, r in ratios.items():
         print(f"   {name:10s} loop s/task  {fmt_ratio(r['loop'])}")
+    if export_process:
+        print("   export process CPU seconds per task, as a fraction of the baseline "
+              "scheduler's (the work moved out of the scheduler process)")
+        for name, r in ratios.items():
+            print(f"   {name:10s} export CPU   {fmt_ratio(r['child'])}")
     max_call = max(s["max_call_s"] for s in plugin_stats)
     total = statistics.median(s["total_call_s"] for s in plugin_stats)
     print("2. event-loop cost of the plugin (all hooks, wrappers and callbacks)")
@@ -470,6 +502,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--workloads", default=",".join(WORKLOADS),
                         help="comma-separated subset of the throughput workloads")
+    parser.add_argument("--export-process", action="store_true",
+                        help="run the plugin with otel-spans.export-process (part 1, "
+                             "2 and 4)")
     parser.add_argument("--parts", default="throughput,memory,export",
                         help="comma-separated subset of throughput (parts 1, 2 and 4), "
                              "memory (part 3), export (part 5)")
@@ -492,9 +527,11 @@ def main(argv: list[str] | None = None) -> int:
         pairs, checkpoints, repeat = args.pairs or 3, [1000, 10_000, 100_000], 50
     scale = {name: shape for name, shape in scale.items() if name in workloads}
     print(f"machine: {os.cpu_count()} cores; {args.workers} workers x {args.threads} "
-          f"threads; {pairs} pair(s), alternating order")
+          f"threads; {pairs} pair(s), alternating order; plugin "
+          + ("with its export process" if args.export_process else "exporting in the "
+             "scheduler process"))
     if "throughput" in parts:
-        part_throughput(pairs, scale, args.workers, args.threads)
+        part_throughput(pairs, scale, args.workers, args.threads, args.export_process)
     if "memory" in parts:
         part_memory(checkpoints)
     if "export" in parts:

@@ -78,9 +78,9 @@ def span_tags_of(
     for key in deltas:
         if isinstance(key, tuple) and len(key) >= 4:
             span_id = key[1]
-            try:
-                if span_id not in out:
+            if span_id not in out:
+                try:
                     out[span_id] = tuple(span_tags[span_id])
-            except (KeyError, TypeError):  # unknown or unhashable: the default name
-                pass
+                except (KeyError, TypeError):  # unknown: the metrics use the id
+                    pass
     return out

@@ -37,3 +37,22 @@ def test_quick_benchmark_produces_all_figures():
     sums = re.search(r"metric updates per run \(median\) ([0-9]+), handed to the OTel SDK as "
                      r"([0-9]+) counter adds", out)
     assert sums and 0 < int(sums.group(2)) <= int(sums.group(1))
+
+
+def test_quick_benchmark_with_the_export_process_produces_its_figures():
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--parts", "throughput",
+         "--workloads", "futures,nested", "--export-process"],
+        capture_output=True, text=True, timeout=400,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    assert "plugin with its export process" in out
+    for workload in ("futures", "nested"):
+        moved = re.search(rf"{workload:10s} export CPU   median ([0-9.]+)", out)
+        assert moved and float(moved.group(1)) > 0  # the export process's CPU was read
+    child = re.search(r"export process ([0-9.]+) s", out)
+    assert child and float(child.group(1)) > 0  # its own figure, reported to the plugin
+    # latencies travel back from the export process through its records file
+    latency = re.search(r"([0-9]+) spans: median ([0-9.]+) s", out)
+    assert latency and int(latency.group(1)) > 0

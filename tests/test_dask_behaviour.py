@@ -92,7 +92,10 @@ async def test_worker_metric_keys_reach_the_scheduler_unchanged(c, s, a, b):
     )
 
 
-@gen_cluster(client=True, timeout=300, config={"distributed.scheduler.validate": False})
+# gen_cluster's guard against runaway transitions (50,000) is below what 10,001 tasks
+# take (about five transitions each, more when work is stolen)
+@gen_cluster(client=True, timeout=300, config={"distributed.scheduler.validate": False},
+             scheduler_kwargs={"transition_counter_max": 200_000})
 async def test_ten_thousand_spans_in_one_graph(c, s, a, b):
     memory = MemoryProviders()
     # the graph is computed after the blocks: spans the scheduler has not seen yet

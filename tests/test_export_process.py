@@ -1,0 +1,285 @@
+"""The export process (``otel-spans.export-process``): translation, SDK and exporters
+in a child of the scheduler, fed over a pipe; restarts, fallbacks and shutdown."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+
+import psutil
+import pytest
+from distributed import Client
+from distributed.utils_test import gen_cluster, inc
+
+from dask_otel_spans import OTelSpansPlugin, names, span
+from dask_otel_spans.export_process import ExportProcess
+from dask_otel_spans.otlpjson import latest_points, read_metric_points, read_spans
+from dask_otel_spans.pipeline import PipelineSpec
+from dask_otel_spans.config import PluginConfig
+
+from conftest import DaskProcesses, MemoryProviders, async_wait_for, otlp_grpc_env, wait_for
+
+FAST = dict(export_delay=0.1, idle_timeout=1.0, tick_interval=0.05)
+
+
+def process_plugin(output_dir, **settings) -> OTelSpansPlugin:
+    """A plugin whose export process writes the embedded default's files."""
+    return OTelSpansPlugin(
+        export_process=True, environ={}, use_global_providers=False,
+        output_dir=str(output_dir), **{**FAST, **settings},
+    )
+
+
+def exported_spans(output_dir) -> list[dict]:
+    path = os.path.join(str(output_dir), "traces.jsonl")
+    return read_spans(path) if os.path.exists(path) else []
+
+
+def exported_names(output_dir) -> set[str]:
+    return {sp["name"] for sp in exported_spans(output_dir)}
+
+
+def export_children(pid: int) -> list[psutil.Process]:
+    return [
+        p for p in psutil.Process(pid).children(recursive=True)
+        if "dask_otel_spans.export_child" in " ".join(p.cmdline())
+    ]
+
+
+def test_export_process_exports_spans_and_metrics(tmp_path):
+    state = {}
+
+    @gen_cluster(client=True, timeout=120)
+    async def run(c, s, a, b):
+        plugin = process_plugin(tmp_path)
+        await c.register_plugin(plugin)
+        assert plugin.pipeline is None and plugin.export_process is not None
+        state["child"] = plugin.export_process.pid
+        with span("workflow") as root_id:
+            with span("load") as load_id:
+                assert await c.gather(c.map(inc, range(8), key=[f"x-{i}" for i in range(8)])) == list(range(1, 9))
+        await async_wait_for(lambda: plugin.emitted_count >= 2, timeout=60)
+        await plugin.flush()
+        state["ids"] = root_id, load_id
+        state["points"] = read_metric_points(str(tmp_path / "metrics.jsonl"))
+        await plugin.close()
+
+    run()
+    assert state["child"] != os.getpid()
+    spans = {sp["name"]: sp for sp in exported_spans(tmp_path)}
+    root_id, load_id = state["ids"]
+    assert spans["workflow"]["attributes"][names.SPAN_ID] == root_id
+    assert spans["load"]["attributes"][names.SPAN_ID] == load_id
+    assert spans["load"]["parentSpanId"] == spans["workflow"]["spanId"]
+    assert spans["load"]["attributes"][names.SPAN_TASK_COUNT] == 8
+    assert spans["workflow"]["attributes"][names.SPAN_TASK_COUNT] == 8
+    assert spans["x"]["parentSpanId"] == spans["load"]["spanId"]  # prefix child span
+    cpu = [
+        p for p in latest_points(state["points"])
+        if p["name"] == "dask.span.activity.time"
+        and p["attributes"].get(names.SPAN_NAME) == "workflow/load"
+        and p["attributes"].get(names.TASK_PREFIX) == "x"
+    ]
+    assert cpu and sum(p["value"] for p in cpu) > 0
+
+
+def test_flush_returns_once_the_export_process_exported(tmp_path):
+    state = {}
+
+    @gen_cluster(client=True, timeout=120)
+    async def run(c, s, a, b):
+        plugin = process_plugin(tmp_path)
+        await c.register_plugin(plugin)
+        with span("flushed"):
+            await c.submit(inc, 1, key="f-1")
+        await async_wait_for(lambda: plugin.handed_over_count >= 1, timeout=60)
+        await plugin.flush()
+        # no waiting here: flush is a round trip to the export process
+        state["names"] = exported_names(tmp_path)
+        await plugin.close()
+
+    run()
+    assert "flushed" in state["names"]
+
+
+def test_export_process_ends_with_the_plugin_and_exports_open_spans(tmp_path):
+    state = {}
+
+    @gen_cluster(client=True, timeout=120)
+    async def run(c, s, a, b):
+        plugin = process_plugin(tmp_path)
+        await c.register_plugin(plugin)
+        child = psutil.Process(plugin.export_process.pid)
+        with span("still running"):
+            fut = c.submit(time.sleep, 30, key="sleeper")
+            await async_wait_for(lambda: s.tasks.get("sleeper") is not None
+                                 and s.tasks["sleeper"].state == "processing")
+        await async_wait_for(lambda: plugin.open_span_count >= 1)
+        await plugin.close()
+        state["child_running"] = child.is_running() and child.status() != "zombie"
+        del fut
+
+    run()
+    assert not state["child_running"]
+    [open_span] = [sp for sp in exported_spans(tmp_path) if sp["name"] == "still running"]
+    assert open_span["attributes"][names.SPAN_INCOMPLETE] is True
+
+
+def test_killed_export_process_is_replaced(tmp_path, caplog):
+    state = {}
+
+    @gen_cluster(client=True, timeout=120)
+    async def run(c, s, a, b):
+        plugin = process_plugin(tmp_path)
+        await c.register_plugin(plugin)
+        first = plugin.export_process.pid
+        with span("before"):
+            await c.submit(inc, 1, key="b-1")
+        await async_wait_for(lambda: plugin.emitted_count >= 1, timeout=60)
+        await plugin.flush()
+        os.kill(first, signal.SIGKILL)
+        await async_wait_for(lambda: not psutil.pid_exists(first)
+                             or psutil.Process(first).status() == "zombie")
+        with span("after"):
+            await c.submit(inc, 2, key="a-1")
+        await async_wait_for(lambda: plugin.export_process.restarts == 1, timeout=60)
+        await async_wait_for(lambda: plugin.handed_over_count >= 2, timeout=60)
+        await plugin.flush()
+        state["names"] = exported_names(tmp_path)
+        state["pids"] = first, plugin.export_process.pid
+        await plugin.close()
+
+    with caplog.at_level(logging.WARNING, logger="dask_otel_spans"):
+        run()
+    assert {"before", "after"} <= state["names"]
+    first, second = state["pids"]
+    assert second != first
+    assert caplog.text.count(f"export process (pid {first}) exited") == 1
+    assert "starting a new export process (1 of at most 3" in caplog.text
+
+
+def test_export_process_that_cannot_start_leaves_export_in_the_scheduler(
+    tmp_path, monkeypatch, caplog
+):
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))
+    state = {}
+
+    @gen_cluster(client=True, timeout=120)
+    async def run(c, s, a, b):
+        plugin = process_plugin(tmp_path)
+        await c.register_plugin(plugin)
+        state["modes"] = plugin.export_process, plugin.pipeline is not None
+        with span("in the scheduler"):
+            await c.submit(inc, 1, key="i-1")
+        await async_wait_for(lambda: plugin.emitted_count >= 1, timeout=60)
+        await plugin.close()
+
+    with caplog.at_level(logging.ERROR, logger="dask_otel_spans"):
+        run()
+    assert state["modes"] == (None, True)
+    assert "the export process did not start" in caplog.text
+    assert "in the scheduler" in exported_names(tmp_path)
+
+
+@gen_cluster(client=True)
+async def test_given_providers_keep_export_in_the_scheduler(c, s, a, b):
+    memory = MemoryProviders()
+    plugin = OTelSpansPlugin(
+        tracer_provider=memory.tracer_provider, meter_provider=memory.meter_provider,
+        export_process=True, **FAST,
+    )
+    await c.register_plugin(plugin)
+    assert plugin.export_process is None and plugin.pipeline is not None
+    with span("given"):
+        await c.submit(inc, 1, key="g-1")
+    await async_wait_for(lambda: memory.by_name("given"), timeout=30)
+    await plugin.close()
+    memory.shutdown()
+
+
+def test_bad_providers_factory_is_logged_and_the_scheduler_runs_on(tmp_path, caplog):
+    state = {}
+
+    @gen_cluster(client=True, timeout=120)
+    async def run(c, s, a, b):
+        plugin = process_plugin(tmp_path, providers="no_such_module_xyz:make")
+        await c.register_plugin(plugin)
+        state["idle"] = plugin.export_process is None and plugin.pipeline is None
+        with span("unexported"):
+            state["result"] = await c.submit(inc, 1, key="u-1")
+        await plugin.close()
+
+    with caplog.at_level(logging.ERROR, logger="dask_otel_spans"):
+        run()
+    assert state == {"idle": True, "result": 2}
+    assert "the export process did not start (ModuleNotFoundError" in caplog.text
+    assert "cannot set up exporters" in caplog.text
+
+
+def test_metric_updates_past_the_backlog_are_dropped_and_counted():
+    process = ExportProcess(PipelineSpec(PluginConfig()), max_metric_backlog=5)
+    for _ in range(8):  # no sender thread: everything stays queued
+        process.submit("add_worker_deltas", {("gather-dep", "seconds"): 1.0})
+    assert process.dropped == 3
+    process.emit(object())  # spans are never dropped here
+    assert process.dropped == 3
+
+
+def test_flush_after_the_export_process_is_gone_for_good_returns_false(tmp_path):
+    process = ExportProcess(
+        PipelineSpec(PluginConfig(output_dir=str(tmp_path)), environ={}),
+        max_restarts=0,
+    )
+    process.launch()
+    pid = process.pid
+    process.start()
+    try:
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: process._proc.poll() is not None)
+        process.submit("add_worker_deltas", {("gather-dep", "seconds"): 1.0})
+        assert process.flush(10) is False
+        assert process.lost >= 1
+    finally:
+        process.stop(5)
+
+
+@pytest.fixture
+def process_cluster(otlp_receiver, tmp_path):
+    procs = DaskProcesses(
+        {**otlp_grpc_env(otlp_receiver), "DASK_OTEL_SPANS__EXPORT_PROCESS": "true"},
+        cwd=str(tmp_path),
+    )
+    try:
+        yield procs
+    finally:
+        procs.stop()
+
+
+def test_dask_config_turns_the_export_process_on_in_a_real_scheduler(
+    process_cluster, otlp_receiver
+):
+    with Client(process_cluster.address, timeout=60) as client:
+        client.wait_for_workers(1, timeout=60)
+        [child] = wait_for(lambda: export_children(process_cluster.scheduler.pid))
+        with span("over otlp") as span_id:
+            assert client.submit(inc, 1, key="o-1").result() == 2
+        [received] = wait_for(
+            lambda: [s for s in otlp_receiver.spans() if s["name"] == "over otlp"],
+            timeout=60,
+        )
+    assert received["attributes"][names.SPAN_ID] == span_id
+    log = process_cluster.stop()
+    assert "export process" not in log  # no error, no restart, no fallback
+    wait_for(lambda: not child.is_running() or child.status() == "zombie")
+    sums = otlp_receiver.latest_sums("dask.span.activity.time")
+    assert any(dict(k).get(names.SPAN_NAME) == "over otlp" for k in sums)
+
+
+def test_export_process_ends_when_the_scheduler_is_killed(process_cluster):
+    [child] = wait_for(lambda: export_children(process_cluster.scheduler.pid), timeout=60)
+    process_cluster.scheduler.kill()
+    process_cluster.scheduler.wait(30)
+    # its stdin ended with the scheduler: it finishes and exits
+    wait_for(lambda: not child.is_running() or child.status() == "zombie", timeout=30)
