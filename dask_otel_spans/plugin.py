@@ -21,6 +21,7 @@ import asyncio
 import functools
 import heapq
 import logging
+import os
 import time as _time
 import uuid
 import weakref
@@ -43,8 +44,9 @@ from dask_otel_spans.pipeline import ExportPipeline, PipelineSpec
 from dask_otel_spans.propagation import parse_carried
 from dask_otel_spans.providers import (
     Providers,
-    _global_sdk_meter_provider,
-    _global_sdk_tracer_provider,
+    global_sdk_meter_provider,
+    global_sdk_tracer_provider,
+    exporter_names,
 )
 from dask_otel_spans.snapshot import snapshot_span
 
@@ -446,9 +448,12 @@ class OTelSpansPlugin(SchedulerPlugin):
             where = "given providers"
         elif self.config.providers:
             return True
+        elif self._prometheus_on_scheduler_port():
+            where = ("OTEL_METRICS_EXPORTER=prometheus on the scheduler's own /metrics "
+                     "(set OTEL_EXPORTER_PROMETHEUS_PORT to serve from the export process)")
         elif self._use_global and (
-            _global_sdk_tracer_provider() is not None
-            or _global_sdk_meter_provider() is not None
+            global_sdk_tracer_provider() is not None
+            or global_sdk_meter_provider() is not None
         ):
             where = "the process's global providers"
         else:
@@ -459,6 +464,14 @@ class OTelSpansPlugin(SchedulerPlugin):
             "exported in the scheduler process", where, level=logging.INFO,
         )
         return False
+
+    def _prometheus_on_scheduler_port(self) -> bool:
+        """Whether metrics go to the scheduler's own ``/metrics`` (the registry of
+        this process, which an export process could not fill)."""
+        environ = os.environ if self._environ is None else self._environ
+        return "prometheus" in exporter_names(environ, "OTEL_METRICS_EXPORTER") and (
+            not environ.get("OTEL_EXPORTER_PROMETHEUS_PORT")
+        )
 
     async def _start_export_process(self, spec: PipelineSpec) -> None:
         """Start the export process; on failure the scheduler process exports."""

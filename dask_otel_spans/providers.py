@@ -191,7 +191,9 @@ def _compression(value: str, protocol: str) -> Any:
     }[value]
 
 
-def _exporter_names(environ: Mapping[str, str], variable: str) -> list[str]:
+def exporter_names(environ: Mapping[str, str], variable: str) -> list[str]:
+    """The exporters named by ``variable`` (``OTEL_TRACES_EXPORTER``, ...), lower case;
+    ``otlp`` when unset."""
     return [
         n.strip().lower()
         for n in environ.get(variable, "otlp").split(",")
@@ -296,7 +298,7 @@ def build_tracer_provider(
     exporters = (
         [FILE_EXPORTER]
         if is_unconfigured(environ)
-        else _exporter_names(environ, "OTEL_TRACES_EXPORTER")
+        else exporter_names(environ, "OTEL_TRACES_EXPORTER")
     )
     exporters = [e for e in exporters if e != "none"]
     if not exporters:
@@ -345,7 +347,7 @@ def build_meter_provider(
     exporters = (
         [FILE_EXPORTER]
         if is_unconfigured(environ)
-        else _exporter_names(environ, "OTEL_METRICS_EXPORTER")
+        else exporter_names(environ, "OTEL_METRICS_EXPORTER")
     )
     exporters = [e for e in exporters if e != "none"]
     if not exporters:
@@ -361,12 +363,12 @@ def build_meter_provider(
     return provider, ", ".join(where)
 
 
-def _global_sdk_tracer_provider() -> TracerProvider | None:
+def global_sdk_tracer_provider() -> TracerProvider | None:
     provider = trace_api.get_tracer_provider()
     return provider if isinstance(provider, TracerProvider) else None
 
 
-def _global_sdk_meter_provider() -> MeterProvider | None:
+def global_sdk_meter_provider() -> MeterProvider | None:
     provider = metrics_api.get_meter_provider()
     return provider if isinstance(provider, MeterProvider) else None
 
@@ -397,7 +399,7 @@ def resolve_providers(
 
     if tracer_provider is not None:
         out.tracer_provider, out.traces_to = tracer_provider, "the given tracer provider"
-    elif use_global and (glob := _global_sdk_tracer_provider()) is not None:
+    elif use_global and (glob := global_sdk_tracer_provider()) is not None:
         out.tracer_provider, out.traces_to = glob, "the global tracer provider"
     else:
         out.tracer_provider, out.traces_to = build_tracer_provider(
@@ -410,7 +412,7 @@ def resolve_providers(
         if meter_provider is not None:
             out.meter_provider = meter_provider
             out.metrics_to = "the given meter provider"
-        elif use_global and (globm := _global_sdk_meter_provider()) is not None:
+        elif use_global and (globm := global_sdk_meter_provider()) is not None:
             out.meter_provider, out.metrics_to = globm, "the global meter provider"
         else:
             out.meter_provider, out.metrics_to = build_meter_provider(

@@ -2,11 +2,13 @@
 in a child of the scheduler, fed over a pipe; restarts, fallbacks and shutdown."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
 import sys
 import time
+import urllib.request
 
 import psutil
 import pytest
@@ -19,7 +21,14 @@ from dask_otel_spans.otlpjson import latest_points, read_metric_points, read_spa
 from dask_otel_spans.pipeline import PipelineSpec
 from dask_otel_spans.config import PluginConfig
 
-from conftest import DaskProcesses, MemoryProviders, async_wait_for, otlp_grpc_env, wait_for
+from conftest import (
+    DaskProcesses,
+    MemoryProviders,
+    async_wait_for,
+    free_port,
+    otlp_grpc_env,
+    wait_for,
+)
 
 FAST = dict(export_delay=0.1, idle_timeout=1.0, tick_interval=0.05)
 
@@ -283,3 +292,58 @@ def test_export_process_ends_when_the_scheduler_is_killed(process_cluster):
     process_cluster.scheduler.wait(30)
     # its stdin ended with the scheduler: it finishes and exits
     wait_for(lambda: not child.is_running() or child.status() == "zombie", timeout=30)
+
+
+@gen_cluster(client=True)
+async def test_prometheus_on_the_scheduler_port_keeps_export_in_the_scheduler(c, s, a, b):
+    plugin = OTelSpansPlugin(
+        export_process=True, use_global_providers=False,
+        environ={"OTEL_METRICS_EXPORTER": "prometheus", "OTEL_TRACES_EXPORTER": "none"},
+        **FAST,
+    )
+    await c.register_plugin(plugin)
+    # the scheduler's own /metrics is this process's registry: no child could fill it
+    assert plugin.export_process is None and plugin.pipeline is not None
+    await plugin.close()
+
+
+def test_prometheus_on_a_port_of_its_own_is_served_by_the_export_process():
+    port = free_port()
+    state = {}
+
+    @gen_cluster(client=True, timeout=120)
+    async def run(c, s, a, b):
+        plugin = OTelSpansPlugin(
+            export_process=True, use_global_providers=False,
+            environ={"OTEL_METRICS_EXPORTER": "prometheus", "OTEL_TRACES_EXPORTER": "none",
+                     "OTEL_EXPORTER_PROMETHEUS_PORT": str(port),
+                     "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1"},
+            **FAST,
+        )
+        await c.register_plugin(plugin)
+        state["child"] = plugin.export_process.pid
+        with span("scraped"):
+            await c.submit(inc, 1, key="p-1")
+        await async_wait_for(lambda: plugin.handed_over_count >= 1, timeout=60)
+        await plugin.flush()
+        state["scrape"] = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: wait_for(lambda: _scrape_with(port, 'dask_span_name="scraped"'))
+        )
+        state["listener"] = [
+            conn.pid for conn in psutil.net_connections("tcp")
+            if conn.laddr and conn.laddr.port == port and conn.status == "LISTEN"
+        ]
+        await plugin.close()
+
+    run()
+    assert "dask_span_duration_seconds_count" in state["scrape"]
+    assert state["listener"] in ([state["child"]], [None])  # pid hidden without root
+
+
+def _scrape_with(port: int, needle: str) -> str | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    return text if needle in text else None
