@@ -251,26 +251,48 @@ def fmt_ratio(values: list[float]) -> str:
             f"max {max(values):.3f}")
 
 
+MODE_NAMES = {False: "plugin exporting in the scheduler process",
+              True: "plugin with its export process"}
+
+
 def part_throughput(pairs: int, scale: dict[str, Any], workers: int, threads: int,
-                    export_process: bool = False) -> dict:
-    ratios: dict[str, dict[str, list[float]]] = {}
-    plugin_stats = []
+                    modes: list[bool]) -> dict:
+    """``modes``: the plugin's export_process settings to run, each against the same
+    baselines; a round runs the baseline and each mode once, in rotating order."""
+    ratios_by_mode: dict[bool, dict[str, dict[str, list[float]]]] = {m: {} for m in modes}
+    stats_by_mode: dict[bool, list[dict]] = {m: [] for m in modes}
     for i in range(pairs):
-        order = (False, True) if i % 2 == 0 else (True, False)
+        configs: list[bool | None] = [None, *modes]  # None: the baseline
+        shift = i % len(configs)
         runs = {}
-        for with_plugin in order:
-            runs[with_plugin], stats = run_once(with_plugin, scale, workers, threads,
-                                                export_process)
+        for config in configs[shift:] + configs[:shift]:
+            runs[config], stats = run_once(config is not None, scale, workers, threads,
+                                           bool(config))
             if stats:
-                plugin_stats.append(stats)
-        for name in runs[True]:
-            r = ratios.setdefault(name, {"rate": [], "cpu": [], "loop": [], "child": []})
-            r["rate"].append(runs[True][name][0] / runs[False][name][0])
-            r["cpu"].append(runs[True][name][1] / runs[False][name][1])
-            r["loop"].append(runs[True][name][2] / runs[False][name][2])
-            r["child"].append(runs[True][name][3] / runs[False][name][1])
-        print(f"  pair {i + 1}/{pairs}: " + ", ".join(
-            f"{n} {runs[True][n][0]:.0f}/{runs[False][n][0]:.0f} tasks/s" for n in runs[True]))
+                stats_by_mode[bool(config)].append(stats)
+        base = runs[None]
+        for mode in modes:
+            for name, run in runs[mode].items():
+                r = ratios_by_mode[mode].setdefault(
+                    name, {"rate": [], "cpu": [], "loop": [], "child": []})
+                r["rate"].append(run[0] / base[name][0])
+                r["cpu"].append(run[1] / base[name][1])
+                r["loop"].append(run[2] / base[name][2])
+                r["child"].append(run[3] / base[name][1])
+        print(f"  round {i + 1}/{pairs}: " + "; ".join(
+            (f"{MODE_NAMES[mode]}: " if len(modes) > 1 else "") + ", ".join(
+                f"{n} {runs[mode][n][0]:.0f}/{base[n][0]:.0f} tasks/s" for n in runs[mode])
+            for mode in modes))
+    out = {}
+    for mode in modes:
+        if len(modes) > 1:
+            print(f"== {MODE_NAMES[mode]} ==")
+        out = report_throughput(ratios_by_mode[mode], stats_by_mode[mode], scale, mode)
+    return out
+
+
+def report_throughput(ratios: dict[str, dict[str, list[float]]], plugin_stats: list[dict],
+                      scale: dict[str, Any], export_process: bool) -> dict:
     print("1. throughput, plugin / baseline (tasks per second; >= 0.98 wanted)")
     for name, r in ratios.items():
         print(f"   {name:10s} tasks/s      {fmt_ratio(r['rate'])}")
@@ -497,7 +519,8 @@ def part_export_cost(repeat: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small smoke run (CI)")
-    parser.add_argument("--pairs", type=int, default=None)
+    parser.add_argument("--pairs", type=int, default=None,
+                        help="rounds: each runs the baseline and the plugin once")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--workloads", default=",".join(WORKLOADS),
@@ -505,6 +528,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--export-process", action="store_true",
                         help="run the plugin with otel-spans.export-process (part 1, "
                              "2 and 4)")
+    parser.add_argument("--both-modes", action="store_true",
+                        help="run the plugin both ways (in the scheduler process and "
+                             "with its export process) against the same baselines")
     parser.add_argument("--parts", default="throughput,memory,export",
                         help="comma-separated subset of throughput (parts 1, 2 and 4), "
                              "memory (part 3), export (part 5)")
@@ -526,12 +552,12 @@ def main(argv: list[str] | None = None) -> int:
                  "big-graph": (10_000,)}
         pairs, checkpoints, repeat = args.pairs or 3, [1000, 10_000, 100_000], 50
     scale = {name: shape for name, shape in scale.items() if name in workloads}
+    modes = [False, True] if args.both_modes else [args.export_process]
     print(f"machine: {os.cpu_count()} cores; {args.workers} workers x {args.threads} "
-          f"threads; {pairs} pair(s), alternating order; plugin "
-          + ("with its export process" if args.export_process else "exporting in the "
-             "scheduler process"))
+          f"threads; {pairs} round(s), rotating order; "
+          + " and ".join(MODE_NAMES[m] for m in modes))
     if "throughput" in parts:
-        part_throughput(pairs, scale, args.workers, args.threads, args.export_process)
+        part_throughput(pairs, scale, args.workers, args.threads, modes)
     if "memory" in parts:
         part_memory(checkpoints)
     if "export" in parts:

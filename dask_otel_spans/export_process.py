@@ -16,7 +16,13 @@ from typing import Any
 from dask_otel_spans.background import BackgroundQueue
 from dask_otel_spans.emitter import EmitRequest
 from dask_otel_spans.pipeline import PipelineSpec
-from dask_otel_spans.wire import portable_request, read_frame, span_tags_of, write_frame
+from dask_otel_spans.wire import (
+    encode_frame,
+    portable_request,
+    read_frame,
+    span_tags_of,
+    write_frame,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +65,8 @@ class ExportProcess(BackgroundQueue):
     spec:
         How the child builds its providers
     maxsize:
-        Largest number of items waiting for the sender thread
+        Largest number of items waiting for the sender thread; 0 (the default) for
+        no limit, as the in-process emitter
     start_timeout:
         Seconds to wait for a child to report ready
     max_restarts:
@@ -73,7 +80,7 @@ class ExportProcess(BackgroundQueue):
         self,
         spec: PipelineSpec,
         *,
-        maxsize: int = 100_000,
+        maxsize: int = 0,
         start_timeout: float = 60.0,
         max_restarts: int = 3,
         max_metric_backlog: int = 10_000,
@@ -101,6 +108,9 @@ class ExportProcess(BackgroundQueue):
         self._tokens = count(1)
         self._stopping = False
         self._gave_up = False
+        #: pids of children whose end was logged
+        self._deaths_logged: set[int] = set()
+        self._unpicklable_logged = False
 
     # -- the child -----------------------------------------------------------------
 
@@ -175,14 +185,19 @@ class ExportProcess(BackgroundQueue):
         finally:
             ready.set()
             if proc is self._proc and not self._stopping:
-                code = proc.wait()
-                logger.error(
-                    "dask_otel_spans: the export process (pid %d) exited with code %s; "
-                    "spans and metric sums it had not exported yet are lost",
-                    proc.pid, code,
-                )
+                self._log_death(proc)
             if proc is self._proc:
                 self._fail_flushes()
+
+    def _log_death(self, proc: subprocess.Popen) -> None:
+        """Log, once per child, that it ended while the scheduler needed it."""
+        if proc.pid in self._deaths_logged:
+            return
+        self._deaths_logged.add(proc.pid)
+        logger.error(
+            "dask_otel_spans: the export process (pid %d) exited with code %s; spans "
+            "and metric sums it had not exported yet are lost", proc.pid, proc.wait(),
+        )
 
     def _fail_flushes(self) -> None:
         for token in list(self._flushes):
@@ -197,6 +212,8 @@ class ExportProcess(BackgroundQueue):
             return proc
         if self._stopping or self._gave_up:
             return None
+        if proc is not None:
+            self._log_death(proc)
         while self.restarts < self.max_restarts:
             self.restarts += 1
             logger.warning(
@@ -301,6 +318,30 @@ class ExportProcess(BackgroundQueue):
         if kind == "flush" or len(self._batch) >= _BATCH_SIZE:
             self.settle()
 
+    def _encode(self, batch: list[tuple[Any, ...]]) -> bytes:
+        """The batch as one frame; an item that cannot be pickled (e.g. odd objects
+        in span code) is left out, counted in ``lost`` and logged once."""
+        try:
+            return encode_frame(batch)
+        except Exception:
+            pass
+        kept = []
+        for item in batch:
+            try:
+                encode_frame(item)
+            except Exception as e:
+                self.lost += 1
+                if not self._unpicklable_logged:
+                    self._unpicklable_logged = True
+                    logger.error(
+                        "dask_otel_spans: cannot send an item (%s) to the export process "
+                        "(%s: %s); left out (logged once, counted in "
+                        "ExportProcess.lost)", item[0], type(e).__name__, e,
+                    )
+                continue
+            kept.append(item)
+        return encode_frame(kept)
+
     def next_settle_in(self) -> float | None:
         return 0.0 if self._batch else None
 
@@ -309,12 +350,14 @@ class ExportProcess(BackgroundQueue):
         batch, self._batch = self._batch, []
         if not batch:
             return
+        frame = self._encode(batch)
         for _ in range(2):  # the running child, or else a new one
             proc = self._live_child()
             if proc is None:
                 break
             try:
-                write_frame(proc.stdin, batch)
+                proc.stdin.write(frame)
+                proc.stdin.flush()
                 return
             except (OSError, ValueError):
                 try:

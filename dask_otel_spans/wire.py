@@ -15,11 +15,15 @@ from dask_otel_spans.snapshot import SpanSnapshot
 _HEADER = struct.Struct("!I")
 
 
+def encode_frame(obj: Any) -> bytes:
+    """``obj`` pickled, with its length in front."""
+    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(payload)) + payload
+
+
 def write_frame(stream: IO[bytes], obj: Any) -> None:
     """Pickle ``obj`` onto ``stream`` as one frame and flush it."""
-    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(_HEADER.pack(len(payload)))
-    stream.write(payload)
+    stream.write(encode_frame(obj))
     stream.flush()
 
 

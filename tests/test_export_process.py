@@ -9,6 +9,7 @@ import signal
 import sys
 import time
 import urllib.request
+import uuid
 
 import psutil
 import pytest
@@ -16,6 +17,7 @@ from distributed import Client
 from distributed.utils_test import gen_cluster, inc
 
 from dask_otel_spans import OTelSpansPlugin, names, span
+from dask_otel_spans.emitter import EmitRequest
 from dask_otel_spans.export_process import ExportProcess
 from dask_otel_spans.otlpjson import latest_points, read_metric_points, read_spans
 from dask_otel_spans.pipeline import PipelineSpec
@@ -347,3 +349,29 @@ def _scrape_with(port: int, needle: str) -> str | None:
     except OSError:
         return None
     return text if needle in text else None
+
+
+def test_item_that_cannot_be_pickled_is_left_out_and_the_rest_arrives(tmp_path, caplog):
+    process = ExportProcess(
+        PipelineSpec(PluginConfig(output_dir=str(tmp_path)), environ={})
+    )
+    process.launch()
+    process.start()
+
+    def unseen(span_id: str, name: str, carried: dict) -> EmitRequest:
+        return EmitRequest(
+            tags=(name,), ids=(span_id,), carried=carried, snapshot=None,
+            now=time.time(), complete=True, close_reason="client",
+            enter=time.time() - 1, exit=time.time(),
+        )
+
+    try:
+        with caplog.at_level(logging.ERROR, logger="dask_otel_spans"):
+            process.emit(unseen(str(uuid.uuid4()), "bad", {"x": lambda: None}))
+            process.emit(unseen(str(uuid.uuid4()), "good", {}))
+            assert process.flush(30) is True
+    finally:
+        process.stop(10)
+    assert process.lost == 1
+    assert caplog.text.count("cannot send an item (emit)") == 1
+    assert exported_names(tmp_path) == {"good"}
