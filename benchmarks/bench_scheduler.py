@@ -1,11 +1,13 @@
 """Scheduler overhead of dask_otel_spans: the same workloads with and without the
-plugin, alternating, on the same cluster configuration, reported as ratios.
+plugin, in rotating order, on the same cluster configuration, reported as ratios.
 
     python benchmarks/bench_scheduler.py            # full (figures in the README)
     python benchmarks/bench_scheduler.py --quick    # smoke test (CI)
     python benchmarks/bench_scheduler.py --parts memory,export   # a subset
-    python benchmarks/bench_scheduler.py --export-process         # plugin side with
-                                                                  # its export process
+    python benchmarks/bench_scheduler.py --export-process  # the plugin with its
+                                                           # export process
+    python benchmarks/bench_scheduler.py --both-modes      # both ways, against the
+                                                           # same baselines
 
 Parts:
 1. throughput: 20,000 small tasks over 200 spans (futures, then one delayed graph), and

@@ -48,7 +48,7 @@ from dask_otel_spans.providers import (
     global_sdk_tracer_provider,
     exporter_names,
 )
-from dask_otel_spans.snapshot import snapshot_span
+from dask_otel_spans.snapshot import iter_snapshot_span
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -991,7 +991,7 @@ class OTelSpansPlugin(SchedulerPlugin):
                 ready_at = now + max(grace, self.config.tick_interval)
             if ready_at is not None and ready_at <= now:
                 with self._contain("emit"):
-                    self._emit(rec, now, complete=True)
+                    yield from self._emit_in_steps(rec, now, complete=True)
                 n = 0
             else:
                 if ready_at is not None:
@@ -1165,6 +1165,13 @@ class OTelSpansPlugin(SchedulerPlugin):
 
     def _emit(self, rec: _OpenSpan, now: float, *, complete: bool) -> None:
         """Copy the span and hand it to the emitter thread; forget the record."""
+        for _ in self._emit_in_steps(rec, now, complete=complete):
+            pass
+
+    def _emit_in_steps(
+        self, rec: _OpenSpan, now: float, *, complete: bool
+    ) -> Iterator[None]:
+        """:meth:`_emit`, pausing while it copies a span of many task groups."""
         del self._open[rec.id]
         span = rec.span
         if span is None:
@@ -1173,7 +1180,7 @@ class OTelSpansPlugin(SchedulerPlugin):
             self._remember(self._unseen_emitted, rec.id)
         else:
             summarized = self._summarized
-            snapshot = snapshot_span(
+            snapshot = yield from iter_snapshot_span(
                 span, summarized, with_code=self.config.include_code
             )
             for child in span.children:

@@ -2,17 +2,17 @@
 that translating and exporting them can run on another thread."""
 from __future__ import annotations
 
-from collections.abc import Container, Hashable, Sequence
+from collections.abc import Container, Generator, Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, NamedTuple, Union
 
 if TYPE_CHECKING:
     from distributed.spans import Span
 
 
-@dataclass(frozen=True)
-class GroupSnapshot:
-    """The figures of one ``TaskGroup`` that the translation reads."""
+class GroupSnapshot(NamedTuple):
+    """The figures of one ``TaskGroup`` that the translation reads (a named tuple:
+    spans can have thousands of groups, copied on the event loop)."""
 
     prefix: str
     start: float
@@ -59,6 +59,10 @@ def snapshot_group(tg: Any) -> GroupSnapshot:
     )
 
 
+#: Task groups copied between two pauses of :func:`iter_snapshot_span` (a few µs each)
+GROUPS_PER_STEP = 128
+
+
 def snapshot_span(
     span: Span, summarized: Container[str] = (), *, with_code: bool = False
 ) -> SpanSnapshot:
@@ -67,18 +71,43 @@ def snapshot_span(
     Cost: one C-level dict copy of the span's metrics plus a few attribute reads per
     task group and per copied child; no string formatting.
     """
+    steps = iter_snapshot_span(span, summarized, with_code=with_code)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def iter_snapshot_span(
+    span: Span, summarized: Container[str] = (), *, with_code: bool = False
+) -> Generator[None, None, SpanSnapshot]:
+    """:func:`snapshot_span` in steps: pauses (yields) after every
+    ``GROUPS_PER_STEP`` task groups, so that copying a span of thousands of task
+    groups can be cut into event-loop slices; returns the snapshot.
+
+    Task groups and children are listed at the start (a C-level copy), so the spans
+    may change between steps; each group's figures are read at its own step.
+    """
+    groups: list[GroupSnapshot] = []
+    tgs = list(span.groups)
+    for start in range(0, len(tgs), GROUPS_PER_STEP):
+        if start:
+            yield
+        groups.extend(map(snapshot_group, tgs[start : start + GROUPS_PER_STEP]))
+    children: list[ChildSnapshot] = []
+    for child in list(span.children):
+        if child.id in summarized:
+            children.append(child.id)
+        else:
+            children.append((yield from iter_snapshot_span(child, summarized)))
     return SpanSnapshot(
         id=span.id,
         name=tuple(span.name),
         enqueued=span.enqueued,
-        groups=tuple(map(snapshot_group, span.groups)),
+        groups=tuple(groups),
         metrics=dict(getattr(span, "_cumulative_worker_metrics", None) or {}),
-        children=tuple(
-            child.id
-            if child.id in summarized
-            else snapshot_span(child, summarized)
-            for child in span.children
-        ),
+        children=tuple(children),
         code=tuple(span.code) if with_code else (),
         nthreads_history=getattr(span, "_total_nthreads_history", ()),
         nthreads_offset=getattr(span, "_total_nthreads_offset", 0),

@@ -9,7 +9,7 @@ from distributed.spans import Span
 
 from dask_otel_spans import names
 from dask_otel_spans.propagation import resolve_chain
-from dask_otel_spans.snapshot import snapshot_span
+from dask_otel_spans.snapshot import GROUPS_PER_STEP, iter_snapshot_span, snapshot_span
 from dask_otel_spans.traces import (
     SpanSummary,
     active_cpu_seconds,
@@ -223,3 +223,33 @@ def test_unseen_span_takes_client_times():
     assert (f.start_ns, f.end_ns) == (to_ns(10.0), to_ns(12.5))
     assert f.attributes[names.SPAN_TASK_COUNT] == 0
     assert f.prefixes == []
+
+
+def test_span_of_many_task_groups_is_copied_in_steps():
+    root, child = make_tree()
+    for i in range(3 * GROUPS_PER_STEP):
+        child.groups.add(Group(Prefix(f"p{i}"), 101.0, 102.0, 1, 0.1, {"memory": 1}))
+    steps = iter_snapshot_span(root)
+    pauses = 0
+    while True:
+        try:
+            next(steps)
+            pauses += 1
+            # the scheduler may add groups between two steps
+            child.groups.add(Group(Prefix("late"), 101.0, 102.0, 1, 0.1, {"memory": 1}))
+        except StopIteration as done:
+            snap = done.value
+            break
+    # root's one group, then the child's 2 + 3 * GROUPS_PER_STEP in four steps
+    assert pauses == 3
+    [copied_child] = snap.children
+    assert len(copied_child.groups) == 2 + 3 * GROUPS_PER_STEP
+    assert {g.prefix for g in snap.groups} == {"sum"}
+
+
+def test_snapshot_in_steps_equals_the_snapshot_at_once():
+    root, _ = make_tree()
+    steps = iter_snapshot_span(root)
+    with pytest.raises(StopIteration) as done:
+        next(steps)
+    assert done.value.value == snapshot_span(root)
