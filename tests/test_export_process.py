@@ -35,12 +35,14 @@ from conftest import (
 FAST = dict(export_delay=0.1, idle_timeout=1.0, tick_interval=0.05)
 
 
-def process_plugin(output_dir, **settings) -> OTelSpansPlugin:
-    """A plugin whose export process writes the embedded default's files."""
-    return OTelSpansPlugin(
+async def install_process_plugin(c, output_dir, **settings) -> OTelSpansPlugin:
+    """Register a plugin whose export process writes the embedded default's files."""
+    plugin = OTelSpansPlugin(
         export_process=True, environ={}, use_global_providers=False,
         output_dir=str(output_dir), **{**FAST, **settings},
     )
+    await c.register_plugin(plugin)
+    return plugin
 
 
 def exported_spans(output_dir) -> list[dict]:
@@ -64,8 +66,7 @@ def test_export_process_exports_spans_and_metrics(tmp_path):
 
     @gen_cluster(client=True, timeout=120)
     async def run(c, s, a, b):
-        plugin = process_plugin(tmp_path)
-        await c.register_plugin(plugin)
+        plugin = await install_process_plugin(c, tmp_path)
         assert plugin.pipeline is None and plugin.export_process is not None
         state["child"] = plugin.export_process.pid
         with span("workflow") as root_id:
@@ -101,8 +102,7 @@ def test_flush_returns_once_the_export_process_exported(tmp_path):
 
     @gen_cluster(client=True, timeout=120)
     async def run(c, s, a, b):
-        plugin = process_plugin(tmp_path)
-        await c.register_plugin(plugin)
+        plugin = await install_process_plugin(c, tmp_path)
         with span("flushed"):
             await c.submit(inc, 1, key="f-1")
         await async_wait_for(lambda: plugin.handed_over_count >= 1, timeout=60)
@@ -120,8 +120,7 @@ def test_export_process_ends_with_the_plugin_and_exports_open_spans(tmp_path):
 
     @gen_cluster(client=True, timeout=120)
     async def run(c, s, a, b):
-        plugin = process_plugin(tmp_path)
-        await c.register_plugin(plugin)
+        plugin = await install_process_plugin(c, tmp_path)
         child = psutil.Process(plugin.export_process.pid)
         with span("still running"):
             fut = c.submit(time.sleep, 30, key="sleeper")
@@ -143,8 +142,7 @@ def test_killed_export_process_is_replaced(tmp_path, caplog):
 
     @gen_cluster(client=True, timeout=120)
     async def run(c, s, a, b):
-        plugin = process_plugin(tmp_path)
-        await c.register_plugin(plugin)
+        plugin = await install_process_plugin(c, tmp_path)
         first = plugin.export_process.pid
         with span("before"):
             await c.submit(inc, 1, key="b-1")
@@ -179,8 +177,7 @@ def test_export_process_that_cannot_start_leaves_export_in_the_scheduler(
 
     @gen_cluster(client=True, timeout=120)
     async def run(c, s, a, b):
-        plugin = process_plugin(tmp_path)
-        await c.register_plugin(plugin)
+        plugin = await install_process_plugin(c, tmp_path)
         state["modes"] = plugin.export_process, plugin.pipeline is not None
         with span("in the scheduler"):
             await c.submit(inc, 1, key="i-1")
@@ -215,8 +212,7 @@ def test_bad_providers_factory_is_logged_and_the_scheduler_runs_on(tmp_path, cap
 
     @gen_cluster(client=True, timeout=120)
     async def run(c, s, a, b):
-        plugin = process_plugin(tmp_path, providers="no_such_module_xyz:make")
-        await c.register_plugin(plugin)
+        plugin = await install_process_plugin(c, tmp_path, providers="no_such_module_xyz:make")
         state["idle"] = plugin.export_process is None and plugin.pipeline is None
         with span("unexported"):
             state["result"] = await c.submit(inc, 1, key="u-1")
