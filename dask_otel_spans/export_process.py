@@ -111,6 +111,10 @@ class ExportProcess(BackgroundQueue):
         #: pids of children whose end was logged
         self._deaths_logged: set[int] = set()
         self._unpicklable_logged = False
+        #: the child whose figures ``child_stats`` holds
+        self._stats_pid: int | None = None
+        #: spans exported by children that died
+        self._exported_by_dead = 0
 
     # -- the child -----------------------------------------------------------------
 
@@ -120,9 +124,9 @@ class ExportProcess(BackgroundQueue):
 
     @property
     def exported_count(self) -> int:
-        """Spans the export process handed to its tracer provider (as last
-        reported)."""
-        return int(self.child_stats.get("exported", 0))
+        """Spans the export processes handed to their tracer provider (as last
+        reported; a replaced child's count is kept)."""
+        return self._exported_by_dead + int(self.child_stats.get("exported", 0))
 
     def launch(self) -> dict[str, Any]:
         """Start a child and wait until it is ready; its ``info``."""
@@ -156,6 +160,9 @@ class ExportProcess(BackgroundQueue):
             self._end(proc, reader, timeout=1.0)
             raise ExportProcessError(reason)
         self._proc, self._reader = proc, reader
+        self._exported_by_dead += int(self.child_stats.get("exported", 0))
+        self.child_stats = {}
+        self._stats_pid = proc.pid
         self.info = answer["ready"]
         return self.info
 
@@ -170,10 +177,12 @@ class ExportProcess(BackgroundQueue):
                     answer[kind] = message[1]
                     ready.set()
                 elif kind == "stats" or kind == "stopped":
-                    self.child_stats = message[1]
+                    if proc.pid == self._stats_pid:
+                        self.child_stats = message[1]
                 elif kind == "flushed":
                     _, token, ok, stats = message
-                    self.child_stats = stats
+                    if proc.pid == self._stats_pid:
+                        self.child_stats = stats
                     flush = self._flushes.pop(token, None)
                     if flush is not None:
                         flush.ok = bool(ok)

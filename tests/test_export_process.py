@@ -158,11 +158,13 @@ def test_killed_export_process_is_replaced(tmp_path, caplog):
         await plugin.flush()
         state["names"] = exported_names(tmp_path)
         state["pids"] = first, plugin.export_process.pid
+        state["emitted"] = plugin.emitted_count
         await plugin.close()
 
     with caplog.at_level(logging.WARNING, logger="dask_otel_spans"):
         run()
     assert {"before", "after"} <= state["names"]
+    assert state["emitted"] >= 2  # the dead child's count is kept
     first, second = state["pids"]
     assert second != first
     assert caplog.text.count(f"export process (pid {first}) exited") == 1
