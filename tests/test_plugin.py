@@ -488,6 +488,36 @@ async def test_a_pass_checks_only_the_spans_whose_tasks_or_state_changed(c, s, a
     )
 
 
+
+@gen_cluster(client=True)
+async def test_a_step_of_the_pass_makes_a_bounded_number_of_readiness_checks(c, s, a, b):
+    """Checks of spans that are not ready go in small steps, so that a slice of the
+    pass ends close to its budget (each check can walk a span's open children)."""
+    from dask_otel_spans.plugin import _CHECKS_PER_STEP
+
+    memory = MemoryProviders()
+    plugin = await install(c, memory, tick_interval=3600)
+    release = Event("release-steps")
+    futures = []
+    for i in range(5 * _CHECKS_PER_STEP):
+        with span(f"running-{i}"):
+            futures.append(c.submit(wait_for_event, "release-steps", key=f"running{i}"))
+    await async_wait_for(lambda: run_pass(plugin) >= 0 and plugin.open_span_count == 5 * _CHECKS_PER_STEP)
+    for rec in plugin._open.values():
+        plugin._look_again(rec)  # all of them to check, none ready (tasks running)
+    plugin._work = plugin._one_pass()
+    per_step, before = [], plugin.readiness_checks
+    for _ in plugin._work:
+        per_step.append(plugin.readiness_checks - before)
+        before = plugin.readiness_checks
+    per_step.append(plugin.readiness_checks - before)
+    plugin._work = None
+    assert sum(per_step) == 5 * _CHECKS_PER_STEP
+    assert max(per_step) <= _CHECKS_PER_STEP, per_step
+    await release.set()
+    await wait(futures)
+
+
 class _CountedGroup:
     """A TaskGroup stand-in counting how often its ``done`` is read."""
 
