@@ -49,12 +49,9 @@ class _Outbox:
                 pass
 
 
-def _process_cpu_seconds() -> float:
-    return time.process_time()
-
-
 def _stats(pipeline: ExportPipeline) -> dict[str, Any]:
-    return {**pipeline.stats(), "process_cpu_s": _process_cpu_seconds()}
+    """The pipeline's figures and this process's CPU seconds."""
+    return {**pipeline.stats(), "process_cpu_s": time.process_time()}
 
 
 def _report_stats(
@@ -63,9 +60,9 @@ def _report_stats(
     last: dict[str, Any] = {}
     while not stopped.wait(_STATS_INTERVAL):
         stats = pipeline.stats()
-        if stats != last:
+        if stats != last:  # the process CPU always changes: not compared
             last = stats
-            outbox.send(("stats", {**stats, "process_cpu_s": _process_cpu_seconds()}))
+            outbox.send(("stats", _stats(pipeline)))
 
 
 def serve(inbox: IO[bytes], outbox: _Outbox) -> int:

@@ -99,7 +99,6 @@ class ExportPipeline:
     def build(cls, providers: Providers, config: PluginConfig) -> ExportPipeline:
         """Start the metrics thread (when there is a meter provider) and the
         emitter thread over ``providers``."""
-        undo_log_limit = rate_limit_sdk_logs() if providers.owned else None
         instruments = pump = None
         if providers.meter_provider is not None:
             meter = providers.meter_provider.get_meter(names.INSTRUMENTATION_SCOPE)
@@ -113,13 +112,17 @@ class ExportPipeline:
                 SeriesCap(config.max_series),
             )
             pump = MetricsPump(instruments, config.max_queue_size, config.send_interval)
-            pump.start()
         emitter = SpanEmitter(
             providers.tracer_provider,
             pump,
             prefix_spans=config.prefix_spans,
             code_max_length=config.max_code_length if config.include_code else None,
         )
+        # threads (and the SDK log filter) start once everything is built: a failure
+        # above leaves nothing behind
+        undo_log_limit = rate_limit_sdk_logs() if providers.owned else None
+        if pump is not None:
+            pump.start()
         emitter.start()
         return cls(providers, emitter, instruments, pump, undo_log_limit)
 
