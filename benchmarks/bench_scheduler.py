@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import os
 import statistics
@@ -391,7 +392,23 @@ def report_throughput(ratios: dict[str, dict[str, list[float]]], plugin_stats: l
 # -- memory -----------------------------------------------------------------------------
 
 
-async def _memory(checkpoints: list[int]) -> list[tuple[int, int, int]]:
+@contextlib.contextmanager
+def _environ(**values: str):
+    """Set environment variables of this (benchmark) process for a while: the export
+    process inherits the scheduler's environment."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+async def _memory(checkpoints: list[int], export_process: bool) -> list[dict[str, int]]:
     from distributed import Scheduler
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -408,10 +425,20 @@ async def _memory(checkpoints: list[int]) -> list[tuple[int, int, int]]:
     meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
     out = []
     async with Scheduler(dashboard_address=":0", port=0) as s:
-        plugin = ImmediatePlugin(tracer_provider=tracer_provider,
-                                 meter_provider=meter_provider, idle_timeout=0,
-                                 tick_interval=3600)
-        await s.register_scheduler_plugin(plugin=plugin, idempotent=False)
+        if export_process:
+            # the export process traces its allocations from its start
+            with _environ(PYTHONTRACEMALLOC="1"):
+                plugin = ImmediatePlugin(export_process=True,
+                                         providers="bench_preload:memory_child_providers",
+                                         idle_timeout=0, tick_interval=3600)
+                await s.register_scheduler_plugin(plugin=plugin, idempotent=False)
+            if plugin.export_process is None:
+                raise RuntimeError("the export process did not start")
+        else:
+            plugin = ImmediatePlugin(tracer_provider=tracer_provider,
+                                     meter_provider=meter_provider, idle_timeout=0,
+                                     tick_interval=3600)
+            await s.register_scheduler_plugin(plugin=plugin, idempotent=False)
         ext = s.extensions["spans"]
         tracemalloc.start()
         made = 0
@@ -427,8 +454,16 @@ async def _memory(checkpoints: list[int]) -> list[tuple[int, int, int]]:
             snap = tracemalloc.take_snapshot().filter_traces(
                 [tracemalloc.Filter(True, "*dask_otel_spans*")]
             )
-            size = sum(stat.size for stat in snap.statistics("filename"))
-            out.append((plugin.emitted_count, size, plugin.open_span_count))
+            row = {
+                "emitted": plugin.emitted_count,
+                "plugin_bytes": sum(stat.size for stat in snap.statistics("filename")),
+                "open": plugin.open_span_count,
+            }
+            if export_process:
+                child = plugin.export_process.child_stats
+                row["child_traced_bytes"] = child.get("traced_bytes", 0)
+                row["child_rss_bytes"] = child.get("rss_bytes", 0)
+            out.append(row)
         tracemalloc.stop()
         await plugin.close()
     meter_provider.shutdown()
@@ -436,16 +471,31 @@ async def _memory(checkpoints: list[int]) -> list[tuple[int, int, int]]:
     return out
 
 
-def part_memory(checkpoints: list[int]) -> list[tuple[int, int, int]]:
-    rows = asyncio.run(_memory(checkpoints))
-    print("3. plugin memory (tracemalloc, allocations made by dask_otel_spans still alive)")
-    for emitted, size, open_ in rows:
-        print(f"   after {emitted:>7d} emitted spans: {size / 1024:8.1f} KiB "
-              f"({open_} open)")
-    if len(rows) >= 2:
-        print(f"   last / second-to-last: {rows[-1][1] / max(rows[-2][1], 1):.3f} "
-              f"(<= 1.10 wanted)")
-    return rows
+def part_memory(checkpoints: list[int], modes: list[bool]) -> dict[bool, list[dict]]:
+    out = {}
+    for mode in modes:
+        rows = out[mode] = asyncio.run(_memory(checkpoints, mode))
+        print(f"3. plugin memory, {MODE_NAMES[mode]} (tracemalloc, allocations made by "
+              "dask_otel_spans still alive" + (
+                  " in the scheduler process; the export process's Python allocations "
+                  "(all of them) and resident set size)" if mode else ")"))
+        for row in rows:
+            line = (f"   after {row['emitted']:>7d} emitted spans: "
+                    f"{row['plugin_bytes'] / 1024:8.1f} KiB ({row['open']} open)")
+            if mode:
+                line += (f"; export process {row['child_traced_bytes'] / 2**20:.2f} MiB "
+                         f"traced, {row['child_rss_bytes'] / 2**20:.1f} MiB resident")
+            print(line)
+        if len(rows) >= 2:
+            print(f"   last / second-to-last: "
+                  f"{rows[-1]['plugin_bytes'] / max(rows[-2]['plugin_bytes'], 1):.3f}"
+                  + (f"; export process traced "
+                     f"{rows[-1]['child_traced_bytes'] / max(rows[-2]['child_traced_bytes'], 1):.3f}"
+                     f", resident "
+                     f"{rows[-1]['child_rss_bytes'] / max(rows[-2]['child_rss_bytes'], 1):.3f}"
+                     if mode else "")
+                  + " (<= 1.10 wanted)")
+    return out
 
 
 # -- export cost ------------------------------------------------------------------------
@@ -561,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
     if "throughput" in parts:
         part_throughput(pairs, scale, args.workers, args.threads, modes)
     if "memory" in parts:
-        part_memory(checkpoints)
+        part_memory(checkpoints, modes)
     if "export" in parts:
         part_export_cost(repeat)
     return 0

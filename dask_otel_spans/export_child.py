@@ -20,7 +20,10 @@ import signal
 import sys
 import threading
 import time
+import tracemalloc
 from typing import IO, Any
+
+import psutil
 
 from dask_otel_spans.pipeline import ExportPipeline, PipelineSpec
 from dask_otel_spans.wire import read_frame, write_frame
@@ -50,8 +53,17 @@ class _Outbox:
 
 
 def _stats(pipeline: ExportPipeline) -> dict[str, Any]:
-    """The pipeline's figures and this process's CPU seconds."""
-    return {**pipeline.stats(), "process_cpu_s": time.process_time()}
+    """The pipeline's figures and this process's CPU seconds and memory: resident
+    set size, and Python's allocations still alive when ``tracemalloc`` traces
+    (``PYTHONTRACEMALLOC=1`` in the scheduler's environment)."""
+    out = {**pipeline.stats(), "process_cpu_s": time.process_time()}
+    try:
+        out["rss_bytes"] = psutil.Process().memory_info().rss
+    except psutil.Error:  # pragma: no cover - /proc unreadable
+        pass
+    if tracemalloc.is_tracing():
+        out["traced_bytes"] = tracemalloc.get_traced_memory()[0]
+    return out
 
 
 def _report_stats(
@@ -60,7 +72,7 @@ def _report_stats(
     last: dict[str, Any] = {}
     while not stopped.wait(_STATS_INTERVAL):
         stats = pipeline.stats()
-        if stats != last:  # the process CPU always changes: not compared
+        if stats != last:  # CPU and memory always change: not compared
             last = stats
             outbox.send(("stats", _stats(pipeline)))
 

@@ -169,6 +169,12 @@ class ExportPipeline:
             self._undo_log_limit()
             self._undo_log_limit = None
 
+    def cpu_seconds(self) -> float:
+        """CPU seconds of the pipeline's threads (emitter and metrics) so far."""
+        return self.emitter.cpu_seconds + (
+            self.pump.cpu_seconds if self.pump is not None else 0.0
+        )
+
     def stats(self) -> dict[str, Any]:
         """Figures for tests and benchmarks."""
         instruments = self.instruments
@@ -180,4 +186,6 @@ class ExportPipeline:
             + (self.pump.dropped if self.pump is not None else 0),
             "metric_updates": instruments.updates if instruments is not None else 0,
             "metric_sdk_calls": instruments.sdk_calls if instruments is not None else 0,
+            # subtree summaries kept for parents still open
+            "summaries": len(self.emitter.summaries),
         }

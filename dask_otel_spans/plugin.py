@@ -39,6 +39,7 @@ from dask_otel_spans import names
 from dask_otel_spans.config import PluginConfig
 from dask_otel_spans.emitter import EmitRequest, SpanEmitter
 from dask_otel_spans.export_process import ExportProcess, ExportProcessError
+from dask_otel_spans.export_share import ExportShareWatch
 from dask_otel_spans.metrics import DaskInstruments, MetricsPump
 from dask_otel_spans.pipeline import ExportPipeline, PipelineSpec
 from dask_otel_spans.propagation import parse_carried
@@ -237,6 +238,9 @@ class OTelSpansPlugin(SchedulerPlugin):
         self.instruments: DaskInstruments | None = None
         #: where metric updates go: the pipeline's pump, or the export process
         self.pump: MetricsPump | ExportProcess | None = None
+        #: in process, with providers from configuration: the share of the scheduler
+        #: process's CPU that export takes, to say once when the export process helps
+        self.export_share_watch: ExportShareWatch | None = None
         self._pc: PeriodicCallback | None = None
         self._closed = False
         self._started = False
@@ -420,6 +424,8 @@ class OTelSpansPlugin(SchedulerPlugin):
             self.emitter = self.pipeline.emitter
             self.pump = self.pipeline.pump
             self.instruments = self.pipeline.instruments
+            if not self.config.export_process and self._why_export_stays_here() is None:
+                self.export_share_watch = ExportShareWatch(self.pipeline.cpu_seconds)
             logger.info(
                 "dask_otel_spans: traces to %s; metrics to %s",
                 self.providers.traces_to,
@@ -443,23 +449,10 @@ class OTelSpansPlugin(SchedulerPlugin):
         self._pc.start()
 
     def _may_export_in_child(self) -> bool:
-        """Whether the providers can be built in the export process: not when they
-        are objects of this process (given, or the global ones)."""
-        if self._explicit_tracer_provider is not None or (
-            self._explicit_meter_provider is not None
-        ):
-            where = "given providers"
-        elif self.config.providers:
-            return True
-        elif self._prometheus_on_scheduler_port():
-            where = ("OTEL_METRICS_EXPORTER=prometheus on the scheduler's own /metrics "
-                     "(set OTEL_EXPORTER_PROMETHEUS_PORT to serve from the export process)")
-        elif self._use_global and (
-            global_sdk_tracer_provider() is not None
-            or global_sdk_meter_provider() is not None
-        ):
-            where = "the process's global providers"
-        else:
+        """Whether the providers can be built in the export process; logs once why
+        not."""
+        where = self._why_export_stays_here()
+        if where is None:
             return True
         self._log_once(
             "export-process-providers", "export-process needs providers built from "
@@ -467,6 +460,26 @@ class OTelSpansPlugin(SchedulerPlugin):
             "exported in the scheduler process", where, level=logging.INFO,
         )
         return False
+
+    def _why_export_stays_here(self) -> str | None:
+        """What keeps export in the scheduler process whatever ``export-process``
+        says: providers that are objects of this process (given, or the global
+        ones), or Prometheus on the scheduler's own port; None when nothing does."""
+        if self._explicit_tracer_provider is not None or (
+            self._explicit_meter_provider is not None
+        ):
+            return "given providers"
+        if self.config.providers:
+            return None
+        if self._prometheus_on_scheduler_port():
+            return ("OTEL_METRICS_EXPORTER=prometheus on the scheduler's own /metrics "
+                    "(set OTEL_EXPORTER_PROMETHEUS_PORT to serve from the export process)")
+        if self._use_global and (
+            global_sdk_tracer_provider() is not None
+            or global_sdk_meter_provider() is not None
+        ):
+            return "the process's global providers"
+        return None
 
     def _prometheus_on_scheduler_port(self) -> bool:
         """Whether metrics go to the scheduler's own ``/metrics`` (the registry of
@@ -927,10 +940,29 @@ class OTelSpansPlugin(SchedulerPlugin):
     # -- the periodic pass -----------------------------------------------------------
 
     def _tick(self) -> None:
-        if self._closed or self._work is not None:
+        if self._closed:
+            return
+        if self.export_share_watch is not None:
+            self._watch_export_share()
+        if self._work is not None:
             return
         self._work = self._one_pass()
         self._run_slice()
+
+    def _watch_export_share(self) -> None:
+        """Say once when exporting takes a noticeable share of the scheduler
+        process's CPU, and that the export process would take it elsewhere."""
+        with self._guard("export-share"):
+            found = self.export_share_watch.check()
+            if found is not None:
+                share, window = found
+                self._log_once(
+                    "export-share", "exporting in the scheduler process took %.0f%% "
+                    "of its CPU over the last %.0f s (%d spans emitted so far); "
+                    "otel-spans.export-process: true moves that work to a child "
+                    "process", share * 100, window, self.emitted_count,
+                    level=logging.INFO,
+                )
 
     def _run_slice(self) -> None:
         """Run the pass in progress for at most ``tick-budget``; the rest goes to a

@@ -41,7 +41,7 @@ def test_quick_benchmark_produces_all_figures():
 
 def test_quick_benchmark_with_the_export_process_produces_its_figures():
     proc = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--parts", "throughput",
+        [sys.executable, str(BENCH), "--quick", "--parts", "throughput,memory",
          "--workloads", "futures,nested", "--export-process"],
         capture_output=True, text=True, timeout=400,
     )
@@ -56,3 +56,8 @@ def test_quick_benchmark_with_the_export_process_produces_its_figures():
     # latencies travel back from the export process through its records file
     latency = re.search(r"([0-9]+) spans: median ([0-9.]+) s", out)
     assert latency and int(latency.group(1)) > 0
+    # the export process reports its memory (tracemalloc on) at each checkpoint
+    memory = re.findall(r"emitted spans: .* export process ([0-9.]+) MiB traced, "
+                        r"([0-9.]+) MiB resident", out)
+    assert len(memory) == 3
+    assert all(float(traced) > 0 and float(resident) > 0 for traced, resident in memory)

@@ -115,6 +115,31 @@ def test_flush_returns_once_the_export_process_exported(tmp_path):
     assert "flushed" in state["names"]
 
 
+def test_export_process_reports_its_memory(tmp_path, monkeypatch):
+    # the export process inherits the scheduler's environment
+    monkeypatch.setenv("PYTHONTRACEMALLOC", "1")
+    state = {}
+
+    @gen_cluster(client=True, timeout=120)
+    async def run(c, s, a, b):
+        plugin = await install_process_plugin(c, tmp_path)
+        with span("measured"):
+            await c.submit(inc, 1, key="m-1")
+        await async_wait_for(lambda: plugin.handed_over_count >= 1, timeout=60)
+        await plugin.flush()
+        state["stats"] = dict(plugin.export_process.child_stats)
+        state["rss"] = psutil.Process(plugin.export_process.pid).memory_info().rss
+        await plugin.close()
+
+    run()
+    stats = state["stats"]
+    assert stats["exported"] >= 1
+    # the child's own resident set, of the order psutil sees from outside
+    assert 0.5 * state["rss"] < stats["rss_bytes"] < 2 * state["rss"]
+    # Python's allocations still alive in the child: imports alone are megabytes
+    assert stats["traced_bytes"] > 2**20
+
+
 def test_export_process_ends_with_the_plugin_and_exports_open_spans(tmp_path):
     state = {}
 
