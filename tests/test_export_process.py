@@ -54,6 +54,14 @@ def exported_names(output_dir) -> set[str]:
     return {sp["name"] for sp in exported_spans(output_dir)}
 
 
+async def export_one_span(c, plugin: OTelSpansPlugin, name: str) -> None:
+    """Run a one-task span and flush the export process once it was handed over."""
+    with span(name):
+        await c.submit(inc, 1, key=f"{name}-1")
+    await async_wait_for(lambda: plugin.handed_over_count >= 1, timeout=60)
+    await plugin.flush()
+
+
 def export_children(pid: int) -> list[psutil.Process]:
     return [
         p for p in psutil.Process(pid).children(recursive=True)
@@ -103,10 +111,7 @@ def test_flush_returns_once_the_export_process_exported(tmp_path):
     @gen_cluster(client=True, timeout=120)
     async def run(c, s, a, b):
         plugin = await install_process_plugin(c, tmp_path)
-        with span("flushed"):
-            await c.submit(inc, 1, key="f-1")
-        await async_wait_for(lambda: plugin.handed_over_count >= 1, timeout=60)
-        await plugin.flush()
+        await export_one_span(c, plugin, "flushed")
         # no waiting here: flush is a round trip to the export process
         state["names"] = exported_names(tmp_path)
         await plugin.close()
@@ -123,10 +128,7 @@ def test_export_process_reports_its_memory(tmp_path, monkeypatch):
     @gen_cluster(client=True, timeout=120)
     async def run(c, s, a, b):
         plugin = await install_process_plugin(c, tmp_path)
-        with span("measured"):
-            await c.submit(inc, 1, key="m-1")
-        await async_wait_for(lambda: plugin.handed_over_count >= 1, timeout=60)
-        await plugin.flush()
+        await export_one_span(c, plugin, "measured")
         state["stats"] = dict(plugin.export_process.child_stats)
         state["rss"] = psutil.Process(plugin.export_process.pid).memory_info().rss
         await plugin.close()
