@@ -247,9 +247,14 @@ def test_span_of_many_task_groups_is_copied_in_steps():
     assert {g.prefix for g in snap.groups} == {"sum"}
 
 
-def test_snapshot_in_steps_equals_the_snapshot_at_once():
+def test_a_span_of_few_task_groups_is_copied_without_a_pause():
     root, _ = make_tree()
     steps = iter_snapshot_span(root)
     with pytest.raises(StopIteration) as done:
         next(steps)
-    assert done.value.value == snapshot_span(root)
+    snap = done.value.value
+    assert [g.prefix for g in snap.groups] == ["sum"]
+    [copied_child] = snap.children
+    assert copied_child.id == CHILD
+    assert sorted(g.task_count for g in copied_child.groups) == [2, 8]
+    assert copied_child.metrics[("execute", "read", "thread-cpu", "seconds")] == 3.0
