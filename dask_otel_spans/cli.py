@@ -178,6 +178,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         processes=True,
     ) as cluster, Client(cluster) as client:
         client.register_plugin(plugin)
+        address = cluster.scheduler_address
+        # In process (export-process: false, or providers that must stay here), a
+        # copy of every span is kept to print the tree whatever the exporter; with
+        # the export process the tree is read back from the embedded default's file.
         copy = InMemorySpanExporter()
         provider = plugin.providers.tracer_provider if plugin.providers else None
         if provider is not None and hasattr(provider, "add_span_processor"):
@@ -193,18 +197,37 @@ def cmd_demo(args: argparse.Namespace) -> int:
         deadline = time.monotonic() + 30
         while plugin.open_span_count and time.monotonic() < deadline:
             time.sleep(0.1)
+    # the cluster is closed: the plugin flushed its exporters (and its export process)
+    traces_to, metrics_to = _destinations(plugin)
     finished = copy.get_finished_spans()
-    if not finished:
+    if finished:
+        spans = flatten_spans([to_otlp_json(encode_spans(finished))])
+    elif traces_to.endswith(TRACES_FILE) and os.path.exists(traces_to):
+        # the file collects every run in this directory: this run's scheduler only
+        spans = [s for s in read_spans(traces_to)
+                 if s["resource"].get(names.SCHEDULER_ADDRESS) == address]
+    else:
+        print(f"Traces went to {traces_to}; the demo prints the span tree from the "
+              "embedded default's files, or with otel-spans.export-process: false")
+        return 0
+    if not spans:
         print("No spans were exported.", file=sys.stderr)
         return 1
-    spans = flatten_spans([to_otlp_json(encode_spans(finished))])
     print()
     print(render_tree(spans))
-    if plugin.providers is not None:
-        print()
-        print(f"Traces went to {plugin.providers.traces_to}")
-        print(f"Metrics went to {plugin.providers.metrics_to}")
+    print()
+    print(f"Traces went to {traces_to}")
+    print(f"Metrics went to {metrics_to}")
     return 0
+
+
+def _destinations(plugin: Any) -> tuple[str, str]:
+    """Where the plugin sent traces and metrics, in process or from its export
+    process."""
+    if plugin.providers is not None:
+        return plugin.providers.traces_to, plugin.providers.metrics_to
+    info = plugin.export_process.info if plugin.export_process is not None else {}
+    return str(info.get("traces_to", "nowhere")), str(info.get("metrics_to", "nowhere"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,13 +1,16 @@
 """Package settings: the ``otel-spans`` dask config namespace and its typed view."""
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, Literal, Union
 
 import dask.config
 import yaml
 from dask.utils import parse_timedelta
+
+logger = logging.getLogger(__name__)
 
 _DEFAULTS_FILE = os.path.join(os.path.dirname(__file__), "otel-spans.yaml")
 NAMESPACE = "otel-spans"
@@ -30,6 +33,37 @@ def _shipped_default(key: str) -> Any:
     for part in key.split("."):
         node = node[part]
     return node
+
+
+#: ``export-process``: True, False, or ``"auto"`` (the export process wherever the
+#: providers are built from configuration)
+ExportProcessSetting = Union[bool, Literal["auto"]]
+EXPORT_PROCESS_AUTO: Literal["auto"] = "auto"
+
+_TRUE_WORDS = frozenset({"true", "yes", "on", "1"})
+_FALSE_WORDS = frozenset({"false", "no", "off", "0"})
+
+
+def parse_export_process(value: Any) -> ExportProcessSetting:
+    """``export-process`` as True, False or ``"auto"``, from a boolean or the words
+    an environment variable gives (``DASK_OTEL_SPANS__EXPORT_PROCESS=false``).
+
+    Anything else is logged and taken as ``"auto"``.
+    """
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower()
+    if word == EXPORT_PROCESS_AUTO:
+        return EXPORT_PROCESS_AUTO
+    if word in _TRUE_WORDS:
+        return True
+    if word in _FALSE_WORDS:
+        return False
+    logger.warning(
+        "dask_otel_spans: otel-spans.export-process must be true, false or auto, not "
+        "%r; using auto", value,
+    )
+    return EXPORT_PROCESS_AUTO
 
 
 @dataclass(frozen=True)
@@ -55,7 +89,7 @@ class PluginConfig:
     max_queue_size: int = 10000
     send_interval: float = 1.0
     output_dir: str = "dask-otel-spans"
-    export_process: bool = False
+    export_process: ExportProcessSetting = EXPORT_PROCESS_AUTO
     providers: str | None = None
 
     @classmethod
@@ -87,11 +121,16 @@ class PluginConfig:
             max_queue_size=int(get("metrics.max-queue-size")),
             send_interval=seconds("metrics.send-interval"),
             output_dir=str(get("output-dir")),
-            export_process=bool(get("export-process")),
+            export_process=parse_export_process(get("export-process")),
             providers=str(factory) if factory not in (None, "", "null") else None,
         )
         known = {f.name for f in fields(cls)}
         unknown = set(overrides) - known
         if unknown:
             raise TypeError(f"Unknown otel-spans settings: {sorted(unknown)}")
+        if "export_process" in overrides:
+            overrides = {
+                **overrides,
+                "export_process": parse_export_process(overrides["export_process"]),
+            }
         return replace(cfg, **overrides) if overrides else cfg

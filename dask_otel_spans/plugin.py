@@ -10,10 +10,12 @@ cut in slices of at most ``tick-budget``, registers new spans, applies annotatio
 looks again at the spans that changed (or whose wait ran out), decides which are
 ready and copies them (:mod:`~dask_otel_spans.snapshot`): a pass costs what changed
 since the last one, not the number of open spans.
-Translation and the OTel SDK run on the :class:`~dask_otel_spans.emitter.SpanEmitter`
-thread, metric updates on the :class:`~dask_otel_spans.metrics.MetricsPump` thread
-(:mod:`~dask_otel_spans.pipeline`); with ``otel-spans.export-process`` both run in a
-child process instead (:mod:`~dask_otel_spans.export_process`).
+Translation and the OTel SDK run in a child process of the scheduler
+(:mod:`~dask_otel_spans.export_process`) when the providers are built from
+configuration (``otel-spans.export-process: auto``, the default); otherwise on the
+:class:`~dask_otel_spans.emitter.SpanEmitter` thread, and metric updates on the
+:class:`~dask_otel_spans.metrics.MetricsPump` thread, of the scheduler process
+(:mod:`~dask_otel_spans.pipeline`).
 """
 from __future__ import annotations
 
@@ -231,7 +233,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         self._span_tags: _SpanTags | None = None
         self.providers: Providers | None = None
         self.pipeline: ExportPipeline | None = None
-        #: the child process that exports, with ``export_process=True``
+        #: the child process that exports (``export-process``: auto or true)
         self.export_process: ExportProcess | None = None
         #: where spans go: the pipeline's emitter, or the export process
         self.emitter: SpanEmitter | ExportProcess | None = None
@@ -405,7 +407,7 @@ class OTelSpansPlugin(SchedulerPlugin):
             scheduler.address,
             self.config.providers,
         )
-        if self.config.export_process and self._may_export_in_child():
+        if self._may_export_in_child():
             await self._start_export_process(spec)
         if self.export_process is None:
             try:
@@ -424,7 +426,10 @@ class OTelSpansPlugin(SchedulerPlugin):
             self.emitter = self.pipeline.emitter
             self.pump = self.pipeline.pump
             self.instruments = self.pipeline.instruments
-            if not self.config.export_process and self._why_export_stays_here() is None:
+            if (
+                self.config.export_process is False
+                and self._why_export_stays_here() is None
+            ):
                 self.export_share_watch = ExportShareWatch(self.pipeline.cpu_seconds)
             logger.info(
                 "dask_otel_spans: traces to %s; metrics to %s",
@@ -449,15 +454,20 @@ class OTelSpansPlugin(SchedulerPlugin):
         self._pc.start()
 
     def _may_export_in_child(self) -> bool:
-        """Whether the providers can be built in the export process; logs once why
-        not."""
+        """Whether to export in the export process: asked for (``true``, or ``auto``,
+        the default) and possible. Says once why not when it was asked for
+        explicitly (at DEBUG under ``auto``)."""
+        setting = self.config.export_process
+        if setting is False:
+            return False
         where = self._why_export_stays_here()
         if where is None:
             return True
         self._log_once(
-            "export-process-providers", "export-process needs providers built from "
-            "configuration (OTEL_* or otel-spans.providers); with %s, spans are "
-            "exported in the scheduler process", where, level=logging.INFO,
+            "export-process-providers", "the export process needs providers built "
+            "from configuration (OTEL_* or otel-spans.providers); with %s, spans are "
+            "exported in the scheduler process", where,
+            level=logging.INFO if setting is True else logging.DEBUG,
         )
         return False
 
@@ -498,7 +508,9 @@ class OTelSpansPlugin(SchedulerPlugin):
         except ExportProcessError as e:
             self._log_once(
                 "export-process-start", "the export process did not start (%s); "
-                "exporting in the scheduler process", e, level=logging.ERROR,
+                "exporting in the scheduler process", e,
+                level=logging.ERROR if self.config.export_process is True
+                else logging.WARNING,
             )
             return
         process.start()
@@ -959,8 +971,8 @@ class OTelSpansPlugin(SchedulerPlugin):
                 self._log_once(
                     "export-share", "exporting in the scheduler process took %.0f%% "
                     "of its CPU over the last %.0f s (%d spans emitted so far); "
-                    "otel-spans.export-process: true moves that work to a child "
-                    "process", share * 100, window, self.emitted_count,
+                    "otel-spans.export-process: auto (the default) moves that work "
+                    "to a child process", share * 100, window, self.emitted_count,
                     level=logging.INFO,
                 )
 

@@ -87,7 +87,7 @@ async def test_the_plugin_says_once_that_the_export_process_would_help(
     c, s, a, b, tmp_path, caplog
 ):
     with caplog.at_level(logging.INFO, logger="dask_otel_spans"):
-        plugin = configured_plugin(tmp_path)
+        plugin = configured_plugin(tmp_path, export_process=False)
         await c.register_plugin(plugin)
         assert plugin.export_share_watch is not None
         # every window of 0.2 s counts (the real one: 5 % of a busy minute)
@@ -101,7 +101,7 @@ async def test_the_plugin_says_once_that_the_export_process_would_help(
         await async_wait_for(lambda: plugin.emitted_count >= 3, timeout=30)
         await async_wait_for(lambda: plugin.export_share_watch.reported, timeout=30)
         await plugin.close()
-    advice = [r for r in caplog.records if "export-process: true moves" in r.getMessage()]
+    advice = [r for r in caplog.records if "export-process: auto (the default) moves" in r.getMessage()]
     assert len(advice) == 1
     assert "of its CPU over the last" in advice[0].getMessage()
 
@@ -118,10 +118,10 @@ async def test_no_advice_with_given_providers(c, s, a, b):
     await plugin.close()
 
 
-def test_no_advice_with_the_export_process_on(tmp_path):
+def test_no_advice_with_the_export_process_of_the_default(tmp_path):
     @gen_cluster(client=True, timeout=120)
     async def run(c, s, a, b):
-        plugin = configured_plugin(tmp_path, export_process=True)
+        plugin = configured_plugin(tmp_path)
         await c.register_plugin(plugin)
         assert plugin.export_process is not None
         assert plugin.export_share_watch is None

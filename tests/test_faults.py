@@ -33,6 +33,8 @@ RECEIVER_THREADS = {"threads": False}
 
 
 def env_plugin(endpoint: str) -> OTelSpansPlugin:
+    """Exporting in the scheduler process, whose providers' health the tests read
+    (the export process has its own: tests/test_export_process.py)."""
     return OTelSpansPlugin(
         environ={
             "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
@@ -41,7 +43,7 @@ def env_plugin(endpoint: str) -> OTelSpansPlugin:
             "OTEL_BSP_SCHEDULE_DELAY": "50",
             "OTEL_METRIC_EXPORT_INTERVAL": "200",
         },
-        use_global_providers=False,
+        use_global_providers=False, export_process=False,
         export_delay=0.1, idle_timeout=1.0, tick_interval=0.05,
     )
 
