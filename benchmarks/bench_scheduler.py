@@ -5,7 +5,9 @@ plugin, in rotating order, on the same cluster configuration, reported as ratios
     python benchmarks/bench_scheduler.py --quick    # smoke test (CI)
     python benchmarks/bench_scheduler.py --parts memory,export   # a subset
     python benchmarks/bench_scheduler.py --export-process  # the plugin with its
-                                                           # export process
+                                                           # export process (the
+                                                           # default with providers
+                                                           # from configuration)
     python benchmarks/bench_scheduler.py --both-modes      # both ways, against the
                                                            # same baselines
 
@@ -254,8 +256,9 @@ def fmt_ratio(values: list[float]) -> str:
             f"max {max(values):.3f}")
 
 
-MODE_NAMES = {False: "plugin exporting in the scheduler process",
-              True: "plugin with its export process"}
+MODE_NAMES = {False: "plugin exporting in the scheduler process (export-process: false)",
+              True: "plugin with its export process (the default, auto, with providers "
+                    "from configuration)"}
 
 
 def part_throughput(pairs: int, scale: dict[str, Any], workers: int, threads: int,
@@ -578,8 +581,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", default=",".join(WORKLOADS),
                         help="comma-separated subset of the throughput workloads")
     parser.add_argument("--export-process", action="store_true",
-                        help="run the plugin with otel-spans.export-process (part 1, "
-                             "2 and 4)")
+                        help="run the plugin with its export process, as the default "
+                             "(auto) does with providers from configuration (parts 1 to "
+                             "4); without it the benchmark's plugin exports in the "
+                             "scheduler process, as with export-process: false or "
+                             "providers given to the plugin")
     parser.add_argument("--both-modes", action="store_true",
                         help="run the plugin both ways (in the scheduler process and "
                              "with its export process) against the same baselines")

@@ -61,6 +61,22 @@ def test_tree_command_reads_saved_files(demo_run):
     assert any(line.startswith("    array step") for line in lines)
 
 
+def test_demo_prints_only_its_own_run_when_the_files_hold_earlier_ones(demo_run):
+    cwd, _ = demo_run
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "dask_otel_spans.cli", "demo"],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # the traces file now holds two runs (two traces); the demo shows its own
+    saved = read_spans(str(cwd / "dask-otel-spans" / "traces.jsonl"))
+    assert len({s["traceId"] for s in saved if s["name"] == "demo workflow"}) == 2
+    printed = proc.stdout.splitlines()
+    assert sum(line.startswith("trace ") for line in printed) == 1
+    assert sum(line.strip().startswith("demo workflow") for line in printed) == 1
+
+
 def test_tree_of_missing_file_fails(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "dask_otel_spans.cli", "tree", str(tmp_path / "nope")],

@@ -400,3 +400,53 @@ def test_item_that_cannot_be_pickled_is_left_out_and_the_rest_arrives(tmp_path, 
     assert process.lost == 1
     assert caplog.text.count("cannot send an item (emit)") == 1
     assert exported_names(tmp_path) == {"good"}
+
+
+def test_by_default_providers_from_configuration_export_in_a_child(tmp_path):
+    state = {}
+
+    @gen_cluster(client=True, timeout=120)
+    async def run(c, s, a, b):
+        # no export_process setting: the shipped default, auto
+        plugin = OTelSpansPlugin(environ={}, use_global_providers=False,
+                                 output_dir=str(tmp_path), **FAST)
+        await c.register_plugin(plugin)
+        state["child"] = plugin.export_process is not None and plugin.pipeline is None
+        await export_one_span(c, plugin, "by-default")
+        await plugin.close()
+
+    run()
+    assert state["child"]
+    assert "by-default" in exported_names(tmp_path)
+
+
+@gen_cluster(client=True)
+async def test_by_default_given_providers_export_in_the_scheduler_quietly(c, s, a, b):
+    memory = MemoryProviders()
+    logger = logging.getLogger("dask_otel_spans")
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = records.append
+    logger.addHandler(handler)
+    try:
+        plugin = OTelSpansPlugin(tracer_provider=memory.tracer_provider,
+                                 meter_provider=memory.meter_provider, **FAST)
+        await c.register_plugin(plugin)
+    finally:
+        logger.removeHandler(handler)
+    assert plugin.export_process is None and plugin.pipeline is not None
+    # auto asks for nothing: where export stays is not worth an INFO line
+    assert not [r for r in records if "export process" in r.getMessage()]
+    await plugin.close()
+    memory.shutdown()
+
+
+@gen_cluster(client=True)
+async def test_export_process_false_exports_in_the_scheduler(c, s, a, b, tmp_path):
+    plugin = OTelSpansPlugin(environ={}, use_global_providers=False,
+                             output_dir=str(tmp_path), export_process=False, **FAST)
+    await c.register_plugin(plugin)
+    assert plugin.export_process is None and plugin.pipeline is not None
+    await export_one_span(c, plugin, "here")
+    await plugin.close()
+    assert "here" in exported_names(tmp_path)
