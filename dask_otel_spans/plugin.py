@@ -408,7 +408,15 @@ class OTelSpansPlugin(SchedulerPlugin):
             self.config.providers,
         )
         if self._may_export_in_child():
-            await self._start_export_process(spec)
+            kept = self._export_process_to_keep(scheduler, spec)
+            if kept is not None:
+                self.export_process = self.emitter = self.pump = kept
+                logger.info(
+                    "dask_otel_spans: export process pid %s carries on from the plugin "
+                    "registered before, with the same settings", kept.pid,
+                )
+            else:
+                await self._start_export_process(spec)
         if self.export_process is None:
             try:
                 self.providers = spec.resolve_providers(
@@ -499,6 +507,21 @@ class OTelSpansPlugin(SchedulerPlugin):
             not environ.get("OTEL_EXPORTER_PROMETHEUS_PORT")
         )
 
+    def _export_process_to_keep(
+        self, scheduler: Scheduler, spec: PipelineSpec
+    ) -> ExportProcess | None:
+        """The export process of the instance this one takes over from, when it was
+        built from the same settings: its providers, counters and the subtree
+        summaries of spans already emitted then carry on (a new child would start
+        them from nothing)."""
+        previous = scheduler.plugins.get(self.name)
+        if not isinstance(previous, OTelSpansPlugin) or previous is self:
+            return None
+        process = previous.export_process
+        if process is None or previous._closed or process.spec != spec:
+            return None
+        return process
+
     async def _start_export_process(self, spec: PipelineSpec) -> None:
         """Start the export process; on failure the scheduler process exports."""
         process = ExportProcess(spec, max_metric_backlog=self.config.max_queue_size)
@@ -525,8 +548,15 @@ class OTelSpansPlugin(SchedulerPlugin):
         so that no span is lost or emitted twice."""
         for name, value in previous._hand_over().items():
             setattr(self, name, value)
+        kept = self.export_process is not None and previous.export_process is (
+            self.export_process
+        )
+        if kept:
+            # it carries on for this instance: the previous one must not stop it
+            previous.export_process = previous.emitter = previous.pump = None
         for rec in self._open.values():
-            if rec.counted and self.pump is not None:
+            if rec.counted and self.pump is not None and not kept:
+                # a new pipeline counts the open spans from zero
                 self.pump.submit("span_opened", rec.tags)
             # the previous instance's wake-ups are gone: look at every span once
             rec.wake_at = None

@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.request
 import uuid
+import warnings
 
 import psutil
 import pytest
@@ -450,3 +451,57 @@ async def test_export_process_false_exports_in_the_scheduler(c, s, a, b, tmp_pat
     await export_one_span(c, plugin, "here")
     await plugin.close()
     assert "here" in exported_names(tmp_path)
+
+
+def test_registered_again_with_the_same_settings_keeps_its_export_process(tmp_path):
+    state = {}
+
+    @gen_cluster(client=True, timeout=120)
+    async def run(c, s, a, b):
+        first = await install_process_plugin(c, tmp_path)
+        child = first.export_process
+        with span("parent"):
+            with span("child"):
+                await c.submit(inc, 1, key="child-1")
+            # the child span is emitted (its summary is in the export process) while
+            # its parent is still open
+            await async_wait_for(lambda: first.handed_over_count >= 1, timeout=60)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # distributed: "overwriting"
+                second = await install_process_plugin(c, tmp_path)
+            await c.submit(inc, 2, key="parent-1")
+        await async_wait_for(lambda: second.handed_over_count >= 1, timeout=60)
+        await second.flush()
+        state["kept"] = second.export_process is child and first._closed
+        state["running"] = child.pid is not None and psutil.pid_exists(child.pid)
+        await second.close()
+
+    run()
+    spans = {sp["name"]: sp for sp in exported_spans(tmp_path)}
+    # the parent's subtree totals count the child emitted before the hand-over
+    assert spans["parent"]["attributes"][names.SPAN_TASK_COUNT] == 2
+    assert spans["child"]["attributes"][names.SPAN_TASK_COUNT] == 1
+    assert state["kept"] and state["running"]
+
+
+def test_registered_again_with_other_settings_starts_a_new_export_process(tmp_path):
+    state = {}
+
+    @gen_cluster(client=True, timeout=120)
+    async def run(c, s, a, b):
+        first = await install_process_plugin(c, tmp_path)
+        state["first"] = first.export_process.pid
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            second = await install_process_plugin(c, tmp_path, export_delay=0.2)
+        state["second"] = second.export_process.pid
+        await export_one_span(c, second, "after")
+        await second.close()
+
+    run()
+    assert state["second"] not in (None, state["first"])
+    # the first instance stopped its own at its close
+    assert not psutil.pid_exists(state["first"]) or (
+        psutil.Process(state["first"]).status() == psutil.STATUS_ZOMBIE
+    )
+    assert "after" in exported_names(tmp_path)
