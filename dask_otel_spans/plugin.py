@@ -191,7 +191,9 @@ class OTelSpansPlugin(SchedulerPlugin):
         installed, else providers built from the standard ``OTEL_*`` variables, else
         the embedded default (OTLP-JSON lines files in ``otel-spans.output-dir``).
         Providers passed here or taken from the globals are flushed at close, never
-        shut down.
+        shut down, and keep export in the scheduler process; providers built from
+        configuration are built in the export process (``export_process="auto"``, the
+        default; ``False`` builds them here).
     environ:
         Mapping to read ``OTEL_*`` variables from; default ``os.environ``.
     use_global_providers:

@@ -92,10 +92,12 @@ async def test_worker_metric_keys_reach_the_scheduler_unchanged(c, s, a, b):
     )
 
 
-# gen_cluster's guard against runaway transitions (50,000) is below what 10,001 tasks
-# take (about five transitions each, more when work is stolen)
+# gen_cluster's guard against runaway transitions (50,000, on the scheduler and on each
+# worker) is below what 10,001 tasks take (about five transitions each, more when work
+# is stolen); a worker past it failed hard, and the end-of-test check of its state failed
 @gen_cluster(client=True, timeout=300, config={"distributed.scheduler.validate": False},
-             scheduler_kwargs={"transition_counter_max": 200_000})
+             scheduler_kwargs={"transition_counter_max": 200_000},
+             worker_kwargs={"transition_counter_max": 200_000})
 async def test_ten_thousand_spans_in_one_graph(c, s, a, b):
     memory = MemoryProviders()
     # the graph is computed after the blocks: spans the scheduler has not seen yet
