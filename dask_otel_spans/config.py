@@ -78,7 +78,7 @@ class PluginConfig:
     idle_timeout: float = 5.0
     lazy_timeout: float = 600.0
     tick_interval: float = 0.1
-    tick_budget: float = 0.002
+    tick_budget: float = 0.001
     prefix_spans: bool = True
     include_code: bool = False
     max_code_length: int = 4096
