@@ -550,9 +550,8 @@ class OTelSpansPlugin(SchedulerPlugin):
         so that no span is lost or emitted twice."""
         for name, value in previous._hand_over().items():
             setattr(self, name, value)
-        kept = self.export_process is not None and previous.export_process is (
-            self.export_process
-        )
+        process = self.export_process
+        kept = process is not None and previous.export_process is process
         if kept:
             # it carries on for this instance: the previous one must not stop it
             previous.export_process = previous.emitter = previous.pump = None

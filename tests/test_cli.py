@@ -11,15 +11,21 @@ from dask_otel_spans.cli import render_tree
 from dask_otel_spans.otlpjson import read_metric_points, read_spans
 
 
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory):
-    cwd = tmp_path_factory.mktemp("demo")
+def run_demo(cwd) -> subprocess.CompletedProcess:
+    """``dask-otel-spans demo`` in ``cwd``, on the embedded default (no OTEL_*)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     proc = subprocess.run(
         [sys.executable, "-m", "dask_otel_spans.cli", "demo"],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=240,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("demo")
+    proc = run_demo(cwd)
     return cwd, proc.stdout + proc.stderr
 
 
@@ -63,12 +69,7 @@ def test_tree_command_reads_saved_files(demo_run):
 
 def test_demo_prints_only_its_own_run_when_the_files_hold_earlier_ones(demo_run):
     cwd, _ = demo_run
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "dask_otel_spans.cli", "demo"],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=240,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = run_demo(cwd)
     # the traces file now holds two runs (two traces); the demo shows its own
     saved = read_spans(str(cwd / "dask-otel-spans" / "traces.jsonl"))
     assert len({s["traceId"] for s in saved if s["name"] == "demo workflow"}) == 2
