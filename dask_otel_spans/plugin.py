@@ -23,12 +23,13 @@ import asyncio
 import functools
 import heapq
 import logging
+import math
 import os
 import time as _time
 import uuid
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from itertools import islice
 from typing import TYPE_CHECKING, Any
@@ -51,7 +52,7 @@ from dask_otel_spans.providers import (
     global_sdk_tracer_provider,
     exporter_names,
 )
-from dask_otel_spans.snapshot import iter_snapshot_span
+from dask_otel_spans.snapshot import CHILDREN_PER_STEP, iter_snapshot_span
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -75,6 +76,14 @@ _CHECK_EVERY = 32
 #: Readiness checks between two looks at the clock: a check of a span whose tree is
 #: still running costs up to ~75 µs (it may walk its open children once per pass)
 _CHECKS_PER_STEP = 8
+#: Verdicts (done, finished at) a step of the pass may work out, ~1-2 µs each: the
+#: check of a span with a large open tree walks it in several steps
+_VERDICTS_PER_STEP = 128
+
+
+class _OutOfStep(Exception):
+    """A verdict needs more work than this step has left: the walk so far is kept,
+    and the next step goes on with it."""
 
 #: Kinds of queued hook events
 _GRAPH, _NOTICE, _CLIENT_GONE = "graph", "notice", "client-gone"
@@ -263,9 +272,18 @@ class OTelSpansPlugin(SchedulerPlugin):
         self._adopting: Iterator[Span] | None = None
         #: the pass in progress, one slice at a time
         self._work: Iterator[None] | None = None
-        #: this pass's verdicts per open span id: done, and when its tree finished
+        #: this pass's verdicts per open span id: done, and when its tree finished;
+        #: events taken in during the pass forget those of the spans they touch
         self._pass_done: dict[str, bool] = {}
         self._pass_finished: dict[str, float] = {}
+        #: walks of open children cut at the end of a step, to go on with: span id
+        #: -> children left, and (finished at) the latest stop found so far
+        self._done_walks: dict[str, list[str]] = {}
+        self._finished_walks: dict[str, tuple[float, list[str]]] = {}
+        #: verdicts worked out (not reused) in this step of the pass, and how many
+        #: a step may work out (no limit outside the pass: close, hand-over)
+        self._verdicts_in_step = 0
+        self._verdict_limit: float = math.inf
         #: open spans to look at in the next pass, deepest first: heap of
         #: (-depth, id), and the ids in it
         self._to_check: list[tuple[int, str]] = []
@@ -823,8 +841,10 @@ class OTelSpansPlugin(SchedulerPlugin):
         parent = span.parent
         if parent is not None:
             parent_rec = self._open.get(parent.id)
-            if parent_rec is not None:
+            if parent_rec is not None and span.id not in parent_rec.open_children:
                 parent_rec.open_children.add(span.id)
+                # a new open child: the ancestors' verdicts of this pass are stale
+                self._forget_verdicts_along(rec.ids)
         rec.span = span
         rec.last_activity = time()
         self._look_again(rec)
@@ -910,6 +930,7 @@ class OTelSpansPlugin(SchedulerPlugin):
                 marked.add(node.id)
                 rec = self._open.get(node.id)
                 if rec is not None:
+                    self._forget_verdicts_along((rec.id,))
                     rec.last_activity = now
                     rec.done_since = None
                     if client:
@@ -1049,6 +1070,16 @@ class OTelSpansPlugin(SchedulerPlugin):
             return
         grace = self.grace
         self._forget_pass_verdicts()
+        self._verdicts_in_step = 0
+        self._verdict_limit = _VERDICTS_PER_STEP
+        try:
+            yield from self._check_queued(now, grace)
+        finally:
+            self._verdict_limit = math.inf
+            self._forget_pass_verdicts()
+
+    def _check_queued(self, now: float, grace: float) -> Iterator[None]:
+        """Check the queued spans, deepest first; emit those that are ready."""
         to_check = self._to_check
         n = 0
         while to_check:
@@ -1060,6 +1091,11 @@ class OTelSpansPlugin(SchedulerPlugin):
             self.readiness_checks += 1
             try:
                 ready_at = self._ready_at(rec, now, grace)
+            except _OutOfStep:
+                # a large open tree: the next step goes on with its walk
+                self._look_again(rec)
+                ready_at = None
+                n = _CHECKS_PER_STEP
             except Exception:
                 # never drop a span from the queue: look again after a grace period
                 self._log_once(
@@ -1070,21 +1106,22 @@ class OTelSpansPlugin(SchedulerPlugin):
             if ready_at is not None and ready_at <= now:
                 with self._contain("emit"):
                     yield from self._emit_in_steps(rec, now, complete=True)
-                n = 0
             else:
                 if ready_at is not None:
                     self._wake_up_at(rec, ready_at)
                 n += 1
-                if n % _CHECKS_PER_STEP:
+                if (n < _CHECKS_PER_STEP
+                        and self._verdicts_in_step < _VERDICTS_PER_STEP):
                     continue
             yield
+            n = 0
+            self._verdicts_in_step = 0
             if self._pending:
                 # events arrived while the pass was cut: take them in before the
-                # next verdict (they queue the spans they touch)
+                # next verdict (they queue the spans they touch, and forget the
+                # verdicts of those spans and their ancestors, not the others')
                 yield from self._drain()
-                self._forget_pass_verdicts()
                 now = time()
-        self._forget_pass_verdicts()
 
     def _look_again(self, rec: _OpenSpan) -> None:
         """Queue an open span for the next readiness check (O(log n))."""
@@ -1126,24 +1163,57 @@ class OTelSpansPlugin(SchedulerPlugin):
     def _forget_pass_verdicts(self) -> None:
         self._pass_done = {}
         self._pass_finished = {}
+        self._done_walks = {}
+        self._finished_walks = {}
+
+    def _forget_verdicts_along(self, ids: Iterable[str]) -> None:
+        """Forget this pass's verdicts (and walks in progress) of these spans: one
+        that changed, and its ancestors, whose verdicts included it."""
+        for dask_id in ids:
+            self._pass_done.pop(dask_id, None)
+            self._pass_finished.pop(dask_id, None)
+            self._done_walks.pop(dask_id, None)
+            self._finished_walks.pop(dask_id, None)
+
+    def _count_verdict(self) -> None:
+        """One more verdict to work out in this step, if the step has room for it."""
+        if self._verdicts_in_step >= self._verdict_limit:
+            raise _OutOfStep
+        self._verdicts_in_step += 1
 
     def _is_done(self, rec: _OpenSpan) -> bool:
         """Span.done, but reusing this pass's verdicts for open children and taking
-        emitted children as done."""
+        emitted children as done. A walk of many open children that runs out of
+        step (:class:`_OutOfStep`) is kept, and the next call goes on with it."""
         memo = self._pass_done
         cached = memo.get(rec.id)
         if cached is not None:
             return cached
-        done = self._own_groups_done(rec)
-        if done:
-            for child_id in rec.open_children:
-                child_rec = self._open.get(child_id)
-                if child_rec is not None and child_rec.span is not None:
-                    if not self._is_done(child_rec):
-                        done = False
-                        break
-        memo[rec.id] = done
-        return done
+        children = self._done_walks.pop(rec.id, None)
+        if children is None:
+            self._count_verdict()
+            if not self._own_groups_done(rec):
+                memo[rec.id] = False
+                return False
+            if not rec.open_children:
+                memo[rec.id] = True
+                return True
+            children = list(rec.open_children)
+        open_spans = self._open
+        for i, child_id in enumerate(children):
+            child_rec = open_spans.get(child_id)
+            if child_rec is None or child_rec.span is None:
+                continue
+            try:
+                child_done = self._is_done(child_rec)
+            except _OutOfStep:
+                self._done_walks[rec.id] = children[i:]
+                raise
+            if not child_done:
+                memo[rec.id] = False
+                return False
+        memo[rec.id] = True
+        return True
 
     @staticmethod
     def _own_groups_done(rec: _OpenSpan) -> bool:
@@ -1161,17 +1231,31 @@ class OTelSpansPlugin(SchedulerPlugin):
         """When the last task of a done span tree finished (0 without tasks): its own
         groups, its open children, and what its emitted children left in the record;
         O(own groups + open children) with this pass's verdicts reused, never the
-        whole history of the tree."""
+        whole history of the tree; a long walk goes on over steps as in
+        :meth:`_is_done`."""
         memo = self._pass_finished
         cached = memo.get(rec.id)
         if cached is not None:
             return cached
-        out = max((tg.stop for tg in rec.span.groups), default=0.0)
+        walk = self._finished_walks.pop(rec.id, None)
+        if walk is None:
+            self._count_verdict()
+            out = max((tg.stop for tg in rec.span.groups), default=0.0)
+            children = list(rec.open_children) if rec.open_children else []
+        else:
+            out, children = walk
+        # (children emitted since the walk began left their time here)
         out = max(out, rec.children_finished_at)
-        for child_id in rec.open_children:
-            child_rec = self._open.get(child_id)
-            if child_rec is not None and child_rec.span is not None:
+        open_spans = self._open
+        for i, child_id in enumerate(children):
+            child_rec = open_spans.get(child_id)
+            if child_rec is None or child_rec.span is None:
+                continue
+            try:
                 out = max(out, self._finished_at(child_rec))
+            except _OutOfStep:
+                self._finished_walks[rec.id] = (out, children[i:])
+                raise
         memo[rec.id] = out
         return out
 
@@ -1261,15 +1345,23 @@ class OTelSpansPlugin(SchedulerPlugin):
             snapshot = yield from iter_snapshot_span(
                 span, summarized, with_code=self.config.include_code
             )
-            for child in span.children:
+            for i, child in enumerate(span.children, 1):
                 summarized.discard(child.id)
+                if i % CHILDREN_PER_STEP == 0:
+                    yield
             parent = span.parent
             parent_rec = self._open.get(parent.id) if parent is not None else None
             keep_summary = parent_rec is not None
             if parent_rec is not None:
                 parent_rec.open_children.discard(span.id)
+                # (no step limit: the span is out of the open table already)
+                limit, self._verdict_limit = self._verdict_limit, math.inf
+                try:
+                    finished = self._finished_at(rec)
+                finally:
+                    self._verdict_limit = limit
                 parent_rec.children_finished_at = max(
-                    parent_rec.children_finished_at, self._finished_at(rec)
+                    parent_rec.children_finished_at, finished
                 )
                 self._look_again(parent_rec)
             if keep_summary:

@@ -61,6 +61,8 @@ def snapshot_group(tg: Any) -> GroupSnapshot:
 
 #: Task groups copied between two pauses of :func:`iter_snapshot_span` (a few µs each)
 GROUPS_PER_STEP = 128
+#: Children listed between two pauses of :func:`iter_snapshot_span` (~1 µs each)
+CHILDREN_PER_STEP = 512
 
 
 def snapshot_span(
@@ -83,8 +85,9 @@ def iter_snapshot_span(
     span: Span, summarized: Container[str] = (), *, with_code: bool = False
 ) -> Generator[None, None, SpanSnapshot]:
     """:func:`snapshot_span` in steps: pauses (yields) after every
-    ``GROUPS_PER_STEP`` task groups, so that copying a span of thousands of task
-    groups can be cut into event-loop slices; returns the snapshot.
+    ``GROUPS_PER_STEP`` task groups and ``CHILDREN_PER_STEP`` children, so that
+    copying a span of thousands of task groups or children can be cut into
+    event-loop slices; returns the snapshot.
 
     Task groups and children are listed at the start (a C-level copy), so the spans
     may change between steps; each group's figures are read at its own step.
@@ -96,7 +99,9 @@ def iter_snapshot_span(
             yield
         groups.extend(map(snapshot_group, tgs[start : start + GROUPS_PER_STEP]))
     children: list[ChildSnapshot] = []
-    for child in list(span.children):
+    for i, child in enumerate(list(span.children), 1):
+        if i % CHILDREN_PER_STEP == 0:
+            yield
         if child.id in summarized:
             children.append(child.id)
         else:

@@ -518,6 +518,74 @@ async def test_a_step_of_the_pass_makes_a_bounded_number_of_readiness_checks(c, 
     await wait(futures)
 
 
+@gen_cluster(client=True)
+async def test_the_check_of_a_span_with_many_open_children_goes_over_several_steps(
+    c, s, a, b
+):
+    """A span whose open children are many (all done, waiting for their grace
+    period) is judged over several steps: each step works out a bounded number of
+    verdicts, and the walk goes on where the previous step left it."""
+    from dask_otel_spans.plugin import _CHECK_EVERY, _VERDICTS_PER_STEP
+
+    memory = MemoryProviders()
+    plugin = await install(c, memory, export_delay=3600, tick_interval=3600)
+    n_children = 4 * _VERDICTS_PER_STEP
+    outs = []
+    with dask_span("wide") as wide_id:
+        for i in range(n_children):
+            with dask_span(f"child-{i}"):
+                outs.append(dask.delayed(inc)(i, dask_key_name=(f"wide-{i}", i)))
+    await wait(c.compute(outs))
+    await async_wait_for(
+        lambda: run_pass(plugin) >= 0 and plugin.open_span_count == n_children + 1
+    )
+    wide = plugin._open[wide_id]
+    assert len(wide.open_children) == n_children
+    # only the wide span to check, with its verdicts and its finish time to work out
+    plugin._to_check.clear()
+    plugin._queued.clear()
+    wide.done_since = None
+    plugin._look_again(wide)
+    plugin._open = _CountingDict(plugin._open)
+    plugin._work = plugin._one_pass()
+    per_step = []
+    for _ in plugin._work:
+        per_step.append(plugin._open.lookups)
+        plugin._open.lookups = 0
+    per_step.append(plugin._open.lookups)
+    plugin._work = None
+    assert wide.done_since is not None  # judged done, in the end
+    assert len(per_step) > 4
+    # one look-up per child, for whether it is done and when it finished
+    assert sum(per_step) >= 2 * n_children
+    assert max(per_step) <= 2 * _VERDICTS_PER_STEP + 4 * _CHECK_EVERY, per_step
+
+
+@gen_cluster(client=True)
+async def test_a_graph_taken_in_during_a_pass_forgets_only_its_spans_verdicts(c, s, a, b):
+    """Events taken in between two steps of a pass forget this pass's verdicts of the
+    spans they touch and of their ancestors, and keep the others' (a pass does not
+    walk every open tree again after each event)."""
+    memory = MemoryProviders()
+    plugin = await install(c, memory, export_delay=3600, tick_interval=3600)
+    with dask_span("other") as other_id:
+        await c.submit(inc, 1, key="other-1")
+    with dask_span("parent") as parent_id:
+        with dask_span("child") as child_id:
+            await c.submit(inc, 1, key="child-1")
+            await async_wait_for(
+                lambda: run_pass(plugin) >= 0 and plugin.open_span_count == 3
+            )
+            ids = {other_id, parent_id, child_id}
+            plugin._pass_done = dict.fromkeys(ids, True)
+            plugin._pass_finished = dict.fromkeys(ids, 1.0)
+            await c.submit(inc, 2, key="child-2")  # more tasks in the child span
+    assert plugin.pending_event_count > 0
+    for _ in plugin._drain():
+        pass
+    assert set(plugin._pass_done) == set(plugin._pass_finished) == {other_id}
+
+
 class _CountedGroup:
     """A TaskGroup stand-in counting how often its ``done`` is read."""
 

@@ -9,7 +9,12 @@ from distributed.spans import Span
 
 from dask_otel_spans import names
 from dask_otel_spans.propagation import resolve_chain
-from dask_otel_spans.snapshot import GROUPS_PER_STEP, iter_snapshot_span, snapshot_span
+from dask_otel_spans.snapshot import (
+    CHILDREN_PER_STEP,
+    GROUPS_PER_STEP,
+    iter_snapshot_span,
+    snapshot_span,
+)
 from dask_otel_spans.traces import (
     SpanSummary,
     active_cpu_seconds,
@@ -245,6 +250,26 @@ def test_span_of_many_task_groups_is_copied_in_steps():
     [copied_child] = snap.children
     assert len(copied_child.groups) == 2 + 3 * GROUPS_PER_STEP
     assert {g.prefix for g in snap.groups} == {"sum"}
+
+
+def test_span_of_many_children_is_copied_in_steps():
+    root, child = make_tree()
+    extra = [
+        Span(("wf", f"extra-{i}"), f"extra-{i}", root, [(100.0, 4)])
+        for i in range(3 * CHILDREN_PER_STEP - 1)
+    ]
+    root.children.extend(extra)
+    steps = iter_snapshot_span(root, summarized={n.id for n in extra} | {child.id})
+    pauses = 0
+    while True:
+        try:
+            next(steps)
+            pauses += 1
+        except StopIteration as done:
+            snap = done.value
+            break
+    assert pauses == 3
+    assert list(snap.children) == [child.id] + [n.id for n in extra]
 
 
 def test_a_span_of_few_task_groups_is_copied_without_a_pause():
