@@ -28,9 +28,11 @@ from opentelemetry.sdk.trace.export import (
     SpanExportResult,
 )
 
+import bench_clock
 from dask_otel_spans import OTelSpansPlugin
 
-#: seconds from a dask span's end (Span.stop: when it became done) to its export
+#: seconds from when the scheduler saw a dask span's tree done (bench_clock) to its
+#: export; from the span's end as the workers reported it where the clock has no entry
 LATENCIES: list[float] = []
 #: the same by workload (first tag of the span's name, up to a "-")
 LATENCIES_BY_WORKLOAD: dict[str, list[float]] = {}
@@ -40,9 +42,12 @@ HANDED_OVER: dict[str, float] = {}
 #: seconds from hand-over to export (emitter queue, translation, batch processor), by
 #: workload: the part of the latency that is not the plugin's waiting for readiness
 HAND_OVER_TO_EXPORT_BY_WORKLOAD: dict[str, list[float]] = {}
-#: seconds from a dask span's end to its hand-over, by workload: the plugin's wait
+#: seconds from a dask span's done to its hand-over, by workload: the plugin's wait
 #: (grace period, tick, event-loop lag)
 DONE_TO_HAND_OVER_BY_WORKLOAD: dict[str, list[float]] = {}
+#: seconds from when the scheduler saw a span done to its end as the workers reported
+#: it (their clock offset estimate's error): positive when the reported end is later
+REPORTED_END_SKEW: list[float] = []
 #: longest garbage-collector pause in the scheduler process, seconds
 GC_PAUSE = {"max_s": 0.0, "started": 0.0}
 #: CPU seconds spent in garbage collection, by thread
@@ -76,7 +81,11 @@ _RECORDS_READ = [0]
 
 
 def _record(span_id: str, workload: str, end_s: float, exported_s: float) -> None:
-    """One dask span reached the exporter."""
+    """One dask span reached the exporter; ``end_s``: its end as exported."""
+    done_s = bench_clock.DONE_AT.pop(span_id, None)
+    if done_s is not None:
+        REPORTED_END_SKEW.append(end_s - done_s)
+        end_s = done_s
     latency = exported_s - end_s
     LATENCIES.append(latency)
     LATENCIES_BY_WORKLOAD.setdefault(workload, []).append(latency)
@@ -222,6 +231,7 @@ def stats(dask_scheduler) -> dict:
             k: list(v) for k, v in DONE_TO_HAND_OVER_BY_WORKLOAD.items()
         },
         "max_gc_pause_s": GC_PAUSE["max_s"],
+        "reported_end_skew": list(REPORTED_END_SKEW),
     }
 
 
@@ -300,6 +310,7 @@ def reset(dask_scheduler) -> None:
     _read_records()
     LATENCIES.clear()
     LATENCIES_BY_WORKLOAD.clear()
+    REPORTED_END_SKEW.clear()
     HANDED_OVER.clear()
     HAND_OVER_TO_EXPORT_BY_WORKLOAD.clear()
     DONE_TO_HAND_OVER_BY_WORKLOAD.clear()

@@ -71,7 +71,8 @@ class Cluster:
             self.records = self._file().replace(".json", "-records.tsv")
             env[bench_preload.RECORDS_VARIABLE] = self.records
         cmd = [sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1",
-               "--port", "0", "--no-dashboard", "--scheduler-file", self._file()]
+               "--port", "0", "--no-dashboard", "--scheduler-file", self._file(),
+               "--preload", "bench_clock"]  # both sides: the latencies' reference
         if with_plugin:
             cmd += ["--preload", "bench_preload"]
         self.procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
@@ -361,7 +362,8 @@ def report_throughput(ratios: dict[str, dict[str, list[float]]], plugin_stats: l
         f"{hook} {seconds * 1e3:.2f} ms" for hook, seconds in sorted(by_hook.items())))
     lat = [x for s in plugin_stats for x in s["latencies"]]
     grace = plugin_stats[0]["grace_s"]
-    print("4. latency, dask span done -> exporter")
+    print("4. latency, dask span done (the scheduler saw its last task finish) -> "
+          "exporter")
     print(f"   {len(lat)} spans: median {statistics.median(lat):.2f} s, "
           f"p99 {sorted(lat)[int(0.99 * (len(lat) - 1))]:.2f} s, max {max(lat):.2f} s; "
           f"grace {grace:.2f} s (max <= grace + 1 s wanted)")
@@ -388,6 +390,11 @@ def report_throughput(ratios: dict[str, dict[str, list[float]]], plugin_stats: l
           "processor with 0.5 s delay): " + ", ".join(
               f"{name} median {statistics.median(v):.2f} s max {max(v):.2f} s"
               for name, v in sorted(queued.items()) if v))
+    skew = sorted(x for s in plugin_stats for x in s["reported_end_skew"])
+    if skew:
+        print(f"   span ends as the workers reported them, less when the scheduler saw "
+              f"the span done: median {statistics.median(skew):+.2f} s, min "
+              f"{skew[0]:+.2f} s, max {skew[-1]:+.2f} s (their clock offset estimates)")
     return {"ratios": ratios, "max_call": max_call, "max_call_cpu_less_gc": own,
             "latencies": lat, "grace": grace}
 

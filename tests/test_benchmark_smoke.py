@@ -32,6 +32,13 @@ def test_quick_benchmark_produces_all_figures():
     assert waited and float(waited.group(1)) > 0  # the plugin's wait was recorded
     queued = re.search(r"and hand-over to exporter .*futures median ([0-9.]+) s", out)
     assert queued and float(queued.group(1)) > 0  # hand-over times were recorded
+    # latencies from when the scheduler saw each span done (bench_clock), which
+    # matched the exported spans
+    skew = re.search(r"span ends as the workers reported them, less when the scheduler "
+                     r"saw the span done: median ([-+][0-9.]+) s", out)
+    assert skew
+    latency = re.search(r"([0-9]+) spans: median (-?[0-9.]+) s, p99", out)
+    assert latency and int(latency.group(1)) > 0 and float(latency.group(2)) > 0
     checks = re.search(r"readiness checks per run \(median\) ([0-9]+) for ([0-9]+) spans", out)
     assert checks and int(checks.group(1)) > 0 and int(checks.group(2)) > 0
     sums = re.search(r"metric updates per run \(median\) ([0-9]+), handed to the OTel SDK as "
