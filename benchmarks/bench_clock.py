@@ -1,5 +1,6 @@
 """Scheduler preload of every benchmark run, with or without the plugin: notes when
-the scheduler saw each dask span's tree done, the reference of the latency figures.
+the scheduler saw each dask span's tree done (the reference of the latency figures),
+and counts the scheduler process's garbage collections and their CPU time.
 
 A span's end as the workers report it (``TaskGroup.stop``) is a worker's clock moved by
 its estimate of the scheduler's clock offset, taken at its last heartbeat from the
@@ -11,6 +12,9 @@ negative). The scheduler's own clock at the transition of a span's last task to
 """
 from __future__ import annotations
 
+import gc
+import threading
+import time as _time
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -45,5 +49,28 @@ class SpanDoneClock(SchedulerPlugin):
             node = node.parent
 
 
+#: garbage collections in this process: how many by generation, and the CPU seconds
+#: of the threads that ran them
+GC = {"collections": [0, 0, 0], "cpu_s": 0.0}
+_GC_STARTED: dict[int, float] = {}
+
+
+def _gc_clock(phase: str, info: dict) -> None:
+    thread = threading.get_ident()
+    if phase == "start":
+        _GC_STARTED[thread] = _time.thread_time()
+        return
+    started = _GC_STARTED.pop(thread, None)
+    if started is not None:
+        GC["cpu_s"] += _time.thread_time() - started
+    GC["collections"][info["generation"]] += 1
+
+
+def gc_figures(dask_scheduler: Any = None) -> dict:
+    """run_on_scheduler: the garbage collections so far."""
+    return {"collections": list(GC["collections"]), "cpu_s": GC["cpu_s"]}
+
+
 def dask_setup(scheduler: Any) -> None:
+    gc.callbacks.append(_gc_clock)
     scheduler.add_plugin(SpanDoneClock(scheduler))

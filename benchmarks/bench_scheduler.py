@@ -45,6 +45,7 @@ from distributed import Client
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import bench_clock  # noqa: E402
 import bench_preload  # noqa: E402
 
 from dask_otel_spans import span  # noqa: E402
@@ -217,6 +218,7 @@ def run_once(with_plugin: bool, scale: dict[str, Any], workers: int, threads: in
             if name not in scale:
                 continue
             args = scale[name]
+            gc0 = client.run_on_scheduler(bench_clock.gc_figures)
             cpu0, loop0, t0 = cluster.cpu(), cluster.loop_cpu(), time.perf_counter()
             child0 = cluster.export_cpu()
             n = fn(client, *args)
@@ -225,7 +227,10 @@ def run_once(with_plugin: bool, scale: dict[str, Any], workers: int, threads: in
             cpu = cluster.cpu() - cpu0
             loop = cluster.loop_cpu() - loop0
             child = cluster.export_cpu() - child0
-            out[name] = (n / wall, cpu / n, loop / n, child / n)
+            gc1 = client.run_on_scheduler(bench_clock.gc_figures)
+            gc_cpu = gc1["cpu_s"] - gc0["cpu_s"]
+            full = gc1["collections"][2] - gc0["collections"][2]
+            out[name] = (n / wall, cpu / n, loop / n, child / n, gc_cpu / n, full)
             if with_plugin:
                 # the next workload starts on a quiet scheduler, as in the baseline
                 stats = wait_until_plugin_idle(client)
@@ -281,11 +286,17 @@ def part_throughput(pairs: int, scale: dict[str, Any], workers: int, threads: in
         for mode in modes:
             for name, run in runs[mode].items():
                 r = ratios_by_mode[mode].setdefault(
-                    name, {"rate": [], "cpu": [], "loop": [], "child": []})
+                    name, {"rate": [], "cpu": [], "loop": [], "child": [],
+                           "gc": [], "gc_base": [], "full": [], "full_base": []})
                 r["rate"].append(run[0] / base[name][0])
                 r["cpu"].append(run[1] / base[name][1])
                 r["loop"].append(run[2] / base[name][2])
                 r["child"].append(run[3] / base[name][1])
+                # garbage collection, both sides as fractions of the baseline's CPU
+                r["gc"].append(run[4] / base[name][1])
+                r["gc_base"].append(base[name][4] / base[name][1])
+                r["full"].append(run[5])
+                r["full_base"].append(base[name][5])
         print(f"  round {i + 1}/{pairs}: " + "; ".join(
             (f"{MODE_NAMES[mode]}: " if len(modes) > 1 else "") + ", ".join(
                 f"{n} {runs[mode][n][0]:.0f}/{base[n][0]:.0f} tasks/s" for n in runs[mode])
@@ -315,6 +326,13 @@ def report_throughput(ratios: dict[str, dict[str, list[float]]], plugin_stats: l
               "scheduler's (the work moved out of the scheduler process)")
         for name, r in ratios.items():
             print(f"   {name:10s} export CPU   {fmt_ratio(r['child'])}")
+    print("   garbage collection in the scheduler process: its CPU per task as a fraction "
+          "of the baseline scheduler's CPU, plugin / baseline (medians), and full "
+          "collections per workload, plugin / baseline (medians)")
+    for name, r in ratios.items():
+        print(f"   {name:10s} GC CPU       {statistics.median(r['gc']):.3f} / "
+              f"{statistics.median(r['gc_base']):.3f}; full collections "
+              f"{statistics.median(r['full']):g} / {statistics.median(r['full_base']):g}")
     max_call = max(s["max_call_s"] for s in plugin_stats)
     total = statistics.median(s["total_call_s"] for s in plugin_stats)
     print("2. event-loop cost of the plugin (all hooks, wrappers and callbacks)")
