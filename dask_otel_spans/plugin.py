@@ -1181,6 +1181,16 @@ class OTelSpansPlugin(SchedulerPlugin):
             raise _OutOfStep
         self._verdicts_in_step += 1
 
+    def _open_with_tasks(self, ids: list[str]) -> Iterator[tuple[int, _OpenSpan]]:
+        """(position, record) of the spans of ``ids`` still open and seen by the
+        scheduler; an emitted child counts as done, its finish time is in its
+        parent's record."""
+        open_spans = self._open
+        for i, dask_id in enumerate(ids):
+            rec = open_spans.get(dask_id)
+            if rec is not None and rec.span is not None:
+                yield i, rec
+
     def _is_done(self, rec: _OpenSpan) -> bool:
         """Span.done, but reusing this pass's verdicts for open children and taking
         emitted children as done. A walk of many open children that runs out of
@@ -1199,11 +1209,7 @@ class OTelSpansPlugin(SchedulerPlugin):
                 memo[rec.id] = True
                 return True
             children = list(rec.open_children)
-        open_spans = self._open
-        for i, child_id in enumerate(children):
-            child_rec = open_spans.get(child_id)
-            if child_rec is None or child_rec.span is None:
-                continue
+        for i, child_rec in self._open_with_tasks(children):
             try:
                 child_done = self._is_done(child_rec)
             except _OutOfStep:
@@ -1246,11 +1252,7 @@ class OTelSpansPlugin(SchedulerPlugin):
             out, children = walk
         # (children emitted since the walk began left their time here)
         out = max(out, rec.children_finished_at)
-        open_spans = self._open
-        for i, child_id in enumerate(children):
-            child_rec = open_spans.get(child_id)
-            if child_rec is None or child_rec.span is None:
-                continue
+        for i, child_rec in self._open_with_tasks(children):
             try:
                 out = max(out, self._finished_at(child_rec))
             except _OutOfStep:

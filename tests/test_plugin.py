@@ -416,6 +416,20 @@ class _CountingDict(dict):
         return super().get(key, default)
 
 
+def lookups_per_step_of_a_pass(plugin: OTelSpansPlugin) -> list[int]:
+    """Run one pass of the plugin step by step; the look-ups in its table of open
+    spans that each step made."""
+    plugin._open = _CountingDict(plugin._open)
+    plugin._work = plugin._one_pass()
+    per_step = []
+    for _ in plugin._work:
+        per_step.append(plugin._open.lookups)
+        plugin._open.lookups = 0
+    per_step.append(plugin._open.lookups)
+    plugin._work = None
+    return per_step
+
+
 @gen_cluster(client=True)
 async def test_each_step_of_the_pass_looks_at_a_bounded_number_of_spans(c, s, a, b):
     """A deep tree (a chain of 100 spans with a task each, one graph) does not make a
@@ -433,14 +447,7 @@ async def test_each_step_of_the_pass_looks_at_a_bounded_number_of_spans(c, s, a,
 
     await wait(c.compute(nest(0)))
     assert plugin._work is None  # nothing ran the pass yet
-    plugin._open = _CountingDict(plugin._open)
-    plugin._work = plugin._one_pass()
-    per_step = []
-    for _ in plugin._work:
-        per_step.append(plugin._open.lookups)
-        plugin._open.lookups = 0
-    per_step.append(plugin._open.lookups)
-    plugin._work = None
+    per_step = lookups_per_step_of_a_pass(plugin)
     assert len(plugin._open) == depth  # the pass saw the whole chain
     # a slice item costs O(1) look-ups plus, at most, one walk up the chain
     assert max(per_step) <= 4 * _CHECK_EVERY + depth, per_step
@@ -546,14 +553,7 @@ async def test_the_check_of_a_span_with_many_open_children_goes_over_several_ste
     plugin._queued.clear()
     wide.done_since = None
     plugin._look_again(wide)
-    plugin._open = _CountingDict(plugin._open)
-    plugin._work = plugin._one_pass()
-    per_step = []
-    for _ in plugin._work:
-        per_step.append(plugin._open.lookups)
-        plugin._open.lookups = 0
-    per_step.append(plugin._open.lookups)
-    plugin._work = None
+    per_step = lookups_per_step_of_a_pass(plugin)
     assert wide.done_since is not None  # judged done, in the end
     assert len(per_step) > 4
     # one look-up per child, for whether it is done and when it finished
