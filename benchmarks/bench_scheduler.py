@@ -17,6 +17,8 @@ Parts:
    scheduler-process CPU s/task (until 3 s later, so that emitting the workload's spans
    counts for it; the next workload starts once the plugin is idle)
 2. event-loop cost: longest single plugin hook/callback call, total, 10,000-task graph
+   (``--workloads wide``, not in the default set: one span with 3,000 child spans of one
+   task each, a parent whose check and copy cover thousands of open children)
 3. memory: the plugin's retained memory after 1k, 10k, 100k emitted spans
 4. latency: dask span done -> OTel span at the exporter, against the grace period
 5. export cost: a span with 50 task prefixes and full metrics: the copy taken on the
@@ -178,12 +180,29 @@ def big_graph_workload(client: Client, n: int) -> int:
     return n
 
 
+def wide_workload(client: Client, n: int) -> int:
+    """One span with ``n`` child spans of one task each, in one graph: a parent whose
+    check walks many open children, and whose copy lists them all."""
+    outs = []
+    with span("wide"):
+        for i in range(n):
+            with span(f"child-{i}"):
+                outs.append(dask.delayed(inc)(i, dask_key_name=(f"w-{uuid.uuid4().hex}", i)))
+    client.gather(client.compute(outs))
+    return n
+
+
 WORKLOADS = {
     "futures": futures_workload,
     "delayed": delayed_workload,
     "nested": nested_workload,
     "big-graph": big_graph_workload,
 }
+#: workloads run only when named in --workloads
+EXTRA_WORKLOADS = {
+    "wide": wide_workload,
+}
+ALL_WORKLOADS = {**WORKLOADS, **EXTRA_WORKLOADS}
 
 
 #: Seconds after a workload's results are in during which the scheduler's CPU still
@@ -214,7 +233,7 @@ def run_once(with_plugin: bool, scale: dict[str, Any], workers: int, threads: in
         if with_plugin:
             wait_until_plugin_idle(client)
             client.run_on_scheduler(bench_preload.reset)
-        for name, fn in WORKLOADS.items():
+        for name, fn in ALL_WORKLOADS.items():
             if name not in scale:
                 continue
             args = scale[name]
@@ -246,6 +265,7 @@ def scale_tasks(scale: dict[str, Any]) -> dict[str, int]:
         "delayed": lambda spans, per_span: spans * per_span,
         "nested": lambda a, b, c: a * b * c,
         "big-graph": lambda tasks: tasks,
+        "wide": lambda children: children,
     }
     return {name: count[name](*args) for name, args in scale.items()}
 
@@ -604,7 +624,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--workloads", default=",".join(WORKLOADS),
-                        help="comma-separated subset of the throughput workloads")
+                        help="comma-separated throughput workloads (default: the four "
+                             "of the README's tables; also: wide, one span with "
+                             "thousands of child spans)")
     parser.add_argument("--export-process", action="store_true",
                         help="run the plugin with its export process, as the default "
                              "(auto) does with providers from configuration (parts 1 to "
@@ -623,16 +645,16 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown part(s): {', '.join(sorted(unknown))}")
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    unknown = set(workloads) - set(WORKLOADS)
+    unknown = set(workloads) - set(ALL_WORKLOADS)
     if unknown or not workloads:
         parser.error(f"unknown or no workload(s): {', '.join(sorted(unknown))}")
     if args.quick:
         scale = {"futures": (20, 10), "delayed": (20, 10), "nested": (4, 3, 5),
-                 "big-graph": (1000,)}
+                 "big-graph": (1000,), "wide": (200,)}
         pairs, checkpoints, repeat = args.pairs or 1, [200, 1000, 2000], 5
     else:
         scale = {"futures": (200, 100), "delayed": (200, 100), "nested": (10, 10, 20),
-                 "big-graph": (10_000,)}
+                 "big-graph": (10_000,), "wide": (3_000,)}
         pairs, checkpoints, repeat = args.pairs or 3, [1000, 10_000, 100_000], 50
     scale = {name: shape for name, shape in scale.items() if name in workloads}
     modes = [False, True] if args.both_modes else [args.export_process]

@@ -70,3 +70,19 @@ def test_quick_benchmark_with_the_export_process_produces_its_figures():
                         r"([0-9.]+) MiB resident", out)
     assert len(memory) == 3
     assert all(float(traced) > 0 and float(resident) > 0 for traced, resident in memory)
+
+
+def test_quick_benchmark_runs_the_wide_workload_when_named():
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--workloads", "wide", "--parts",
+         "throughput", "--export-process"],
+        capture_output=True, text=True, timeout=400,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    assert f"{'wide':10s} tasks/s      median" in out
+    own = re.search(r"less the garbage collections it ran ([0-9.]+) ms", out)
+    assert own and float(own.group(1)) > 0
+    latency = re.search(r"by workload: .*wide median ([0-9.]+) s max ([0-9.]+) s \(([0-9]+)\)",
+                        out)
+    assert latency and int(latency.group(3)) == 201  # the parent and its 200 children
