@@ -81,6 +81,10 @@ _CHECKS_PER_STEP = 8
 _VERDICTS_PER_STEP = 128
 
 
+#: Task groups looked at per verdict counted (a group's ``done`` reads its states)
+_GROUPS_PER_VERDICT = 8
+
+
 class _OutOfStep(Exception):
     """A verdict needs more work than this step has left: the walk so far is kept,
     and the next step goes on with it."""
@@ -280,6 +284,8 @@ class OTelSpansPlugin(SchedulerPlugin):
         #: -> children left, and (finished at) the latest stop found so far
         self._done_walks: dict[str, list[str]] = {}
         self._finished_walks: dict[str, tuple[float, list[str]]] = {}
+        #: own task groups left to look at, of a span with many
+        self._group_walks: dict[str, list[Any]] = {}
         #: verdicts worked out (not reused) in this step of the pass, and how many
         #: a step may work out (no limit outside the pass: close, hand-over)
         self._verdicts_in_step = 0
@@ -1165,6 +1171,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         self._pass_finished = {}
         self._done_walks = {}
         self._finished_walks = {}
+        self._group_walks = {}
 
     def _forget_verdicts_along(self, ids: Iterable[str]) -> None:
         """Forget this pass's verdicts (and walks in progress) of these spans: one
@@ -1174,6 +1181,7 @@ class OTelSpansPlugin(SchedulerPlugin):
             self._pass_finished.pop(dask_id, None)
             self._done_walks.pop(dask_id, None)
             self._finished_walks.pop(dask_id, None)
+            self._group_walks.pop(dask_id, None)
 
     def _count_verdict(self) -> None:
         """One more verdict to work out in this step, if the step has room for it."""
@@ -1221,15 +1229,28 @@ class OTelSpansPlugin(SchedulerPlugin):
         memo[rec.id] = True
         return True
 
-    @staticmethod
-    def _own_groups_done(rec: _OpenSpan) -> bool:
+    def _own_groups_done(self, rec: _OpenSpan) -> bool:
+        """Whether the span's own task groups are done: the group found unfinished
+        last time first (O(1) while it runs); a look at many groups counts as one
+        verdict per ``_GROUPS_PER_VERDICT`` and goes on over steps."""
         unfinished = rec.unfinished_group
         if unfinished is not None and not unfinished.done:
             return False
-        for tg in rec.span.groups:
+        groups = self._group_walks.pop(rec.id, None)
+        if groups is None:
+            groups = rec.span.groups
+            if len(groups) > _GROUPS_PER_VERDICT:
+                groups = list(groups)
+        for i, tg in enumerate(groups, 1):
             if not tg.done:
                 rec.unfinished_group = tg
                 return False
+            if i % _GROUPS_PER_VERDICT == 0 and i < len(groups):
+                try:
+                    self._count_verdict()
+                except _OutOfStep:
+                    self._group_walks[rec.id] = groups[i:]
+                    raise
         rec.unfinished_group = None
         return True
 

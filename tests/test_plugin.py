@@ -604,15 +604,51 @@ def test_checking_a_running_span_of_many_groups_looks_at_one_group():
 
     from dask_otel_spans.plugin import _OpenSpan
 
+    plugin = OTelSpansPlugin()
     groups = [_CountedGroup(True) for _ in range(99)] + [_CountedGroup(False)]
     rec = _OpenSpan("s", ("s",), ("s",))
     rec.span = SimpleNamespace(groups=groups)
-    assert not OTelSpansPlugin._own_groups_done(rec)
+    assert not plugin._own_groups_done(rec)
     looks = sum(g.looks for g in groups)
-    assert not OTelSpansPlugin._own_groups_done(rec)  # still running
+    assert not plugin._own_groups_done(rec)  # still running
     assert sum(g.looks for g in groups) == looks + 1  # only the unfinished group
     groups[-1].finished = True
-    assert OTelSpansPlugin._own_groups_done(rec)
+    assert plugin._own_groups_done(rec)
+
+
+def test_a_done_span_of_many_groups_is_judged_over_several_steps():
+    """Looking at thousands of task groups of one span is cut in steps, each looking at
+    a bounded number of them, and goes on where the previous step stopped."""
+    from types import SimpleNamespace
+
+    from dask_otel_spans.plugin import (
+        _GROUPS_PER_VERDICT,
+        _VERDICTS_PER_STEP,
+        _OpenSpan,
+        _OutOfStep,
+    )
+
+    plugin = OTelSpansPlugin()
+    groups = [_CountedGroup(True) for _ in range(5_000)]
+    rec = _OpenSpan("s", ("s",), ("s",))
+    rec.span = SimpleNamespace(groups=set(groups), children=[])
+    plugin._open[rec.id] = rec
+    plugin._verdict_limit = _VERDICTS_PER_STEP  # as in a pass
+    looks_per_step = []
+    while True:
+        plugin._verdicts_in_step = 0  # a new step
+        before = sum(g.looks for g in groups)
+        try:
+            done = plugin._is_done(rec)
+        except _OutOfStep:
+            looks_per_step.append(sum(g.looks for g in groups) - before)
+            continue
+        looks_per_step.append(sum(g.looks for g in groups) - before)
+        break
+    assert done
+    assert all(g.looks == 1 for g in groups)  # each group looked at once in all
+    assert len(looks_per_step) > 1
+    assert max(looks_per_step) <= _VERDICTS_PER_STEP * _GROUPS_PER_VERDICT
 
 
 @gen_cluster(client=True)
