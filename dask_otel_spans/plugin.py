@@ -79,20 +79,19 @@ _CHECKS_PER_STEP = 8
 #: Verdicts (done, finished at) a step of the pass may work out, ~1-2 µs each: the
 #: check of a span with a large open tree walks it in several steps
 _VERDICTS_PER_STEP = 128
-
-
 #: Task groups looked at per verdict counted (a group's ``done`` reads its states)
 _GROUPS_PER_VERDICT = 8
+
+#: Kinds of queued hook events
+_GRAPH, _NOTICE, _CLIENT_GONE = "graph", "notice", "client-gone"
+
+#: Task states a transition can leave a TaskGroup done in (``TaskGroup.done``)
+_SETTLED_STATES = frozenset({"memory", "erred", "released", "forgotten"})
 
 
 class _OutOfStep(Exception):
     """A verdict needs more work than this step has left: the walk so far is kept,
     and the next step goes on with it."""
-
-#: Kinds of queued hook events
-_GRAPH, _NOTICE, _CLIENT_GONE = "graph", "notice", "client-gone"
-#: Task states a transition can leave a TaskGroup done in (``TaskGroup.done``)
-_SETTLED_STATES = frozenset({"memory", "erred", "released", "forgotten"})
 
 
 class _OpenSpan:
