@@ -26,6 +26,8 @@ def test_quick_benchmark_produces_all_figures():
         assert loop and float(loop.group(1)) > 0  # the main thread's CPU was read
         gc_line = re.search(rf"{workload:10s} GC CPU       ([0-9.]+) / ([0-9.]+)", out)
         assert gc_line  # the collections of both sides were counted
+        own = re.search(rf"{workload:10s} own CPU      median ([0-9.]+)", out)
+        assert own and float(own.group(1)) > 0  # the plugin's own CPU was attributed
     assert "longest single call" in out
     own = re.search(r"less the garbage collections it ran ([0-9.]+) ms", out)
     assert own and float(own.group(1)) > 0  # the GC-free figure was measured
