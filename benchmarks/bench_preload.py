@@ -29,6 +29,7 @@ from opentelemetry.sdk.trace.export import (
 )
 
 import bench_clock
+import dask_otel_spans
 from dask_otel_spans import OTelSpansPlugin
 
 #: seconds from when the scheduler saw a dask span's tree done (bench_clock) to its
@@ -232,6 +233,7 @@ def stats(dask_scheduler) -> dict:
         },
         "max_gc_pause_s": GC_PAUSE["max_s"],
         "reported_end_skew": list(REPORTED_END_SKEW),
+        "plugin_source": os.path.dirname(os.path.abspath(dask_otel_spans.__file__)),
     }
 
 

@@ -37,7 +37,7 @@ import sys
 import time
 import tracemalloc
 import uuid
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import Any
 
 import dask
@@ -45,6 +45,8 @@ import psutil
 from distributed import Client
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+#: the source tree this benchmark belongs to
+ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import bench_clock  # noqa: E402
@@ -64,9 +66,13 @@ class Cluster:
     """``dask scheduler`` (optionally with the plugin preloaded) + ``dask worker``s."""
 
     def __init__(self, with_plugin: bool, workers: int, threads: int,
-                 export_process: bool = False):
+                 export_process: bool = False, plugin_tree: str | None = None):
         self.with_plugin = with_plugin
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([HERE, *sys.path])}
+        # the plugin of this source tree, or of another one (plugin_tree); the
+        # processes run in HERE, so that no package in the working directory
+        # (``python -m`` puts it first on sys.path) shadows it
+        tree = plugin_tree or ROOT
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([tree, HERE, *sys.path])}
         env = {k: v for k, v in env.items() if not k.startswith("OTEL_")}
         env.pop(bench_preload.RECORDS_VARIABLE, None)
         self.records = None
@@ -78,14 +84,14 @@ class Cluster:
                "--preload", "bench_clock"]  # both sides: the latencies' reference
         if with_plugin:
             cmd += ["--preload", "bench_preload"]
-        self.procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+        self.procs = [subprocess.Popen(cmd, env=env, cwd=HERE, stdout=subprocess.DEVNULL,
                                        stderr=subprocess.DEVNULL)]
         for _ in range(workers):
             self.procs.append(subprocess.Popen(
                 [sys.executable, "-m", "dask", "worker", "--scheduler-file",
                  self._file(), "--nthreads", str(threads), "--no-dashboard",
                  "--no-nanny"],
-                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                env=env, cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         self.client = Client(scheduler_file=self._file(), timeout=60)
         self.client.wait_for_workers(workers, timeout=60)
         self.scheduler = psutil.Process(self.procs[0].pid)
@@ -232,8 +238,8 @@ def plugin_cpu_in_scheduler(stats: dict | None) -> float:
 
 
 def run_once(with_plugin: bool, scale: dict[str, Any], workers: int, threads: int,
-             export_process: bool = False):
-    cluster = Cluster(with_plugin, workers, threads, export_process)
+             export_process: bool = False, plugin_tree: str | None = None):
+    cluster = Cluster(with_plugin, workers, threads, export_process, plugin_tree)
     out: dict[str, tuple[float, ...]] = {}
     stats = None
     try:
@@ -300,54 +306,73 @@ MODE_NAMES = {False: "plugin exporting in the scheduler process (export-process:
                     "from configuration)"}
 
 
+@dataclass(frozen=True)
+class Variant:
+    """One way of running the plugin: its mode, and the source tree it comes from
+    (None: this one)."""
+
+    export_process: bool
+    tree: str | None = None
+
+    @property
+    def name(self) -> str:
+        where = f" from {self.tree}" if self.tree else ""
+        return MODE_NAMES[self.export_process] + where
+
+
 def part_throughput(pairs: int, scale: dict[str, Any], workers: int, threads: int,
-                    modes: list[bool]) -> dict:
-    """``modes``: the plugin's export_process settings to run, each against the same
-    baselines; a round runs the baseline and each mode once, in rotating order."""
-    ratios_by_mode: dict[bool, dict[str, dict[str, list[float]]]] = {m: {} for m in modes}
-    stats_by_mode: dict[bool, list[dict]] = {m: [] for m in modes}
+                    variants: list[Variant]) -> dict:
+    """``variants``: the plugins to run, each against the same baselines; a round runs
+    the baseline and each variant once, in rotating order."""
+    ratios_by: dict[Variant, dict[str, dict[str, list[float]]]] = {v: {} for v in variants}
+    stats_by: dict[Variant, list[dict]] = {v: [] for v in variants}
     for i in range(pairs):
-        configs: list[bool | None] = [None, *modes]  # None: the baseline
+        configs: list[Variant | None] = [None, *variants]  # None: the baseline
         shift = i % len(configs)
         runs = {}
         for config in configs[shift:] + configs[:shift]:
-            runs[config], stats = run_once(config is not None, scale, workers, threads,
-                                           bool(config))
+            runs[config], stats = run_once(
+                config is not None, scale, workers, threads,
+                bool(config and config.export_process), config and config.tree)
             if stats:
-                stats_by_mode[bool(config)].append(stats)
+                stats_by[config].append(stats)
         base = runs[None]
-        for mode in modes:
-            for name, run in runs[mode].items():
-                r = ratios_by_mode[mode].setdefault(
+        for variant in variants:
+            for name, run in runs[variant].items():
+                r = ratios_by[variant].setdefault(
                     name, {"rate": [], "cpu": [], "loop": [], "child": [], "own": [],
                            "gc": [], "gc_base": [], "full": [], "full_base": []})
                 r["rate"].append(run[0] / base[name][0])
                 r["cpu"].append(run[1] / base[name][1])
                 r["loop"].append(run[2] / base[name][2])
                 r["child"].append(run[3] / base[name][1])
-                # the plugin's own CPU, measured where it runs, against the whole
-                # baseline scheduler: the direct part of the CPU ratio, free of the
-                # run-to-run spread of the whole process's CPU
-                r["own"].append(run[6] / base[name][1])
+                # the plugin's own CPU, measured where it runs, against the rest of
+                # the same run's scheduler CPU: the direct part of the CPU ratio, free
+                # of the spread between runs
+                r["own"].append(run[6] / max(run[1] - run[6], 1e-12))
                 # garbage collection, both sides as fractions of the baseline's CPU
                 r["gc"].append(run[4] / base[name][1])
                 r["gc_base"].append(base[name][4] / base[name][1])
                 r["full"].append(run[5])
                 r["full_base"].append(base[name][5])
         print(f"  round {i + 1}/{pairs}: " + "; ".join(
-            (f"{MODE_NAMES[mode]}: " if len(modes) > 1 else "") + ", ".join(
-                f"{n} {runs[mode][n][0]:.0f}/{base[n][0]:.0f} tasks/s" for n in runs[mode])
-            for mode in modes))
+            (f"{variant.name}: " if len(variants) > 1 else "") + ", ".join(
+                f"{n} {runs[variant][n][0]:.0f}/{base[n][0]:.0f} tasks/s"
+                for n in runs[variant])
+            for variant in variants))
     out = {}
-    for mode in modes:
-        if len(modes) > 1:
-            print(f"== {MODE_NAMES[mode]} ==")
-        out = report_throughput(ratios_by_mode[mode], stats_by_mode[mode], scale, mode)
+    for variant in variants:
+        if len(variants) > 1:
+            print(f"== {variant.name} ==")
+        out = report_throughput(ratios_by[variant], stats_by[variant], scale,
+                                variant.export_process)
     return out
 
 
 def report_throughput(ratios: dict[str, dict[str, list[float]]], plugin_stats: list[dict],
                       scale: dict[str, Any], export_process: bool) -> dict:
+    sources = sorted({s["plugin_source"] for s in plugin_stats})
+    print("   plugin code from " + ", ".join(sources))
     print("1. throughput, plugin / baseline (tasks per second; >= 0.98 wanted)")
     for name, r in ratios.items():
         print(f"   {name:10s} tasks/s      {fmt_ratio(r['rate'])}")
@@ -359,9 +384,9 @@ def report_throughput(ratios: dict[str, dict[str, list[float]]], plugin_stats: l
     for name, r in ratios.items():
         print(f"   {name:10s} loop s/task  {fmt_ratio(r['loop'])}")
     print("   the plugin's own CPU in the scheduler process (its hooks and callbacks on "
-          "the event loop, and its threads), as a fraction of the baseline scheduler's "
-          "CPU per task: the direct part of the CPU ratio (<= 0.03 needed for 1.03), "
-          "measured where it runs, so free of the whole process's run-to-run spread")
+          "the event loop, and its threads), as a fraction of the rest of the same "
+          "run's scheduler CPU: the direct part of the CPU ratio (<= 0.03 needed for "
+          "1.03), measured where it runs, so free of the spread between runs")
     for name, r in ratios.items():
         print(f"   {name:10s} own CPU      {fmt_ratio(r['own'])}")
     if export_process:
@@ -659,6 +684,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--both-modes", action="store_true",
                         help="run the plugin both ways (in the scheduler process and "
                              "with its export process) against the same baselines")
+    parser.add_argument("--against", metavar="TREE", default=None,
+                        help="also run the plugin from another source tree (e.g. a git "
+                             "worktree of an older commit) in the same rounds, against "
+                             "the same baselines: a before/after comparison that the "
+                             "machine's drift between separate runs cannot blur (part 1 "
+                             "and the parts it reports)")
     parser.add_argument("--parts", default="throughput,memory,export",
                         help="comma-separated subset of throughput (parts 1, 2 and 4), "
                              "memory (part 3), export (part 5)")
@@ -685,7 +716,13 @@ def main(argv: list[str] | None = None) -> int:
           f"threads; {pairs} round(s), rotating order; "
           + " and ".join(MODE_NAMES[m] for m in modes))
     if "throughput" in parts:
-        part_throughput(pairs, scale, args.workers, args.threads, modes)
+        variants = [Variant(m) for m in modes]
+        if args.against:
+            tree = os.path.abspath(args.against)
+            if not os.path.isdir(os.path.join(tree, "dask_otel_spans")):
+                parser.error(f"--against: no dask_otel_spans package in {tree}")
+            variants += [Variant(m, tree) for m in modes]
+        part_throughput(pairs, scale, args.workers, args.threads, variants)
     if "memory" in parts:
         part_memory(checkpoints, modes)
     if "export" in parts:

@@ -120,6 +120,7 @@ class _OpenSpan:
         "children_finished_at",
         "wake_at",
         "unfinished_group",
+        "unfinished_child",
     )
 
     def __init__(self, dask_id: str, tags: tuple[str, ...], ids: tuple[str, ...]):
@@ -161,6 +162,9 @@ class _OpenSpan:
         #: a TaskGroup of the span found not done by the last check: looked at
         #: first, so that checking a running span of many groups is O(1)
         self.unfinished_group: Any = None
+        #: id of an open child found not done by the last check: looked at first,
+        #: so that checking a span of many running children is O(depth)
+        self.unfinished_child: str | None = None
 
 
 class _SpanTags(Mapping):
@@ -743,8 +747,10 @@ class OTelSpansPlugin(SchedulerPlugin):
                    **kwargs: Any) -> None:
         # Called for every transition of every task: a set insertion when a task
         # settles, so that the next pass looks at its span again (and only then).
+        # From one settled state to another (memory -> released -> forgotten, as the
+        # client lets its results go) the group's ``done`` cannot change: nothing.
         # Not timed by _guard: the clock reads would cost more than the work.
-        if finish not in _SETTLED_STATES:
+        if finish not in _SETTLED_STATES or start in _SETTLED_STATES:
             return
         tasks = self._tasks
         if tasks is None:
@@ -1213,8 +1219,12 @@ class OTelSpansPlugin(SchedulerPlugin):
                 memo[rec.id] = False
                 return False
             if not rec.open_children:
+                rec.unfinished_child = None
                 memo[rec.id] = True
                 return True
+            if not self._unfinished_child_done(rec):
+                memo[rec.id] = False
+                return False
             children = list(rec.open_children)
         for i, child_rec in self._open_with_tasks(children):
             try:
@@ -1223,10 +1233,24 @@ class OTelSpansPlugin(SchedulerPlugin):
                 self._done_walks[rec.id] = children[i:]
                 raise
             if not child_done:
+                rec.unfinished_child = child_rec.id
                 memo[rec.id] = False
                 return False
+        rec.unfinished_child = None
         memo[rec.id] = True
         return True
+
+    def _unfinished_child_done(self, rec: _OpenSpan) -> bool:
+        """Whether the open child found not done by the last check of ``rec`` is done
+        by now (True when there is none): while it runs, a check of ``rec`` need not
+        walk its other children."""
+        child_id = rec.unfinished_child
+        if child_id is None or child_id not in rec.open_children:
+            return True
+        child_rec = self._open.get(child_id)
+        if child_rec is None or child_rec.span is None:
+            return True
+        return self._is_done(child_rec)
 
     def _own_groups_done(self, rec: _OpenSpan) -> bool:
         """Whether the span's own task groups are done: the group found unfinished
@@ -1308,10 +1332,15 @@ class OTelSpansPlugin(SchedulerPlugin):
             # the grace period covers heartbeats still in flight: count it from
             # when the last task finished, not from when this pass noticed
             rec.done_since = min(now, self._finished_at(rec) or now)
-            # its parent may be done now too
+            # its parent may be done now too, unless the parent's last check found
+            # another child not done (that one queues it when done; an emitted
+            # child queues its parent too)
             if rec.depth > 1:
                 parent_rec = self._open.get(rec.ids[-2])
-                if parent_rec is not None:
+                if parent_rec is not None and (
+                    parent_rec.unfinished_child is None
+                    or parent_rec.unfinished_child == rec.id
+                ):
                     self._look_again(parent_rec)
         quiet_since = max(rec.done_since, rec.last_activity)
         if rec.closed_at is not None:
@@ -1385,7 +1414,10 @@ class OTelSpansPlugin(SchedulerPlugin):
                 parent_rec.children_finished_at = max(
                     parent_rec.children_finished_at, finished
                 )
-                self._look_again(parent_rec)
+                if parent_rec.done_since is None:
+                    # (a parent judged done already looks again when its wait
+                    # runs out: its children's emissions change nothing for it)
+                    self._look_again(parent_rec)
             if keep_summary:
                 summarized.add(span.id)
         carried = rec.carried

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -88,3 +89,28 @@ def test_quick_benchmark_runs_the_wide_workload_when_named():
     latency = re.search(r"by workload: .*wide median ([0-9.]+) s max ([0-9.]+) s \(([0-9]+)\)",
                         out)
     assert latency and int(latency.group(3)) == 201  # the parent and its 200 children
+
+
+def test_quick_benchmark_runs_the_plugin_of_another_tree_against_the_same_baselines(
+    tmp_path,
+):
+    """--against TREE runs that tree's plugin in the same rounds as this one's, each
+    reported on its own with the code it ran."""
+    other = tmp_path / "other"
+    shutil.copytree(BENCH.parent.parent / "dask_otel_spans", other / "dask_otel_spans")
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--workloads", "nested", "--parts",
+         "throughput", "--export-process", "--against", str(other)],
+        capture_output=True, text=True, timeout=400,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    sections = out.split("== ")[1:]
+    assert len(sections) == 2
+    root = BENCH.resolve().parent.parent
+    assert f"plugin code from {root / 'dask_otel_spans'}" in sections[0]  # this tree's
+    assert f"from {other} ==" in sections[1]
+    assert f"plugin code from {other / 'dask_otel_spans'}" in sections[1]
+    for section in sections:
+        own = re.search(rf"{'nested':10s} own CPU      median ([0-9.]+)", section)
+        assert own and float(own.group(1)) > 0

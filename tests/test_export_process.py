@@ -377,19 +377,44 @@ def _scrape_with(port: int, needle: str) -> str | None:
     return text if needle in text else None
 
 
+def unseen(span_id: str, name: str, carried: dict) -> EmitRequest:
+    """A request for a span the scheduler never saw (no snapshot)."""
+    return EmitRequest(
+        tags=(name,), ids=(span_id,), carried=carried, snapshot=None,
+        now=time.time(), complete=True, close_reason="client",
+        enter=time.time() - 1, exit=time.time(),
+    )
+
+
+@pytest.mark.parametrize("linger", [0.5, 0.0])
+def test_spans_emitted_within_the_linger_go_in_one_frame(tmp_path, linger):
+    """Spans emitted a few ms apart within the sender's linger cross the pipe in one
+    frame (one pickling, one write); without a linger, in a frame each."""
+    process = ExportProcess(
+        PipelineSpec(PluginConfig(output_dir=str(tmp_path)), environ={}), linger=linger
+    )
+    process.launch()
+    process.start()
+    try:
+        for i in range(10):
+            process.emit(unseen(str(uuid.uuid4()), f"span-{i}", {}))
+            time.sleep(0.01)
+        assert process.flush(30) is True
+    finally:
+        process.stop(10)
+    assert len(exported_names(tmp_path)) == 10
+    if linger:
+        assert process.frames_sent == 1  # the flush went with them
+    else:
+        assert process.frames_sent > 1
+
+
 def test_item_that_cannot_be_pickled_is_left_out_and_the_rest_arrives(tmp_path, caplog):
     process = ExportProcess(
         PipelineSpec(PluginConfig(output_dir=str(tmp_path)), environ={})
     )
     process.launch()
     process.start()
-
-    def unseen(span_id: str, name: str, carried: dict) -> EmitRequest:
-        return EmitRequest(
-            tags=(name,), ids=(span_id,), carried=carried, snapshot=None,
-            now=time.time(), complete=True, close_reason="client",
-            enter=time.time() - 1, exit=time.time(),
-        )
 
     try:
         with caplog.at_level(logging.ERROR, logger="dask_otel_spans"):

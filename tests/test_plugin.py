@@ -592,6 +592,7 @@ class _CountedGroup:
     def __init__(self, done: bool):
         self.finished = done
         self.looks = 0
+        self.stop = 1.0  # when its last task finished
 
     @property
     def done(self) -> bool:
@@ -649,6 +650,103 @@ def test_a_done_span_of_many_groups_is_judged_over_several_steps():
     assert all(g.looks == 1 for g in groups)  # each group looked at once in all
     assert len(looks_per_step) > 1
     assert max(looks_per_step) <= _VERDICTS_PER_STEP * _GROUPS_PER_VERDICT
+
+
+def _tree_of_records(plugin: OTelSpansPlugin, children_done: list[bool]):
+    """An open parent span with open children whose one task group each is done or
+    not, as the plugin's records (no scheduler): (parent, children, their groups)."""
+    from types import SimpleNamespace
+
+    from dask_otel_spans.plugin import _OpenSpan
+
+    parent = _OpenSpan("p", ("p",), ("p",))
+    parent.span = SimpleNamespace(groups=[_CountedGroup(True)], children=[])
+    plugin._open[parent.id] = parent
+    children, groups = [], []
+    for i, done in enumerate(children_done):
+        child = _OpenSpan(f"c{i}", ("p", f"c{i}"), ("p", f"c{i}"))
+        group = _CountedGroup(done)
+        child.span = SimpleNamespace(groups=[group], children=[])
+        plugin._open[child.id] = child
+        parent.open_children.add(child.id)
+        children.append(child)
+        groups.append(group)
+    return parent, children, groups
+
+
+def test_checking_a_parent_of_a_running_child_looks_at_that_child_first():
+    """Once a check found an open child not done, the next checks of its parent (in
+    later passes) look at that child first, not at its done siblings."""
+    plugin = OTelSpansPlugin()
+    parent, children, groups = _tree_of_records(plugin, [True] * 99 + [False])
+    assert not plugin._is_done(parent)
+    plugin._forget_pass_verdicts()  # a later pass
+    looks = [g.looks for g in groups]
+    assert not plugin._is_done(parent)
+    assert [g.looks for g in groups[:-1]] == looks[:-1]  # no done sibling read
+    assert groups[-1].looks == looks[-1] + 1
+    groups[-1].finished = True
+    plugin._forget_pass_verdicts()
+    assert plugin._is_done(parent)  # and a full walk once that child is done
+
+
+def test_a_child_judged_done_queues_its_parent_only_if_the_parent_waits_for_it():
+    """A child found done queues its parent for a check, unless the parent's last
+    check found another child not done: that one queues it when it is done."""
+    plugin = OTelSpansPlugin()
+    parent, (first, second), _ = _tree_of_records(plugin, [True, False])
+    assert not plugin._is_done(parent)
+    assert parent.unfinished_child == second.id
+    plugin._forget_pass_verdicts()
+    plugin._ready_at(first, time(), 1.0)
+    assert first.done_since is not None and parent.id not in plugin._queued
+    second.span.groups[0].finished = True
+    plugin._forget_pass_verdicts()
+    plugin._ready_at(second, time(), 1.0)
+    assert second.done_since is not None and parent.id in plugin._queued
+
+
+@gen_cluster(client=True)
+async def test_results_let_go_from_a_done_span_queue_no_check(c, s, a, b):
+    """Tasks going from memory to released and forgotten (the client let their
+    results go) cannot change whether their span is done: no look at it again."""
+    memory = MemoryProviders()
+    plugin = await install(c, memory, export_delay=3600, tick_interval=3600)
+    with dask_span("kept a while"):
+        futures = c.map(inc, range(5), key=[f"let-go-{i}" for i in range(5)])
+        await wait(futures)
+    await async_wait_for(lambda: run_pass(plugin) >= 0 and plugin.open_span_count == 1)
+    assert not plugin._settled
+    del futures
+    await async_wait_for(lambda: not any(f"let-go-{i}" in s.tasks for i in range(5)))
+    assert not plugin._settled
+
+
+@gen_cluster(client=True)
+async def test_emitting_a_child_queues_its_parent_only_until_the_parent_is_judged_done(
+    c, s, a, b
+):
+    """An emitted child changes nothing for a parent already judged done (that one
+    looks again when its own wait runs out); a parent not judged done is queued."""
+    memory = MemoryProviders()
+    plugin = await install(c, memory, export_delay=3600, tick_interval=3600)
+    with dask_span("parent") as parent_id:
+        with dask_span("first") as first_id:
+            await c.submit(inc, 1, key="first-1")
+        with dask_span("second") as second_id:
+            await c.submit(inc, 2, key="second-1")
+    await async_wait_for(
+        lambda: run_pass(plugin) >= 0
+        and plugin.open_span_count == 3
+        and plugin._open[parent_id].done_since is not None
+    )
+    plugin._to_check.clear()
+    plugin._queued.clear()
+    plugin._emit(plugin._open[first_id], time(), complete=True)
+    assert parent_id not in plugin._queued
+    plugin._open[parent_id].done_since = None
+    plugin._emit(plugin._open[second_id], time(), complete=True)
+    assert parent_id in plugin._queued
 
 
 @gen_cluster(client=True)
