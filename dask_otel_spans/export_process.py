@@ -28,11 +28,6 @@ logger = logging.getLogger(__name__)
 
 #: Items per frame at most; a frame also goes out whenever the queue runs empty
 _BATCH_SIZE = 256
-#: Seconds the sender lets items gather after the first one of a frame, so that the
-#: spans and metric updates of a few passes go in one frame: one wake-up of the
-#: sender, one pickling and one write for all of them (pickling a span alone costs
-#: ~2.5 times its share of a frame of 20)
-LINGER_S = 0.05
 
 
 class ExportProcessError(RuntimeError):
@@ -79,9 +74,6 @@ class ExportProcess(BackgroundQueue):
     max_metric_backlog:
         Metric updates are dropped (and counted in ``dropped``) while this many items
         wait for the sender thread; spans are never dropped here
-    linger:
-        Seconds the sender waits after the first item of a frame for more to come
-        (a flush does not wait)
     """
 
     def __init__(
@@ -92,7 +84,6 @@ class ExportProcess(BackgroundQueue):
         start_timeout: float = 60.0,
         max_restarts: int = 3,
         max_metric_backlog: int = 10_000,
-        linger: float = LINGER_S,
     ):
         super().__init__(
             "dask-otel-spans-export-sender", maxsize, "spans and metric updates"
@@ -101,10 +92,7 @@ class ExportProcess(BackgroundQueue):
         self.spec = spec
         self.start_timeout = start_timeout
         self.max_restarts = max_restarts
-        self.linger = max(0.0, linger)
         self.restarts = 0
-        #: frames written to export processes (figures for benchmarks)
-        self.frames_sent = 0
         #: items that could not reach a live export process
         self.lost = 0
         #: the child's figures (:meth:`ExportPipeline.stats`), as last reported
@@ -335,14 +323,9 @@ class ExportProcess(BackgroundQueue):
                 return
             item = ("metric", "add_span_deltas",
                     (dict(deltas), span_tags_of(deltas, span_tags)))
-        first = not self._batch
         self._batch.append(item)
         if kind == "flush" or len(self._batch) >= _BATCH_SIZE:
             self.settle()
-        elif first and self.linger:
-            # while this thread sleeps, the event loop's puts find no waiting thread
-            # to wake; what they queue joins this frame
-            time.sleep(self.linger)
 
     def _encode(self, batch: list[tuple[Any, ...]]) -> bytes:
         """The batch as one frame; an item that cannot be pickled (e.g. odd objects
@@ -384,7 +367,6 @@ class ExportProcess(BackgroundQueue):
             try:
                 proc.stdin.write(frame)
                 proc.stdin.flush()
-                self.frames_sent += 1
                 return
             except (OSError, ValueError):
                 try:

@@ -300,6 +300,11 @@ class OTelSpansPlugin(SchedulerPlugin):
         #: when open spans waiting for a grace period or a timeout are due:
         #: heap of (time, id)
         self._wakeups: list[tuple[float, str]] = []
+        #: spans closed before the scheduler saw them, waiting for their graph:
+        #: id -> when lazy-timeout runs out, in that order; apart from the heap so
+        #: that the graph (which comes, in most cases) drops the wait, and no
+        #: long-stale wake-up outlives the span
+        self._awaiting_graph: OrderedDict[str, float] = OrderedDict()
         #: span ids of TaskGroups whose tasks settled since the last pass (the
         #: ``transition`` hook)
         self._settled: set[str] = set()
@@ -858,6 +863,7 @@ class OTelSpansPlugin(SchedulerPlugin):
                 self._forget_verdicts_along(rec.ids)
         rec.span = span
         rec.last_activity = time()
+        self._awaiting_graph.pop(span.id, None)
         self._look_again(rec)
         if not rec.counted and self.pump is not None:
             rec.counted = True
@@ -992,7 +998,13 @@ class OTelSpansPlugin(SchedulerPlugin):
             rec.closed_at = now
             rec.close_reason = names.CLOSE_REASON_CLIENT
             rec.enter, rec.exit = enter, exit_
-            self._look_again(rec)
+            if rec.span is None:
+                # not seen by the scheduler: nothing to check, only a wait to set
+                wait_until = self._ready_at(rec, now, self.grace)
+                if wait_until is not None:
+                    self._wake_up_at(rec, wait_until)
+            else:
+                self._look_again(rec)
 
     def _on_client_gone(self, client: str, now: float) -> Iterator[None]:
         for i, rec in enumerate(list(self._open.values()), 1):
@@ -1143,6 +1155,17 @@ class OTelSpansPlugin(SchedulerPlugin):
     def _wake_up_at(self, rec: _OpenSpan, when: float) -> None:
         """Look at a waiting span again at ``when``, unless an earlier wake-up is
         set (that one looks again and sets the next)."""
+        if rec.span is None and rec.awaiting_graph and not (
+            rec.submitted or rec.client_gone
+        ):
+            awaiting = self._awaiting_graph
+            if rec.id in awaiting:
+                return
+            # (the same wait for all, from the notice's time: in order, unless the
+            # grace period grew past lazy-timeout; such a wait goes to the heap)
+            if not awaiting or when >= next(reversed(awaiting.values())):
+                awaiting[rec.id] = when
+                return
         if rec.wake_at is None or when < rec.wake_at:
             rec.wake_at = when
             heapq.heappush(self._wakeups, (when, rec.id))
@@ -1156,6 +1179,15 @@ class OTelSpansPlugin(SchedulerPlugin):
             rec = self._open.get(dask_id)
             if rec is not None and rec.wake_at is not None and rec.wake_at <= now:
                 rec.wake_at = None
+                self._look_again(rec)
+            n += 1
+            if n % _CHECK_EVERY == 0:
+                yield
+        awaiting = self._awaiting_graph
+        while awaiting and next(iter(awaiting.values())) <= now:
+            dask_id, _ = awaiting.popitem(last=False)
+            rec = self._open.get(dask_id)
+            if rec is not None:
                 self._look_again(rec)
             n += 1
             if n % _CHECK_EVERY == 0:
@@ -1386,6 +1418,7 @@ class OTelSpansPlugin(SchedulerPlugin):
     ) -> Iterator[None]:
         """:meth:`_emit`, pausing while it copies a span of many task groups."""
         del self._open[rec.id]
+        self._awaiting_graph.pop(rec.id, None)
         span = rec.span
         if span is None:
             snapshot = None

@@ -23,6 +23,8 @@ def test_quick_benchmark_produces_all_figures():
     for workload in ("futures", "delayed", "nested", "big-graph"):
         assert f"{workload:10s} tasks/s      median" in out
         assert f"{workload:10s} CPU s/task   median" in out
+        less_gc = re.search(rf"{workload:10s} CPU less GC  median ([0-9.]+)", out)
+        assert less_gc and float(less_gc.group(1)) > 0
         loop = re.search(rf"{workload:10s} loop s/task  median ([0-9.]+)", out)
         assert loop and float(loop.group(1)) > 0  # the main thread's CPU was read
         gc_line = re.search(rf"{workload:10s} GC CPU       ([0-9.]+) / ([0-9.]+)", out)

@@ -386,29 +386,6 @@ def unseen(span_id: str, name: str, carried: dict) -> EmitRequest:
     )
 
 
-@pytest.mark.parametrize("linger", [0.5, 0.0])
-def test_spans_emitted_within_the_linger_go_in_one_frame(tmp_path, linger):
-    """Spans emitted a few ms apart within the sender's linger cross the pipe in one
-    frame (one pickling, one write); without a linger, in a frame each."""
-    process = ExportProcess(
-        PipelineSpec(PluginConfig(output_dir=str(tmp_path)), environ={}), linger=linger
-    )
-    process.launch()
-    process.start()
-    try:
-        for i in range(10):
-            process.emit(unseen(str(uuid.uuid4()), f"span-{i}", {}))
-            time.sleep(0.01)
-        assert process.flush(30) is True
-    finally:
-        process.stop(10)
-    assert len(exported_names(tmp_path)) == 10
-    if linger:
-        assert process.frames_sent == 1  # the flush went with them
-    else:
-        assert process.frames_sent > 1
-
-
 def test_item_that_cannot_be_pickled_is_left_out_and_the_rest_arrives(tmp_path, caplog):
     process = ExportProcess(
         PipelineSpec(PluginConfig(output_dir=str(tmp_path)), environ={})

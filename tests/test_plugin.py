@@ -208,6 +208,26 @@ async def test_lazy_span_never_computed_is_exported_after_lazy_timeout(c, s, a, 
 
 
 @gen_cluster(client=True)
+async def test_a_lazy_span_whose_graph_came_leaves_no_wait_behind(c, s, a, b):
+    """A span closed before its graph reached the scheduler waits for it (up to
+    lazy-timeout); once the graph came, nothing of that wait is left: no wake-up
+    lazy-timeout away outlives the span."""
+    memory = MemoryProviders()
+    plugin = await install(c, memory, lazy_timeout=600.0)
+    with span("built here") as dask_id:
+        d = dask.delayed(inc)(1, dask_key_name="built-here-1")
+    await async_wait_for(
+        lambda: run_pass(plugin) >= 0
+        and dask_id in plugin._open
+        and plugin._open[dask_id].closed_at
+    )
+    assert await c.compute(d) == 2
+    await async_wait_for(lambda: memory.by_name("built here"))
+    assert not plugin._awaiting_graph
+    assert all(when < time() + 60 for when, _ in plugin._wakeups)
+
+
+@gen_cluster(client=True)
 async def test_lazy_span_is_exported_when_its_client_leaves(c, s, a, b):
     memory = MemoryProviders()
     plugin = await install(c, memory, idle_timeout=60.0, lazy_timeout=60.0)
