@@ -245,6 +245,10 @@ def run_once(with_plugin: bool, scale: dict[str, Any], workers: int, threads: in
     try:
         client = cluster.client
         futures_workload(client, 4, 10)  # warm up imports and connections
+        # both sides start the first workload on a scheduler quiet for as long (the
+        # plugin's side also waits for the warm-up's spans to be exported): a
+        # baseline starting right after the warm-up ran its futures ~10 % faster
+        time.sleep(SETTLE_S)
         if with_plugin:
             wait_until_plugin_idle(client)
             client.run_on_scheduler(bench_preload.reset)
