@@ -10,12 +10,17 @@ plugin, in rotating order, on the same cluster configuration, reported as ratios
                                                            # from configuration)
     python benchmarks/bench_scheduler.py --both-modes      # both ways, against the
                                                            # same baselines
+    python benchmarks/bench_scheduler.py --against TREE    # also the plugin of another
+                                                           # source tree (e.g. a git
+                                                           # worktree of an older
+                                                           # commit), same rounds
 
 Parts:
 1. throughput: 20,000 small tasks over 200 spans (futures, then one delayed graph), and
    a graph of 2,000 spans nested three levels; tasks/s (until the results are in) and
    scheduler-process CPU s/task (until 3 s later, so that emitting the workload's spans
-   counts for it; the next workload starts once the plugin is idle)
+   counts for it; the next workload starts once the plugin is idle), and the plugin's
+   own CPU in the scheduler process as a fraction of the rest of the run's
 2. event-loop cost: longest single plugin hook/callback call, total, 10,000-task graph
    (``--workloads wide``, not in the default set: one span with 3,000 child spans of one
    task each, a parent whose check and copy cover thousands of open children)
