@@ -274,7 +274,9 @@ def _cpu_by_place(plugin) -> dict:
 
 
 def _record_hand_over(emitter) -> None:
-    """Wrap the emitter's ``emit`` (called on the event loop) to note hand-over times."""
+    """Wrap the emitter's ``emit`` and ``emit_many`` (called on the event loop) to
+    note hand-over times (an older plugin, run with --against, may call ``emit``
+    only)."""
     if getattr(emitter, "_bench_recording", False):
         return
     emit = emitter.emit
@@ -284,6 +286,16 @@ def _record_hand_over(emitter) -> None:
         emit(request)
 
     emitter.emit = emit_and_record
+    emit_many = getattr(emitter, "emit_many", None)
+    if emit_many is not None:
+
+        def emit_many_and_record(requests) -> None:
+            now = time.time()
+            for request in requests:
+                HANDED_OVER[request.ids[-1]] = now
+            emit_many(requests)
+
+        emitter.emit_many = emit_many_and_record
     emitter._bench_recording = True
 
 

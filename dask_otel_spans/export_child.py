@@ -5,7 +5,8 @@ Started by :class:`~dask_otel_spans.export_process.ExportProcess` as
 ``python -m dask_otel_spans.export_child``. Protocol (frames of :mod:`~dask_otel_spans.wire`):
 
 - stdin, first frame: a :class:`~dask_otel_spans.pipeline.PipelineSpec`; then batches
-  (lists) of ``("emit", EmitRequest)``, ``("metric", method, args)`` and
+  (lists) of ``("emit", EmitRequest)``, ``("emits", [EmitRequest, ...])``,
+  ``("metric", method, args)``, ``("metrics", [(method, args), ...])`` and
   ``("flush", token, timeout)``. End of stdin: finish, shut down, exit.
 - stdout: ``("ready", info)`` or ``("failed", reason)``; ``("stats", stats)`` when
   the figures changed; ``("flushed", token, ok, stats)``; ``("stopped", stats)``.
@@ -26,7 +27,7 @@ from typing import IO, Any
 import psutil
 
 from dask_otel_spans.pipeline import ExportPipeline, PipelineSpec
-from dask_otel_spans.wire import read_frame, write_frame
+from dask_otel_spans.wire import read_frame, restored_request, write_frame
 
 logger = logging.getLogger("dask_otel_spans.export_child")
 
@@ -117,10 +118,15 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
         for message in batch:
             kind = message[0]
             if kind == "emit":
-                pipeline.emitter.emit(message[1])
+                pipeline.emitter.emit(restored_request(message[1]))
+            elif kind == "emits":
+                pipeline.emitter.emit_many(list(map(restored_request, message[1])))
             elif kind == "metric":
                 if pipeline.pump is not None:
                     pipeline.pump.submit(message[1], *message[2])
+            elif kind == "metrics":
+                if pipeline.pump is not None:
+                    pipeline.pump.submit_many(message[1])
             elif kind == "flush":
                 _, token, timeout = message
                 ok = pipeline.flush(timeout)

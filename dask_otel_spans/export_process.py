@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from itertools import count
 from typing import Any
 
@@ -270,18 +270,37 @@ class ExportProcess(BackgroundQueue):
     def emit(self, request: EmitRequest) -> None:
         self.put(("emit", request))
 
+    def emit_many(self, requests: list[EmitRequest]) -> None:
+        """:meth:`emit` each of ``requests``, as one item (one queue operation, one
+        message of the frame)."""
+        if requests:
+            self.put(("emits", requests))
+
     def submit(self, method: str, *args: Any) -> None:
         """Call ``DaskInstruments.<method>(*args)`` in the export process."""
-        if self._queue.qsize() >= self.max_metric_backlog:
-            self.dropped += 1
-            if self.dropped == 1:
-                logger.warning(
-                    "dask_otel_spans: %d items wait for the export process; dropping "
-                    "metric updates (counted in ExportProcess.dropped)",
-                    self.max_metric_backlog,
-                )
-            return
-        self.put(("metric", method, args))
+        if not self._metric_backlog_full(1):
+            self.put(("metric", method, args))
+
+    def submit_many(self, calls: list[tuple[str, tuple[Any, ...]]]) -> None:
+        """:meth:`submit` each ``(method, args)`` of ``calls``, in one queue
+        operation."""
+        if calls and not self._metric_backlog_full(len(calls)):
+            self.put(("metrics", calls))
+
+    def _metric_backlog_full(self, n: int) -> bool:
+        """Whether ``n`` metric updates are to be dropped (and counted): when
+        ``max_metric_backlog`` items (or batches of them) wait for the sender."""
+        if self._queue.qsize() < self.max_metric_backlog:
+            return False
+        first = self.dropped == 0
+        self.dropped += n
+        if first:
+            logger.warning(
+                "dask_otel_spans: %d items wait for the export process; dropping "
+                "metric updates (counted in ExportProcess.dropped)",
+                self.max_metric_backlog,
+            )
+        return True
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until the export process exported everything queued so far; False
@@ -317,12 +336,20 @@ class ExportProcess(BackgroundQueue):
         kind = item[0]
         if kind == "emit":
             item = ("emit", portable_request(item[1]))
-        elif kind == "metric" and item[1] == "add_span_deltas":
-            deltas, span_tags = item[2]
-            if not isinstance(deltas, Mapping):
+        elif kind == "emits":
+            item = ("emits", [portable_request(request) for request in item[1]])
+        elif kind == "metric":
+            args = _portable_args(item[1], item[2])
+            if args is None:
                 return
-            item = ("metric", "add_span_deltas",
-                    (dict(deltas), span_tags_of(deltas, span_tags)))
+            item = ("metric", item[1], args)
+        elif kind == "metrics":
+            calls = []
+            for method, args in item[1]:
+                args = _portable_args(method, args)
+                if args is not None:
+                    calls.append((method, args))
+            item = ("metrics", calls)
         self._batch.append(item)
         if kind == "flush" or len(self._batch) >= _BATCH_SIZE:
             self.settle()
@@ -335,7 +362,7 @@ class ExportProcess(BackgroundQueue):
         except Exception:
             pass
         kept = []
-        for item in batch:
+        for item in _one_by_one(batch):
             try:
                 encode_frame(item)
             except Exception as e:
@@ -373,9 +400,34 @@ class ExportProcess(BackgroundQueue):
                     proc.wait(1.0)
                 except subprocess.TimeoutExpired:
                     proc.kill()
-        self.lost += sum(1 for item in batch if item[0] != "flush")
+        self.lost += sum(1 for item in _one_by_one(batch) if item[0] != "flush")
         for item in batch:
             if item[0] == "flush":
                 flush = self._flushes.pop(item[1], None)
                 if flush is not None:
                     flush.done.set()
+
+
+def _portable_args(method: str, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """The arguments of a metric update without references into the scheduler's
+    live state (None: nothing to send)."""
+    if method != "add_span_deltas":
+        return args
+    deltas, span_tags = args
+    if not isinstance(deltas, Mapping):
+        return None
+    return (dict(deltas), span_tags_of(deltas, span_tags))
+
+
+def _one_by_one(batch: list[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
+    """The messages of a batch, with the spans and metric updates of "emits" and
+    "metrics" messages as single "emit" and "metric" messages."""
+    for item in batch:
+        if item[0] == "emits":
+            for request in item[1]:
+                yield ("emit", request)
+        elif item[0] == "metrics":
+            for method, args in item[1]:
+                yield ("metric", method, args)
+        else:
+            yield item

@@ -364,6 +364,11 @@ class MetricsPump(BackgroundQueue):
         """Call ``instruments.<method>(*args)`` on the thread."""
         self.put((method, args))
 
+    def submit_many(self, calls: list[tuple[str, tuple[Any, ...]]]) -> None:
+        """:meth:`submit` each ``(method, args)`` of ``calls``, in one queue
+        operation."""
+        self.put_many(calls)
+
     def handle(self, item: tuple[str, tuple[Any, ...]]) -> None:
         method, args = item
         getattr(self.instruments, method)(*args)

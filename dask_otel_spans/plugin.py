@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.metrics import time
+from distributed.scheduler import ALL_TASK_STATES, heartbeat_interval
 from tornado.ioloop import IOLoop, PeriodicCallback
 
 from dask_otel_spans import names
@@ -87,6 +88,8 @@ _GRAPH, _NOTICE, _CLIENT_GONE = "graph", "notice", "client-gone"
 
 #: Task states a transition can leave a TaskGroup done in (``TaskGroup.done``)
 _SETTLED_STATES = frozenset({"memory", "erred", "released", "forgotten"})
+#: The others: a TaskGroup with a task in one of them is not done
+_RUNNING_STATES = tuple(sorted(ALL_TASK_STATES - _SETTLED_STATES))
 
 
 class _OutOfStep(Exception):
@@ -275,6 +278,10 @@ class OTelSpansPlugin(SchedulerPlugin):
         self._submitted_unknown: OrderedDict[str, None] = OrderedDict()
         #: hook events not processed yet: (kind, len(ext.spans) then, time, *details)
         self._pending: deque[tuple[Any, ...]] = deque()
+        #: what the pass emitted and counted, handed over at the end of each slice
+        #: in one queue operation each (not one per span)
+        self._emitted: list[EmitRequest] = []
+        self._metric_calls: list[tuple[str, tuple[Any, ...]]] = []
         #: spans that existed when the plugin started, still to be looked at
         self._adopting: Iterator[Span] | None = None
         #: the pass in progress, one slice at a time
@@ -361,10 +368,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         try:
             yield
         except Exception:
-            self._log_once(
-                f"error:{where}", "unexpected error in %s (logged once)", where,
-                level=logging.ERROR, exc_info=True,
-            )
+            self._log_failure(where)
         finally:
             elapsed = _time.perf_counter() - t0
             cpu = _time.thread_time() - cpu0
@@ -390,16 +394,18 @@ class OTelSpansPlugin(SchedulerPlugin):
         try:
             yield
         except Exception:
-            self._log_once(
-                f"error:{where}", "unexpected error in %s (logged once)", where,
-                level=logging.ERROR, exc_info=True,
-            )
+            self._log_failure(where)
+
+    def _log_failure(self, where: str) -> None:
+        """Log (once per place) the exception being handled."""
+        self._log_once(
+            f"error:{where}", "unexpected error in %s (logged once)", where,
+            level=logging.ERROR, exc_info=True,
+        )
 
     @property
     def grace(self) -> float:
         """Effective grace period: at least two worker heartbeat intervals."""
-        from distributed.scheduler import heartbeat_interval
-
         n = len(self.scheduler.workers) if self.scheduler is not None else 0
         return max(self.config.export_delay, 2 * heartbeat_interval(n))
 
@@ -720,13 +726,15 @@ class OTelSpansPlugin(SchedulerPlugin):
                 self.pump.submit("add_worker_deltas", worker_wide)
 
     # -- hooks: O(1) each, the work happens in the pass ------------------------------
+    # update_graph, log_event and remove_client append one tuple to a deque: not
+    # timed by _guard (as transition), whose clock reads would cost more than that
 
     def update_graph(self, scheduler: Scheduler, *, tasks: Any = (),
                      annotations: Mapping[str, Any] | None = None,
                      client: str | None = None, **kwargs: Any) -> None:
         if self._ext is None or self._closed:
             return
-        with self._guard("update_graph"):
+        try:
             otel = span_of_key = None
             if annotations:
                 otel = annotations.get(names.ANNOTATION_KEY)
@@ -735,18 +743,24 @@ class OTelSpansPlugin(SchedulerPlugin):
                 (_GRAPH, len(self._ext.spans), time(), client, tasks, otel,
                  span_of_key)
             )
+        except Exception:
+            self._log_failure("update_graph")
 
     def log_event(self, topic: str, msg: Any, **kwargs: Any) -> None:
         if topic != names.EVENT_TOPIC or self._ext is None or self._closed:
             return
-        with self._guard("log_event"):
+        try:
             self._pending.append((_NOTICE, len(self._ext.spans), time(), msg))
+        except Exception:
+            self._log_failure("log_event")
 
     def remove_client(self, scheduler: Scheduler, client: str, **kwargs: Any) -> None:
         if self._ext is None or self._closed:
             return
-        with self._guard("remove_client"):
+        try:
             self._pending.append((_CLIENT_GONE, len(self._ext.spans), time(), client))
+        except Exception:
+            self._log_failure("remove_client")
 
     def transition(self, key: Any, start: str, finish: str, *args: Any,
                    **kwargs: Any) -> None:
@@ -767,10 +781,7 @@ class OTelSpansPlugin(SchedulerPlugin):
                 if span_id is not None:
                     self._settled.add(span_id)
         except Exception:
-            self._log_once(
-                "error:transition", "unexpected error in transition (logged once)",
-                level=logging.ERROR, exc_info=True,
-            )
+            self._log_failure("transition")
 
     # -- processing queued events ----------------------------------------------------
 
@@ -799,8 +810,10 @@ class OTelSpansPlugin(SchedulerPlugin):
                 for notice in batch:
                     # a graph may have made spans while the batch was cut
                     yield from self._register_new_spans(len(self._ext.spans))
-                    with self._contain("close-notice"):
+                    try:
                         self._on_close_notice(notice, now)
+                    except Exception:
+                        self._log_failure("close-notice")
                     yield  # tens of µs each (W3C headers parsed)
             else:
                 yield from self._on_client_gone(event[3], now)
@@ -816,7 +829,7 @@ class OTelSpansPlugin(SchedulerPlugin):
             n += 1
             if n % _CHECK_EVERY == 0:
                 yield
-            if span.id in self._open or all(tg.done for tg in span.groups):
+            if span.id in self._open or all(map(_group_done, span.groups)):
                 continue
             chain = []
             node: Span | None = span
@@ -864,10 +877,17 @@ class OTelSpansPlugin(SchedulerPlugin):
         rec.span = span
         rec.last_activity = time()
         self._awaiting_graph.pop(span.id, None)
-        self._look_again(rec)
+        running = _a_running_group(span)
+        if running is None:
+            self._look_again(rec)
+        else:
+            # Not done: when a task of that group settles, the transition hook
+            # queues the span; a check now would only say so (one check less per
+            # span, the most of all on spans of one task)
+            rec.unfinished_group = running
         if not rec.counted and self.pump is not None:
             rec.counted = True
-            self.pump.submit("span_opened", rec.tags)
+            self._metric_calls.append(("span_opened", (rec.tags,)))
 
     def _absorb_annotations(self, otel: Any) -> Iterator[None]:
         """Apply the W3C contexts of an ``otel`` annotation ({key: {dask id: headers}},
@@ -900,7 +920,11 @@ class OTelSpansPlugin(SchedulerPlugin):
                     rec.carried.update(carried)
                     rec.helper = True
                     rec.submitted = True
-                    self._look_again(rec)
+                    if rec.span is None:
+                        # its tasks went to another span's group: its wait for a
+                        # graph is over. (A span with tasks is queued by them; being
+                        # a helper's can only make it wait longer, for the notice.)
+                        self._look_again(rec)
                 elif dask_id not in self._ext.spans:
                     self._remember(self._submitted_unknown, dask_id)
 
@@ -942,6 +966,16 @@ class OTelSpansPlugin(SchedulerPlugin):
             if i % _CHECK_EVERY == 0:
                 yield
             node = spans.get(span_id)
+            rec = self._open.get(span_id)
+            if rec is not None and rec.span is not None:
+                # A check is due only if the span may be done already (tasks that
+                # were done before the graph came); else its tasks queue it when
+                # they settle, and it queues its parent when done.
+                running = _a_running_group(rec.span)
+                if running is None:
+                    self._look_again(rec)
+                else:
+                    rec.unfinished_group = running
             # up the tree, stopping at an ancestor this call marked already: O(spans)
             while node is not None and node.id not in marked:
                 marked.add(node.id)
@@ -952,7 +986,6 @@ class OTelSpansPlugin(SchedulerPlugin):
                     rec.done_since = None
                     if client:
                         rec.clients.add(client)
-                    self._look_again(rec)
                 node = node.parent
 
     def _on_close_notice(self, msg: Any, now: float) -> None:
@@ -1063,10 +1096,13 @@ class OTelSpansPlugin(SchedulerPlugin):
         more = False
         with self._guard("tick"):
             deadline = _time.perf_counter() + self.config.tick_budget
-            for _ in work:
-                if _time.perf_counter() > deadline:
-                    more = True
-                    break
+            try:
+                for _ in work:
+                    if _time.perf_counter() > deadline:
+                        more = True
+                        break
+            finally:
+                self._deliver()
         if more:
             IOLoop.current().add_callback(self._run_slice)
         else:
@@ -1075,11 +1111,15 @@ class OTelSpansPlugin(SchedulerPlugin):
     def _finish_work(self) -> None:
         """Run what is left of the pass in progress and of the queued events, in one
         go (close, hand-over)."""
-        for _ in self._work or ():
-            pass
-        self._work = None
-        for _ in self._drain():
-            pass
+        try:
+            for _ in self._work or ():
+                pass
+            self._work = None
+            for _ in self._drain():
+                pass
+        finally:
+            self._work = None
+            self._deliver()
 
     def _one_pass(self) -> Iterator[None]:
         """Process queued events, then look at the open spans that changed or whose
@@ -1127,8 +1167,10 @@ class OTelSpansPlugin(SchedulerPlugin):
                 )
                 ready_at = now + max(grace, self.config.tick_interval)
             if ready_at is not None and ready_at <= now:
-                with self._contain("emit"):
+                try:
                     yield from self._emit_in_steps(rec, now, complete=True)
+                except Exception:
+                    self._log_failure("emit")
             else:
                 if ready_at is not None:
                     self._wake_up_at(rec, ready_at)
@@ -1213,12 +1255,11 @@ class OTelSpansPlugin(SchedulerPlugin):
     def _forget_verdicts_along(self, ids: Iterable[str]) -> None:
         """Forget this pass's verdicts (and walks in progress) of these spans: one
         that changed, and its ancestors, whose verdicts included it."""
-        for dask_id in ids:
-            self._pass_done.pop(dask_id, None)
-            self._pass_finished.pop(dask_id, None)
-            self._done_walks.pop(dask_id, None)
-            self._finished_walks.pop(dask_id, None)
-            self._group_walks.pop(dask_id, None)
+        for memo in (self._pass_done, self._pass_finished, self._done_walks,
+                     self._finished_walks, self._group_walks):
+            if memo:  # (empty outside a pass, and most of the time within one)
+                for dask_id in ids:
+                    memo.pop(dask_id, None)
 
     def _count_verdict(self) -> None:
         """One more verdict to work out in this step, if the step has room for it."""
@@ -1289,15 +1330,19 @@ class OTelSpansPlugin(SchedulerPlugin):
         last time first (O(1) while it runs); a look at many groups counts as one
         verdict per ``_GROUPS_PER_VERDICT`` and goes on over steps."""
         unfinished = rec.unfinished_group
-        if unfinished is not None and not unfinished.done:
-            return False
+        if unfinished is not None:
+            if not _group_done(unfinished):
+                return False
+            rec.unfinished_group = None
+            if len(rec.span.groups) == 1:
+                return True  # (that group: groups are only ever added)
         groups = self._group_walks.pop(rec.id, None)
         if groups is None:
             groups = rec.span.groups
             if len(groups) > _GROUPS_PER_VERDICT:
                 groups = list(groups)
         for i, tg in enumerate(groups, 1):
-            if not tg.done:
+            if not _group_done(tg):
                 rec.unfinished_group = tg
                 return False
             if i % _GROUPS_PER_VERDICT == 0 and i < len(groups):
@@ -1412,6 +1457,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         """Copy the span and hand it to the emitter thread; forget the record."""
         for _ in self._emit_in_steps(rec, now, complete=complete):
             pass
+        self._deliver()
 
     def _emit_in_steps(
         self, rec: _OpenSpan, now: float, *, complete: bool
@@ -1474,7 +1520,18 @@ class OTelSpansPlugin(SchedulerPlugin):
         )
         self.handed_over_count += 1
         if self.emitter is not None:
-            self.emitter.emit(request)
+            self._emitted.append(request)
+
+    def _deliver(self) -> None:
+        """Hand what the pass emitted and counted so far to the emitter and the
+        metrics thread (or the export process): the counts first, so that a span's
+        opening is counted before its emission."""
+        calls, self._metric_calls = self._metric_calls, []
+        if calls and self.pump is not None:
+            self.pump.submit_many(calls)
+        emitted, self._emitted = self._emitted, []
+        if emitted and self.emitter is not None:
+            self.emitter.emit_many(emitted)
 
     # -- introspection (tests, benchmarks, run_on_scheduler) ------------------------
 
@@ -1493,6 +1550,24 @@ class OTelSpansPlugin(SchedulerPlugin):
             await loop.run_in_executor(None, self.export_process.flush, timeout)
         if self.pipeline is not None:
             await loop.run_in_executor(None, self.pipeline.flush, timeout)
+
+
+def _group_done(tg: Any) -> bool:
+    """``TaskGroup.done`` (no task in a running state), without its generator over
+    every state: a few µs a span, on the event loop."""
+    states = tg.states
+    for state in _RUNNING_STATES:
+        if states.get(state):
+            return False
+    return True
+
+
+def _a_running_group(span: Span) -> Any:
+    """The span's first task group, if it is not done; else None (no groups, or
+    a done first group: the span needs a look). O(1) in the span's groups."""
+    for tg in span.groups:
+        return None if _group_done(tg) else tg
+    return None
 
 
 def _minus_depth(rec: _OpenSpan) -> int:

@@ -18,7 +18,6 @@ _MASK64 = (1 << 64) - 1
 _PROPAGATOR = TraceContextTextMapPropagator()
 #: W3C limits: traceparent is 55 characters, tracestate at most 32 members of 256
 _MAX_CARRIER_VALUE = 512 * 32
-_CARRIER_FIELDS = ("traceparent", "tracestate")
 #: Parsed carriers remembered: a span chain's contexts arrive once per graph
 #: annotation and once per close notice, and ancestors' contexts in every chain below
 _PARSED_CACHE_SIZE = 4096
@@ -91,20 +90,25 @@ def span_context_from_carrier(carrier: Any) -> SpanContext | None:
     Anything malformed (not a mapping, wrong types, huge or invalid values) gives None;
     this never raises.
     """
-    if not isinstance(carrier, Mapping):
+    # (a plain dict first: most carriers are, and most are empty; the ABC check
+    # costs more than the rest of an empty carrier's parse)
+    if type(carrier) is not dict and not isinstance(carrier, Mapping):
         return None
-    clean = {}
-    for name in _CARRIER_FIELDS:
-        value = carrier.get(name)
-        if isinstance(value, str) and len(value) <= _MAX_CARRIER_VALUE:
-            clean[name] = value
-    traceparent = clean.get("traceparent")
-    if traceparent is None:
+    if not carrier:
         return None
-    tracestate = clean.get("tracestate")
-    if tracestate is not None and len(tracestate) > _MAX_CACHED_TRACESTATE:
+    traceparent = carrier.get("traceparent")
+    if not _is_carrier_value(traceparent):
+        return None
+    tracestate = carrier.get("tracestate")
+    if not _is_carrier_value(tracestate):
+        tracestate = None
+    elif len(tracestate) > _MAX_CACHED_TRACESTATE:
         return _parse_w3c.__wrapped__(traceparent, tracestate)
     return _parse_w3c(traceparent, tracestate)
+
+
+def _is_carrier_value(value: Any) -> bool:
+    return isinstance(value, str) and len(value) <= _MAX_CARRIER_VALUE
 
 
 @functools.lru_cache(maxsize=_PARSED_CACHE_SIZE)
@@ -129,7 +133,7 @@ def parse_carried(annotation: Any) -> dict[str, SpanContext | None] | None:
     carrier maps to None: the span was opened by the client helper, with no OTel
     context current.
     """
-    if not isinstance(annotation, Mapping):
+    if type(annotation) is not dict and not isinstance(annotation, Mapping):
         return None
     out: dict[str, SpanContext | None] = {}
     for dask_id, carrier in annotation.items():

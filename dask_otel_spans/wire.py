@@ -1,15 +1,27 @@
 """What crosses the pipe to the export process: length-prefixed pickle frames, and
 self-contained copies of the items the plugin queues (no references into the
-scheduler's live state)."""
+scheduler's live state, and cheap to pickle)."""
 from __future__ import annotations
 
+import functools
 import pickle
 import struct
 from collections.abc import Hashable, Mapping, Sequence
 from typing import IO, Any
 
+from opentelemetry.trace import SpanContext, TraceFlags, TraceState
+
 from dask_otel_spans.emitter import EmitRequest
 from dask_otel_spans.snapshot import SpanSnapshot
+
+#: A carried span context as it crosses the pipe: (trace id, span id, trace flags,
+#: tracestate header). Pickling a SpanContext object takes several µs (Python-level
+#: reduction of it and of its TraceState), a tuple of numbers and a string a fraction
+#: of one; the export process makes SpanContexts of them again.
+PortableContext = tuple[int, int, int, str]
+#: Span contexts made again in the export process, remembered (a chain's ancestors
+#: come with every span below them)
+_RESTORED_CACHE_SIZE = 4096
 
 _HEADER = struct.Struct("!I")
 
@@ -41,13 +53,56 @@ def read_frame(stream: IO[bytes]) -> Any:
 def portable_request(request: EmitRequest) -> EmitRequest:
     """``request`` with its snapshots' reference to the scheduler's (append-only,
     ever-growing) ``total_nthreads_history`` replaced by a copy of the part from the
-    oldest snapshot's offset on: what is pickled follows the span, not history."""
+    oldest snapshot's offset on (what is pickled follows the span, not history), and
+    its carried span contexts as :data:`PortableContext` tuples
+    (:func:`restored_request` undoes that)."""
+    changes: dict[str, Any] = {}
+    carried = request.carried
+    for ctx in carried.values():
+        if ctx is not None:
+            changes["carried"] = {
+                dask_id: _portable_context(ctx) for dask_id, ctx in carried.items()
+            }
+            break
     snapshot = request.snapshot
-    if snapshot is None or isinstance(snapshot.nthreads_history, tuple):
-        return request
-    start = _lowest_offset(snapshot)
-    history = tuple(snapshot.nthreads_history[start:])
-    return _with(request, snapshot=_rebased(snapshot, history, start))
+    if snapshot is not None and not isinstance(snapshot.nthreads_history, tuple):
+        start = _lowest_offset(snapshot)
+        history = tuple(snapshot.nthreads_history[start:])
+        changes["snapshot"] = _rebased(snapshot, history, start)
+    return _with(request, **changes) if changes else request
+
+
+def restored_request(request: EmitRequest) -> EmitRequest:
+    """A request as :func:`portable_request` made it, with SpanContext objects in
+    ``carried`` again (in the export process)."""
+    carried = request.carried
+    for ctx in carried.values():
+        if type(ctx) is tuple:
+            return _with(request, carried={
+                dask_id: _restored_context(ctx) if type(ctx) is tuple else ctx
+                for dask_id, ctx in carried.items()
+            })
+    return request
+
+
+def _portable_context(ctx: Any) -> PortableContext | Any:
+    if not isinstance(ctx, SpanContext):
+        return ctx  # None (or anything else, sent as it is)
+    state = ctx.trace_state
+    return (ctx.trace_id, ctx.span_id, int(ctx.trace_flags),
+            state.to_header() if state else "")
+
+
+@functools.lru_cache(maxsize=_RESTORED_CACHE_SIZE)
+def _restored_context(portable: PortableContext) -> SpanContext:
+    trace_id, span_id, flags, state = portable
+    return SpanContext(
+        trace_id=trace_id,
+        span_id=span_id,
+        is_remote=True,
+        trace_flags=TraceFlags(flags),
+        trace_state=TraceState.from_header([state]) if state else TraceState(),
+    )
 
 
 def _lowest_offset(snapshot: SpanSnapshot) -> int:

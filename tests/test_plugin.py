@@ -8,6 +8,7 @@ from time import time
 import dask
 import pytest
 from distributed import Client, Event, Scheduler, default_client, span as dask_span, wait
+from distributed.scheduler import ALL_TASK_STATES
 from distributed.utils_test import gen_cluster, inc, slowinc
 from opentelemetry.trace import StatusCode
 
@@ -517,6 +518,55 @@ async def test_a_pass_checks_only_the_spans_whose_tasks_or_state_changed(c, s, a
 
 
 @gen_cluster(client=True)
+async def test_a_new_span_whose_tasks_run_is_checked_only_once_they_settle(c, s, a, b):
+    """When a graph brings a span whose tasks are running, a check could only find it
+    not done: none is made then; its tasks queue it when they settle."""
+    memory = MemoryProviders()
+    plugin = await install(c, memory, tick_interval=3600)
+    release = Event("release-new")
+    futures = []
+    for i in range(10):
+        with dask_span(f"new-{i}"):  # (no close notice: only the graph and tasks)
+            futures.append(c.submit(wait_for_event, "release-new", key=f"new{i}"))
+    before = plugin.readiness_checks
+    await async_wait_for(
+        lambda: run_pass(plugin) >= 0 and plugin.open_span_count == 10
+        and not plugin._pending
+    )
+    assert plugin.readiness_checks == before
+    await release.set()
+    await wait(futures)
+    assert run_pass(plugin) == 10
+
+
+@gen_cluster(client=True)
+async def test_a_slice_of_the_pass_hands_its_spans_over_in_one_queue_operation(
+    c, s, a, b
+):
+    """The spans a slice of the pass emits reach the emitter's queue together, not
+    one queue operation (and thread wake-up) each."""
+    memory = MemoryProviders()
+    plugin = await install(c, memory, tick_interval=3600, tick_budget=60)
+    futures = []
+    for i in range(10):
+        with span(f"ready-{i}"):
+            futures.append(c.submit(inc, i, key=f"ready{i}"))
+    await wait(futures)
+    await async_wait_for(
+        lambda: run_pass(plugin) >= 0 and plugin.open_span_count == 10
+        and all(rec.wake_at for rec in plugin._open.values())
+    )
+    handed: list[list] = []
+    plugin.emitter.put = lambda item: handed.append([item])
+    plugin.emitter.put_many = lambda items: handed.append(list(items))
+    # once their grace period is over, one pass emits them all
+    await asyncio.sleep(max(rec.wake_at for rec in plugin._open.values()) - time() + 0.05)
+    run_pass(plugin)
+    assert plugin.open_span_count == 0
+    assert [len(items) for items in handed] == [10]
+
+
+@gen_cluster(client=True)
 async def test_a_step_of_the_pass_makes_a_bounded_number_of_readiness_checks(c, s, a, b):
     """Checks of spans that are not ready go in small steps, so that a slice of the
     pass ends close to its budget (each check can walk a span's open children)."""
@@ -607,7 +657,7 @@ async def test_a_graph_taken_in_during_a_pass_forgets_only_its_spans_verdicts(c,
 
 
 class _CountedGroup:
-    """A TaskGroup stand-in counting how often its ``done`` is read."""
+    """A TaskGroup stand-in counting how often its task states are read."""
 
     def __init__(self, done: bool):
         self.finished = done
@@ -615,9 +665,24 @@ class _CountedGroup:
         self.stop = 1.0  # when its last task finished
 
     @property
-    def done(self) -> bool:
+    def states(self) -> dict[str, int]:
         self.looks += 1
-        return self.finished
+        return {"memory": 1, "processing": 0 if self.finished else 1}
+
+
+@pytest.mark.parametrize("state", sorted(ALL_TASK_STATES))
+def test_the_plugins_group_verdict_is_taskgroup_done(state):
+    """The plugin's own reading of a TaskGroup's task states agrees with
+    ``TaskGroup.done``, for a task in each state (next to done tasks or alone)."""
+    from distributed.scheduler import TaskGroup, TaskPrefix
+
+    from dask_otel_spans.plugin import _group_done
+
+    for others in (0, 3):
+        tg = TaskGroup("g", TaskPrefix("g"))
+        tg.states["memory"] = others
+        tg.states[state] += 1
+        assert _group_done(tg) is tg.done
 
 
 def test_checking_a_running_span_of_many_groups_looks_at_one_group():

@@ -6,11 +6,18 @@ import io
 import pickle
 
 import pytest
+from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 
 from dask_otel_spans.emitter import EmitRequest, SpanEmitter
 from dask_otel_spans.snapshot import GroupSnapshot, SpanSnapshot
 from dask_otel_spans.traces import active_cpu_seconds
-from dask_otel_spans.wire import portable_request, read_frame, span_tags_of, write_frame
+from dask_otel_spans.wire import (
+    portable_request,
+    read_frame,
+    restored_request,
+    span_tags_of,
+    write_frame,
+)
 
 ROOT_ID = "6f1c1e9e-3b0a-4f57-9a49-2f6d1c3f0a11"
 CHILD_ID = "0d9a8e77-51c4-4c6b-8c3e-7a5b2d1e9f22"
@@ -89,6 +96,30 @@ def test_portable_request_translates_like_the_original():
     translated, _ = SpanEmitter(None).translate(copied)
     assert translated.attributes == original.attributes
     assert (translated.start_ns, translated.end_ns) == (original.start_ns, original.end_ns)
+
+
+def test_carried_span_contexts_cross_as_plain_tuples_and_come_back_equal():
+    """Carried contexts cross the pipe as tuples of numbers and a string (cheap to
+    pickle) and are SpanContexts again on the other side, translating alike."""
+    client_span = SpanContext(
+        trace_id=0x1234, span_id=0x5678, is_remote=True,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+        trace_state=TraceState([("vendor", "v1"), ("other", "x")]),
+    )
+    root = snapshot(ROOT_ID, ("wf",), offset=5)
+    original = EmitRequest(
+        tags=("wf",), ids=(ROOT_ID,), carried={ROOT_ID: client_span, "x": None},
+        snapshot=root, now=9.0, complete=True, close_reason="client",
+    )
+    portable = portable_request(original)
+    assert all(type(ctx) in (tuple, type(None)) for ctx in portable.carried.values())
+    restored = restored_request(pickle.loads(pickle.dumps(portable)))
+    assert restored.carried == original.carried
+    assert restored.carried[ROOT_ID].trace_state == client_span.trace_state
+    before, _ = SpanEmitter(None).translate(original)
+    after, _ = SpanEmitter(None).translate(restored)
+    assert after.ids == before.ids
+    assert after.ids.trace_id == 0x1234 and after.ids.parent_span_id == 0x5678
 
 
 def test_request_of_a_span_the_scheduler_never_saw_travels_as_is():
