@@ -6,7 +6,9 @@ Started by :class:`~dask_otel_spans.export_process.ExportProcess` as
 
 - stdin, first frame: a :class:`~dask_otel_spans.pipeline.PipelineSpec`; then batches
   (lists) of ``("emit", EmitRequest)``, ``("emits", [EmitRequest, ...])``,
-  ``("metric", method, args)``, ``("metrics", [(method, args), ...])`` and
+  ``("metric", method, args)``, ``("metrics", [(method, args), ...])``,
+  ``("history", start, entries)`` (the scheduler's ``total_nthreads_history`` from
+  ``start`` on, which snapshots with ``MIRRORED_HISTORY`` read) and
   ``("flush", token, timeout)``. End of stdin: finish, shut down, exit.
 - stdout: ``("ready", info)`` or ``("failed", reason)``; ``("stats", stats)`` when
   the figures changed; ``("flushed", token, ok, stats)``; ``("stopped", stats)``.
@@ -27,7 +29,12 @@ from typing import IO, Any
 import psutil
 
 from dask_otel_spans.pipeline import ExportPipeline, PipelineSpec
-from dask_otel_spans.wire import read_frame, restored_request, write_frame
+from dask_otel_spans.wire import (
+    mirror_history,
+    read_frame,
+    restored_request,
+    write_frame,
+)
 
 logger = logging.getLogger("dask_otel_spans.export_child")
 
@@ -104,6 +111,8 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
     )
     reporter.start()
     bad_frames = 0
+    #: copy of the scheduler's total_nthreads_history ("history" messages)
+    history: list[tuple[float, int]] = []
     while True:
         try:
             batch = read_frame(inbox)
@@ -118,9 +127,13 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
         for message in batch:
             kind = message[0]
             if kind == "emit":
-                pipeline.emitter.emit(restored_request(message[1]))
+                pipeline.emitter.emit(restored_request(message[1], history))
             elif kind == "emits":
-                pipeline.emitter.emit_many(list(map(restored_request, message[1])))
+                pipeline.emitter.emit_many(
+                    [restored_request(request, history) for request in message[1]]
+                )
+            elif kind == "history":
+                mirror_history(history, message[1], message[2])
             elif kind == "metric":
                 if pipeline.pump is not None:
                     pipeline.pump.submit(message[1], *message[2])

@@ -16,13 +16,7 @@ from typing import Any
 from dask_otel_spans.background import BackgroundQueue
 from dask_otel_spans.emitter import EmitRequest
 from dask_otel_spans.pipeline import PipelineSpec
-from dask_otel_spans.wire import (
-    encode_frame,
-    portable_request,
-    read_frame,
-    span_tags_of,
-    write_frame,
-)
+from dask_otel_spans.wire import encode_frame, read_frame, span_tags_of, write_frame
 
 logger = logging.getLogger(__name__)
 
@@ -50,9 +44,10 @@ class ExportProcess(BackgroundQueue):
     Takes the place of the :class:`~dask_otel_spans.emitter.SpanEmitter` and the
     :class:`~dask_otel_spans.metrics.MetricsPump` in the scheduler: :meth:`emit` and
     :meth:`submit` queue (never block; past ``maxsize`` pending items they drop and
-    count), a sender thread makes each item self-contained
-    (:func:`~dask_otel_spans.wire.portable_request`), pickles batches and writes them
-    to the child's stdin. The child (:mod:`~dask_otel_spans.export_child`) builds the
+    count), a sender thread pickles batches (:func:`~dask_otel_spans.wire.encode_frame`)
+    and writes them to the child's stdin, with the entries of the scheduler's
+    ``total_nthreads_history`` the child has not had yet (snapshots read the child's
+    copy: :data:`~dask_otel_spans.wire.MIRRORED_HISTORY`). The child (:mod:`~dask_otel_spans.export_child`) builds the
     providers from ``spec`` and runs the same pipeline as the scheduler would.
 
     When the child dies, this is logged and a new one is started, at most
@@ -115,6 +110,11 @@ class ExportProcess(BackgroundQueue):
         self._stats_pid: int | None = None
         #: spans exported by children that died
         self._exported_by_dead = 0
+        #: the scheduler's ``total_nthreads_history``, which the child keeps a copy
+        #: of (snapshots with ``MIRRORED_HISTORY`` read that copy); None: no copy
+        self.nthreads_history: list[tuple[float, int]] | None = None
+        #: its entries the running child has
+        self._history_sent = 0
 
     # -- the child -----------------------------------------------------------------
 
@@ -160,6 +160,7 @@ class ExportProcess(BackgroundQueue):
             self._end(proc, reader, timeout=1.0)
             raise ExportProcessError(reason)
         self._proc, self._reader = proc, reader
+        self._history_sent = 0  # a new child has none of it
         self._exported_by_dead += int(self.child_stats.get("exported", 0))
         self.child_stats = {}
         self._stats_pid = proc.pid
@@ -333,12 +334,10 @@ class ExportProcess(BackgroundQueue):
     # -- the sender thread ---------------------------------------------------------
 
     def handle(self, item: tuple[Any, ...]) -> None:
+        # (spans go as they are: their snapshots hold no reference into the
+        # scheduler's state but ``MIRRORED_HISTORY``, see ``settle``)
         kind = item[0]
-        if kind == "emit":
-            item = ("emit", portable_request(item[1]))
-        elif kind == "emits":
-            item = ("emits", [portable_request(request) for request in item[1]])
-        elif kind == "metric":
+        if kind == "metric":
             args = _portable_args(item[1], item[2])
             if args is None:
                 return
@@ -378,6 +377,18 @@ class ExportProcess(BackgroundQueue):
             kept.append(item)
         return encode_frame(kept)
 
+    def _new_history(self) -> tuple[list[tuple[Any, ...]], int]:
+        """The "history" message with the entries of ``nthreads_history`` the
+        running child has not had yet (none when it has them all), and the length
+        it will then have. O(new entries), not O(history)."""
+        history, sent = self.nthreads_history, self._history_sent
+        if history is None:
+            return [], sent
+        n = len(history)
+        if n <= sent:
+            return [], sent
+        return [("history", sent, tuple(history[sent:n]))], n
+
     def next_settle_in(self) -> float | None:
         return 0.0 if self._batch else None
 
@@ -386,14 +397,16 @@ class ExportProcess(BackgroundQueue):
         batch, self._batch = self._batch, []
         if not batch:
             return
-        frame = self._encode(batch)
         for _ in range(2):  # the running child, or else a new one
             proc = self._live_child()
             if proc is None:
                 break
+            history_message, history_len = self._new_history()
+            frame = self._encode(history_message + batch)
             try:
                 proc.stdin.write(frame)
                 proc.stdin.flush()
+                self._history_sent = history_len
                 return
             except (OSError, ValueError):
                 try:

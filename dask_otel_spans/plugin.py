@@ -54,6 +54,7 @@ from dask_otel_spans.providers import (
     exporter_names,
 )
 from dask_otel_spans.snapshot import CHILDREN_PER_STEP, iter_snapshot_span
+from dask_otel_spans.wire import MIRRORED_HISTORY
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -278,6 +279,9 @@ class OTelSpansPlugin(SchedulerPlugin):
         self._submitted_unknown: OrderedDict[str, None] = OrderedDict()
         #: hook events not processed yet: (kind, len(ext.spans) then, time, *details)
         self._pending: deque[tuple[Any, ...]] = deque()
+        #: what snapshots carry for the scheduler's total_nthreads_history: None (a
+        #: reference to it), or MIRRORED_HISTORY (the export process has a copy)
+        self._snapshot_history: tuple[tuple[float, int], ...] | None = None
         #: what the pass emitted and counted, handed over at the end of each slice
         #: in one queue operation each (not one per span)
         self._emitted: list[EmitRequest] = []
@@ -450,7 +454,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         if self._may_export_in_child():
             kept = self._export_process_to_keep(scheduler, spec)
             if kept is not None:
-                self.export_process = self.emitter = self.pump = kept
+                self._export_to(kept)
                 logger.info(
                     "dask_otel_spans: export process pid %s carries on from the plugin "
                     "registered before, with the same settings", kept.pid,
@@ -577,11 +581,21 @@ class OTelSpansPlugin(SchedulerPlugin):
             )
             return
         process.start()
-        self.export_process = self.emitter = self.pump = process
+        self._export_to(process)
         logger.info(
             "dask_otel_spans: export process pid %s: traces to %s; metrics to %s",
             info.get("pid"), info.get("traces_to"), info.get("metrics_to"),
         )
+
+    def _export_to(self, process: ExportProcess) -> None:
+        """Send spans and metric updates to ``process``; it keeps a copy of the
+        scheduler's ``total_nthreads_history``, which the snapshots then need not
+        carry."""
+        self.export_process = self.emitter = self.pump = process
+        history = getattr(self.scheduler, "total_nthreads_history", None)
+        if isinstance(history, list):
+            process.nthreads_history = history
+            self._snapshot_history = MIRRORED_HISTORY
 
     async def _take_over(self, previous: OTelSpansPlugin) -> None:
         """Registered again (same name): continue where the previous instance was,
@@ -1473,7 +1487,8 @@ class OTelSpansPlugin(SchedulerPlugin):
         else:
             summarized = self._summarized
             snapshot = yield from iter_snapshot_span(
-                span, summarized, with_code=self.config.include_code
+                span, summarized, with_code=self.config.include_code,
+                nthreads_history=self._snapshot_history,
             )
             for i, child in enumerate(span.children, 1):
                 summarized.discard(child.id)

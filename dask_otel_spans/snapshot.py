@@ -66,14 +66,24 @@ CHILDREN_PER_STEP = 512
 
 
 def snapshot_span(
-    span: Span, summarized: Container[str] = (), *, with_code: bool = False
+    span: Span,
+    summarized: Container[str] = (),
+    *,
+    with_code: bool = False,
+    nthreads_history: Sequence[tuple[float, int]] | None = None,
 ) -> SpanSnapshot:
     """Copy ``span`` and, recursively, those of its children not in ``summarized``.
 
     Cost: one C-level dict copy of the span's metrics plus a few attribute reads per
     task group and per copied child; no string formatting.
+
+    ``nthreads_history``, when given, stands for the spans' reference to the
+    scheduler's ``total_nthreads_history`` (e.g.
+    :data:`~dask_otel_spans.wire.MIRRORED_HISTORY`).
     """
-    steps = iter_snapshot_span(span, summarized, with_code=with_code)
+    steps = iter_snapshot_span(
+        span, summarized, with_code=with_code, nthreads_history=nthreads_history
+    )
     while True:
         try:
             next(steps)
@@ -82,7 +92,11 @@ def snapshot_span(
 
 
 def iter_snapshot_span(
-    span: Span, summarized: Container[str] = (), *, with_code: bool = False
+    span: Span,
+    summarized: Container[str] = (),
+    *,
+    with_code: bool = False,
+    nthreads_history: Sequence[tuple[float, int]] | None = None,
 ) -> Generator[None, None, SpanSnapshot]:
     """:func:`snapshot_span` in steps: pauses (yields) after every
     ``GROUPS_PER_STEP`` task groups and ``CHILDREN_PER_STEP`` children, so that
@@ -105,7 +119,9 @@ def iter_snapshot_span(
         if child.id in summarized:
             children.append(child.id)
         else:
-            children.append((yield from iter_snapshot_span(child, summarized)))
+            children.append((yield from iter_snapshot_span(
+                child, summarized, nthreads_history=nthreads_history
+            )))
     return SpanSnapshot(
         id=span.id,
         name=tuple(span.name),
@@ -114,6 +130,10 @@ def iter_snapshot_span(
         metrics=dict(getattr(span, "_cumulative_worker_metrics", None) or {}),
         children=tuple(children),
         code=tuple(span.code) if with_code else (),
-        nthreads_history=getattr(span, "_total_nthreads_history", ()),
+        nthreads_history=(
+            getattr(span, "_total_nthreads_history", ())
+            if nthreads_history is None
+            else nthreads_history
+        ),
         nthreads_offset=getattr(span, "_total_nthreads_offset", 0),
     )

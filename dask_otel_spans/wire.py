@@ -1,9 +1,11 @@
 """What crosses the pipe to the export process: length-prefixed pickle frames, and
-self-contained copies of the items the plugin queues (no references into the
-scheduler's live state, and cheap to pickle)."""
+the forms the plugin's items take there (no references into the scheduler's live
+state, and cheap to pickle on the scheduler's side)."""
 from __future__ import annotations
 
+import copyreg
 import functools
+import io
 import pickle
 import struct
 from collections.abc import Hashable, Mapping, Sequence
@@ -12,24 +14,57 @@ from typing import IO, Any
 from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 
 from dask_otel_spans.emitter import EmitRequest
-from dask_otel_spans.snapshot import SpanSnapshot
 
-#: A carried span context as it crosses the pipe: (trace id, span id, trace flags,
-#: tracestate header). Pickling a SpanContext object takes several µs (Python-level
-#: reduction of it and of its TraceState), a tuple of numbers and a string a fraction
-#: of one; the export process makes SpanContexts of them again.
-PortableContext = tuple[int, int, int, str]
+_HEADER = struct.Struct("!I")
+
+#: ``nthreads_history`` of the snapshots sent to the export process, instead of a
+#: reference to the scheduler's (append-only, ever-growing) ``total_nthreads_history``:
+#: the sender sends that list's new entries once, as a "history" message, and the
+#: export process keeps a copy of it (see :func:`restored_request`)
+MIRRORED_HISTORY: tuple[tuple[float, int], ...] = ()
+
 #: Span contexts made again in the export process, remembered (a chain's ancestors
 #: come with every span below them)
 _RESTORED_CACHE_SIZE = 4096
 
-_HEADER = struct.Struct("!I")
+
+def _reduce_span_context(ctx: SpanContext) -> tuple[Any, ...]:
+    """A carried span context as numbers and a string: pickling a SpanContext as it
+    is takes several µs (Python-level reduction of it and of its TraceState)."""
+    state = ctx.trace_state
+    return _restored_context, (
+        (ctx.trace_id, ctx.span_id, int(ctx.trace_flags),
+         state.to_header() if state else ""),
+    )
+
+
+@functools.lru_cache(maxsize=_RESTORED_CACHE_SIZE)
+def _restored_context(portable: tuple[int, int, int, str]) -> SpanContext:
+    trace_id, span_id, flags, state = portable
+    return SpanContext(
+        trace_id=trace_id,
+        span_id=span_id,
+        is_remote=True,
+        trace_flags=TraceFlags(flags),
+        trace_state=TraceState.from_header([state]) if state else TraceState(),
+    )
+
+
+#: How frames pickle what has no cheap reduction of its own (a private table: the
+#: process's copyreg table is left as it is)
+_DISPATCH_TABLE = {**copyreg.dispatch_table, SpanContext: _reduce_span_context}
 
 
 def encode_frame(obj: Any) -> bytes:
     """``obj`` pickled, with its length in front."""
-    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    return _HEADER.pack(len(payload)) + payload
+    buffer = io.BytesIO()
+    buffer.write(b"\0" * _HEADER.size)
+    pickler = pickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
+    pickler.dispatch_table = _DISPATCH_TABLE
+    pickler.dump(obj)
+    frame = buffer.getbuffer()
+    _HEADER.pack_into(frame, 0, len(frame) - _HEADER.size)
+    return bytes(frame)
 
 
 def write_frame(stream: IO[bytes], obj: Any) -> None:
@@ -50,89 +85,33 @@ def read_frame(stream: IO[bytes]) -> Any:
     return pickle.loads(payload)
 
 
-def portable_request(request: EmitRequest) -> EmitRequest:
-    """``request`` with its snapshots' reference to the scheduler's (append-only,
-    ever-growing) ``total_nthreads_history`` replaced by a copy of the part from the
-    oldest snapshot's offset on (what is pickled follows the span, not history), and
-    its carried span contexts as :data:`PortableContext` tuples
-    (:func:`restored_request` undoes that)."""
-    changes: dict[str, Any] = {}
-    carried = request.carried
-    for ctx in carried.values():
-        if ctx is not None:
-            changes["carried"] = {
-                dask_id: _portable_context(ctx) for dask_id, ctx in carried.items()
-            }
-            break
+def mirror_history(
+    mirror: list[tuple[float, int]], start: int, entries: Sequence[tuple[float, int]]
+) -> None:
+    """Apply a "history" message to the export process's copy of the scheduler's
+    ``total_nthreads_history``: its entries from ``start`` on (a message sent again
+    after a failed write changes nothing)."""
+    del mirror[start:]
+    mirror.extend(entries)
+
+
+def restored_request(
+    request: EmitRequest, history: Sequence[tuple[float, int]]
+) -> EmitRequest:
+    """A request as the export process received it, its snapshot reading the
+    ``total_nthreads_history`` copy ``history``."""
     snapshot = request.snapshot
-    if snapshot is not None and not isinstance(snapshot.nthreads_history, tuple):
-        start = _lowest_offset(snapshot)
-        history = tuple(snapshot.nthreads_history[start:])
-        changes["snapshot"] = _rebased(snapshot, history, start)
-    return _with(request, **changes) if changes else request
-
-
-def restored_request(request: EmitRequest) -> EmitRequest:
-    """A request as :func:`portable_request` made it, with SpanContext objects in
-    ``carried`` again (in the export process)."""
-    carried = request.carried
-    for ctx in carried.values():
-        if type(ctx) is tuple:
-            return _with(request, carried={
-                dask_id: _restored_context(ctx) if type(ctx) is tuple else ctx
-                for dask_id, ctx in carried.items()
-            })
-    return request
-
-
-def _portable_context(ctx: Any) -> PortableContext | Any:
-    if not isinstance(ctx, SpanContext):
-        return ctx  # None (or anything else, sent as it is)
-    state = ctx.trace_state
-    return (ctx.trace_id, ctx.span_id, int(ctx.trace_flags),
-            state.to_header() if state else "")
-
-
-@functools.lru_cache(maxsize=_RESTORED_CACHE_SIZE)
-def _restored_context(portable: PortableContext) -> SpanContext:
-    trace_id, span_id, flags, state = portable
-    return SpanContext(
-        trace_id=trace_id,
-        span_id=span_id,
-        is_remote=True,
-        trace_flags=TraceFlags(flags),
-        trace_state=TraceState.from_header([state]) if state else TraceState(),
-    )
-
-
-def _lowest_offset(snapshot: SpanSnapshot) -> int:
-    lowest = snapshot.nthreads_offset
-    for child in snapshot.children:
-        if not isinstance(child, str):
-            lowest = min(lowest, _lowest_offset(child))
-    return lowest
+    if snapshot is None or snapshot.nthreads_history is not MIRRORED_HISTORY:
+        return request
+    return _with(request, snapshot=_with(snapshot, nthreads_history=history))
 
 
 def _with(obj: Any, **changes: Any) -> Any:
     """``dataclasses.replace`` for the frozen dataclasses of a request, without
-    running ``__init__`` again (a few µs a span on the sender thread)."""
+    running ``__init__`` again."""
     new = object.__new__(type(obj))
     new.__dict__.update(obj.__dict__, **changes)
     return new
-
-
-def _rebased(
-    snapshot: SpanSnapshot, history: tuple[tuple[float, int], ...], start: int
-) -> SpanSnapshot:
-    return _with(
-        snapshot,
-        nthreads_history=history,
-        nthreads_offset=snapshot.nthreads_offset - start,
-        children=tuple(
-            child if isinstance(child, str) else _rebased(child, history, start)
-            for child in snapshot.children
-        ),
-    )
 
 
 def span_tags_of(

@@ -1,18 +1,23 @@
-"""What crosses the pipe to the export process, without a process: frames and
-self-contained copies of span snapshots and heartbeat deltas."""
+"""What crosses the pipe to the export process, without a process: frames, carried
+span contexts, the copy of the threads history, and heartbeat deltas."""
 from __future__ import annotations
 
 import io
-import pickle
 
 import pytest
 from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 
+from dask_otel_spans import names
+from dask_otel_spans.config import PluginConfig
 from dask_otel_spans.emitter import EmitRequest, SpanEmitter
+from dask_otel_spans.export_process import ExportProcess
+from dask_otel_spans.pipeline import PipelineSpec
 from dask_otel_spans.snapshot import GroupSnapshot, SpanSnapshot
-from dask_otel_spans.traces import active_cpu_seconds
 from dask_otel_spans.wire import (
-    portable_request,
+    MIRRORED_HISTORY,
+    _with,
+    encode_frame,
+    mirror_history,
     read_frame,
     restored_request,
     span_tags_of,
@@ -66,41 +71,46 @@ def test_frame_cut_short_is_eof():
         read_frame(stream)
 
 
-def test_portable_request_copies_history_from_the_oldest_offset_only():
-    child = snapshot(CHILD_ID, ("wf", "child"), offset=3, start=3.5, stop=6.0)
-    root = snapshot(ROOT_ID, ("wf",), offset=5, children=(child, "emitted-earlier"))
-    portable = portable_request(request(root)).snapshot
-    assert portable.nthreads_history == tuple(HISTORY[3:])
-    assert portable.nthreads_offset == 2
-    copied_child, emitted = portable.children
-    assert copied_child.nthreads_offset == 0
-    assert copied_child.nthreads_history is portable.nthreads_history  # pickled once
-    assert emitted == "emitted-earlier"
+def test_the_sender_sends_the_history_entries_the_child_lacks_only():
+    process = ExportProcess(PipelineSpec(PluginConfig(), environ={}))  # not started
+    history = list(HISTORY)
+    process.nthreads_history = history
+    message, length = process._new_history()
+    assert message == [("history", 0, tuple(HISTORY))] and length == 10
+    process._history_sent = length  # the frame was written
+    assert process._new_history() == ([], 10)
+    history.append((10.0, 4))
+    assert process._new_history() == ([("history", 10, ((10.0, 4),))], 11)
 
 
-def test_portable_request_keeps_active_cpu_seconds():
-    child = snapshot(CHILD_ID, ("wf", "child"), offset=3, start=3.5, stop=6.0)
-    before = active_cpu_seconds(HISTORY, 3, 3.5, 6.0)
-    after = portable_request(request(child)).snapshot
-    assert active_cpu_seconds(after.nthreads_history, after.nthreads_offset, 3.5, 6.0) \
-        == pytest.approx(before)
-    assert before > 0
+def test_the_childs_copy_of_the_history_takes_a_message_sent_again_as_once():
+    mirror: list = []
+    mirror_history(mirror, 0, HISTORY[:6])
+    mirror_history(mirror, 6, HISTORY[6:])
+    mirror_history(mirror, 6, HISTORY[6:])  # a frame written again
+    assert mirror == HISTORY
 
 
-def test_portable_request_translates_like_the_original():
+def test_a_snapshot_with_mirrored_history_translates_in_the_child_like_the_original():
+    """A snapshot sent with MIRRORED_HISTORY (no reference to the scheduler's list)
+    reads the export process's copy of it there: same active CPU, same idle time."""
     child = snapshot(CHILD_ID, ("wf", "child"), offset=3, start=3.5, stop=6.0)
     root = snapshot(ROOT_ID, ("wf",), offset=5, children=(child,))
-    emitter = SpanEmitter(None)
-    original, _ = emitter.translate(request(root))
-    copied = pickle.loads(pickle.dumps(portable_request(request(root))))
-    translated, _ = SpanEmitter(None).translate(copied)
+    original, _ = SpanEmitter(None).translate(request(root))
+
+    mirrored = _with(root, nthreads_history=MIRRORED_HISTORY)
+    sent = read_frame(io.BytesIO(encode_frame([request(mirrored)])))[0]
+    mirror: list = []
+    mirror_history(mirror, 0, tuple(HISTORY))
+    translated, _ = SpanEmitter(None).translate(restored_request(sent, mirror))
     assert translated.attributes == original.attributes
     assert (translated.start_ns, translated.end_ns) == (original.start_ns, original.end_ns)
+    assert translated.attributes[names.SPAN_ACTIVE_CPU_SECONDS] > 0
 
 
-def test_carried_span_contexts_cross_as_plain_tuples_and_come_back_equal():
-    """Carried contexts cross the pipe as tuples of numbers and a string (cheap to
-    pickle) and are SpanContexts again on the other side, translating alike."""
+def test_carried_span_contexts_cross_as_numbers_and_come_back_equal():
+    """Carried contexts are pickled as numbers and a string (a SpanContext object
+    costs several µs to pickle) and are SpanContexts again on the other side."""
     client_span = SpanContext(
         trace_id=0x1234, span_id=0x5678, is_remote=True,
         trace_flags=TraceFlags(TraceFlags.SAMPLED),
@@ -111,13 +121,14 @@ def test_carried_span_contexts_cross_as_plain_tuples_and_come_back_equal():
         tags=("wf",), ids=(ROOT_ID,), carried={ROOT_ID: client_span, "x": None},
         snapshot=root, now=9.0, complete=True, close_reason="client",
     )
-    portable = portable_request(original)
-    assert all(type(ctx) in (tuple, type(None)) for ctx in portable.carried.values())
-    restored = restored_request(pickle.loads(pickle.dumps(portable)))
-    assert restored.carried == original.carried
-    assert restored.carried[ROOT_ID].trace_state == client_span.trace_state
+    frame = encode_frame(original)
+    assert b"SpanContext" not in frame and b"TraceState" not in frame
+    received = read_frame(io.BytesIO(frame))
+    assert received.carried == original.carried
+    assert isinstance(received.carried[ROOT_ID], SpanContext)
+    assert received.carried[ROOT_ID].trace_state == client_span.trace_state
     before, _ = SpanEmitter(None).translate(original)
-    after, _ = SpanEmitter(None).translate(restored)
+    after, _ = SpanEmitter(None).translate(received)
     assert after.ids == before.ids
     assert after.ids.trace_id == 0x1234 and after.ids.parent_span_id == 0x5678
 
@@ -127,7 +138,7 @@ def test_request_of_a_span_the_scheduler_never_saw_travels_as_is():
         tags=("lazy",), ids=(ROOT_ID,), carried={}, snapshot=None, now=1.0,
         complete=True, close_reason="client", enter=0.5, exit=0.9,
     )
-    assert portable_request(unseen) is unseen
+    assert restored_request(unseen, []) is unseen
 
 
 def test_span_tags_of_names_only_the_spans_in_the_deltas():
