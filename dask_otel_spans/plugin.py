@@ -913,6 +913,9 @@ class OTelSpansPlugin(SchedulerPlugin):
             )
             return
         seen: set[int] = set()
+        # spans given their contexts by an earlier chain of this annotation: the
+        # chains below a span all carry the same contexts for it and its ancestors
+        absorbed: set[str] = set()
         for i, value in enumerate(otel.values(), 1):
             if id(value) in seen:
                 if i % (_CHECK_EVERY * 16) == 0:
@@ -929,6 +932,9 @@ class OTelSpansPlugin(SchedulerPlugin):
                 )
                 continue
             for dask_id in carried:
+                if dask_id in absorbed:
+                    continue
+                absorbed.add(dask_id)
                 rec = self._open.get(dask_id)
                 if rec is not None:
                     rec.carried.update(carried)
