@@ -86,15 +86,18 @@ class BackgroundQueue:
             self._count_dropped(len(items))
             return False
 
-    def _count_dropped(self, n: int) -> None:
+    def _count_dropped(self, n: int, why: str | None = None, *args: Any) -> None:
+        """Count ``n`` dropped items; the first drop is logged (``why``, or the
+        queue being full)."""
         first = self.dropped == 0
         self.dropped += n
-        if first:
-            logger.warning(
-                "dask_otel_spans: %s queue full (%d pending); dropping %s "
-                "(counted in %s.dropped)",
-                self.name, self._queue.maxsize, self.what, type(self).__name__,
-            )
+        if not first:
+            return
+        if why is None:
+            why = ("dask_otel_spans: %s queue full (%d pending); dropping %s "
+                   "(counted in %s.dropped)")
+            args = (self.name, self._queue.maxsize, self.what, type(self).__name__)
+        logger.warning(why, *args)
 
     def _run(self) -> None:
         while True:

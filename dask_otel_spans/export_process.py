@@ -293,14 +293,11 @@ class ExportProcess(BackgroundQueue):
         ``max_metric_backlog`` items (or batches of them) wait for the sender."""
         if self._queue.qsize() < self.max_metric_backlog:
             return False
-        first = self.dropped == 0
-        self.dropped += n
-        if first:
-            logger.warning(
-                "dask_otel_spans: %d items wait for the export process; dropping "
-                "metric updates (counted in ExportProcess.dropped)",
-                self.max_metric_backlog,
-            )
+        self._count_dropped(
+            n, "dask_otel_spans: %d items wait for the export process; dropping "
+            "metric updates (counted in ExportProcess.dropped)",
+            self.max_metric_backlog,
+        )
         return True
 
     def flush(self, timeout: float | None = None) -> bool:

@@ -386,44 +386,45 @@ def unseen(span_id: str, name: str, carried: dict) -> EmitRequest:
     )
 
 
-def test_item_that_cannot_be_pickled_is_left_out_and_the_rest_arrives(tmp_path, caplog):
+@pytest.fixture
+def file_export_process(tmp_path):
+    """An export process writing OTLP-JSON files to ``tmp_path``, started."""
     process = ExportProcess(
         PipelineSpec(PluginConfig(output_dir=str(tmp_path)), environ={})
     )
     process.launch()
     process.start()
+    yield process
+    process.stop(10)
 
-    try:
-        with caplog.at_level(logging.ERROR, logger="dask_otel_spans"):
-            process.emit(unseen(str(uuid.uuid4()), "bad", {"x": lambda: None}))
-            process.emit(unseen(str(uuid.uuid4()), "good", {}))
-            assert process.flush(30) is True
-    finally:
-        process.stop(10)
+
+def test_item_that_cannot_be_pickled_is_left_out_and_the_rest_arrives(
+    file_export_process, tmp_path, caplog
+):
+    process = file_export_process
+    with caplog.at_level(logging.ERROR, logger="dask_otel_spans"):
+        process.emit(unseen(str(uuid.uuid4()), "bad", {"x": lambda: None}))
+        process.emit(unseen(str(uuid.uuid4()), "good", {}))
+        assert process.flush(30) is True
+    process.stop(10)
     assert process.lost == 1
     assert caplog.text.count("cannot send an item (emit)") == 1
     assert exported_names(tmp_path) == {"good"}
 
 
 def test_a_span_that_cannot_be_pickled_among_a_slices_spans_is_left_out_alone(
-    tmp_path, caplog
+    file_export_process, tmp_path, caplog
 ):
-    process = ExportProcess(
-        PipelineSpec(PluginConfig(output_dir=str(tmp_path)), environ={})
-    )
-    process.launch()
-    process.start()
-    try:
-        with caplog.at_level(logging.ERROR, logger="dask_otel_spans"):
-            process.submit_many([("span_opened", (("good",),))] * 2)
-            process.emit_many([
-                unseen(str(uuid.uuid4()), "good", {}),
-                unseen(str(uuid.uuid4()), "bad", {"x": lambda: None}),
-                unseen(str(uuid.uuid4()), "also good", {}),
-            ])
-            assert process.flush(30) is True
-    finally:
-        process.stop(10)
+    process = file_export_process
+    with caplog.at_level(logging.ERROR, logger="dask_otel_spans"):
+        process.submit_many([("span_opened", (("good",),))] * 2)
+        process.emit_many([
+            unseen(str(uuid.uuid4()), "good", {}),
+            unseen(str(uuid.uuid4()), "bad", {"x": lambda: None}),
+            unseen(str(uuid.uuid4()), "also good", {}),
+        ])
+        assert process.flush(30) is True
+    process.stop(10)
     assert process.lost == 1
     assert caplog.text.count("cannot send an item (emit)") == 1
     assert exported_names(tmp_path) == {"good", "also good"}
