@@ -44,11 +44,13 @@ class ExportProcess(BackgroundQueue):
     Takes the place of the :class:`~dask_otel_spans.emitter.SpanEmitter` and the
     :class:`~dask_otel_spans.metrics.MetricsPump` in the scheduler: :meth:`emit` and
     :meth:`submit` queue (never block; past ``maxsize`` pending items they drop and
-    count), a sender thread pickles batches (:func:`~dask_otel_spans.wire.encode_frame`)
-    and writes them to the child's stdin, with the entries of the scheduler's
-    ``total_nthreads_history`` the child has not had yet (snapshots read the child's
-    copy: :data:`~dask_otel_spans.wire.MIRRORED_HISTORY`). The child (:mod:`~dask_otel_spans.export_child`) builds the
-    providers from ``spec`` and runs the same pipeline as the scheduler would.
+    count), a sender thread pickles batches
+    (:func:`~dask_otel_spans.wire.encode_frame`) and writes them to the child's stdin,
+    with the entries of the scheduler's ``total_nthreads_history`` the child has not
+    had yet (snapshots read the child's copy:
+    :data:`~dask_otel_spans.wire.MIRRORED_HISTORY`). The child
+    (:mod:`~dask_otel_spans.export_child`) builds the providers from ``spec`` and runs
+    the same pipeline as the scheduler would.
 
     When the child dies, this is logged and a new one is started, at most
     ``max_restarts`` times; what the dead one held (spans not yet exported, metric

@@ -17,11 +17,21 @@ from dask_otel_spans.emitter import EmitRequest
 
 _HEADER = struct.Struct("!I")
 
+class _MirroredHistory(tuple):
+    """An empty history that pickles as a reference to :data:`MIRRORED_HISTORY`
+    (so that the export process tells it from any other empty history)."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> str:
+        return "MIRRORED_HISTORY"
+
+
 #: ``nthreads_history`` of the snapshots sent to the export process, instead of a
 #: reference to the scheduler's (append-only, ever-growing) ``total_nthreads_history``:
 #: the sender sends that list's new entries once, as a "history" message, and the
 #: export process keeps a copy of it (see :func:`restored_request`)
-MIRRORED_HISTORY: tuple[tuple[float, int], ...] = ()
+MIRRORED_HISTORY: tuple[tuple[float, int], ...] = _MirroredHistory()
 
 #: Span contexts made again in the export process, remembered (a chain's ancestors
 #: come with every span below them)

@@ -133,6 +133,20 @@ def test_carried_span_contexts_cross_as_numbers_and_come_back_equal():
     assert after.ids.trace_id == 0x1234 and after.ids.parent_span_id == 0x5678
 
 
+def test_only_a_mirrored_history_is_replaced_by_the_childs_copy():
+    """The marker crosses a frame as itself; any other history, empty or not, stays
+    what the snapshot had."""
+    mirror = list(HISTORY)
+    mirrored = _with(snapshot(ROOT_ID, ("wf",), offset=5),
+                     nthreads_history=MIRRORED_HISTORY)
+    sent = read_frame(io.BytesIO(encode_frame(request(mirrored))))
+    assert sent.snapshot.nthreads_history is MIRRORED_HISTORY
+    assert restored_request(sent, mirror).snapshot.nthreads_history is mirror
+    for own in ((), tuple(HISTORY[:2])):
+        plain = request(_with(mirrored, nthreads_history=own))
+        assert restored_request(plain, mirror) is plain
+
+
 def test_request_of_a_span_the_scheduler_never_saw_travels_as_is():
     unseen = EmitRequest(
         tags=("lazy",), ids=(ROOT_ID,), carried={}, snapshot=None, now=1.0,
