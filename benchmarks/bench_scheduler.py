@@ -271,13 +271,15 @@ def run_once(with_plugin: bool, scale: dict[str, Any], workers: int, threads: in
             time.sleep(SETTLE_S)
             cpu = cluster.cpu() - cpu0
             loop = cluster.loop_cpu() - loop0
-            child = cluster.export_cpu() - child0
             gc1 = client.run_on_scheduler(bench_clock.gc_figures)
             gc_cpu = gc1["cpu_s"] - gc0["cpu_s"]
             full = gc1["collections"][2] - gc0["collections"][2]
             if with_plugin:
                 # the next workload starts on a quiet scheduler, as in the baseline
                 stats = wait_until_plugin_idle(client)
+            # (read once the workload's spans are exported: on a busy machine the
+            # export process may still be at them when the window above ends)
+            child = cluster.export_cpu() - child0
             own = plugin_cpu_in_scheduler(stats) - own0
             out[name] = (n / wall, cpu / n, loop / n, child / n, gc_cpu / n, full,
                          own / n)

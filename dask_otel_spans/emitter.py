@@ -5,8 +5,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -51,9 +50,10 @@ class _PinnedIdGenerator(IdGenerator):
         return False
 
 
-@dataclass(frozen=True)
-class EmitRequest:
-    """One dask span to emit, as the plugin saw it on the event loop."""
+class EmitRequest(NamedTuple):
+    """One dask span to emit, as the plugin saw it on the event loop (a named
+    tuple: one is made on the event loop for every span, at a third of a frozen
+    dataclass's cost)."""
 
     tags: tuple[str, ...]
     #: chain of dask span ids, root first

@@ -31,7 +31,7 @@ import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from itertools import islice
+from itertools import islice, repeat
 from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -53,7 +53,11 @@ from dask_otel_spans.providers import (
     global_sdk_tracer_provider,
     exporter_names,
 )
-from dask_otel_spans.snapshot import CHILDREN_PER_STEP, iter_snapshot_span
+from dask_otel_spans.snapshot import (
+    CHILDREN_PER_STEP,
+    iter_snapshot_span,
+    snapshot_in_one_step,
+)
 from dask_otel_spans.wire import MIRRORED_HISTORY
 
 if TYPE_CHECKING:
@@ -112,6 +116,7 @@ class _OpenSpan:
         "close_reason",
         "last_activity",
         "done_since",
+        "finished_at",
         "clients",
         "client_gone",
         "enter",
@@ -142,6 +147,9 @@ class _OpenSpan:
         self.close_reason = names.CLOSE_REASON_IDLE
         self.last_activity = 0.0
         self.done_since: float | None = None
+        #: when the last task of its tree finished, as worked out when it was judged
+        #: done (valid while ``done_since`` is set: emitting it needs it again)
+        self.finished_at = 0.0
         self.clients: set[str] = set()
         self.client_gone = False
         #: client-side enter/exit times (from the close notice)
@@ -821,9 +829,11 @@ class OTelSpansPlugin(SchedulerPlugin):
                 msg = event[3]
                 # one notice, or a batch of them from an asynchronous client
                 batch = msg if isinstance(msg, (list, tuple)) else (msg,)
+                spans = self._ext.spans
                 for notice in batch:
                     # a graph may have made spans while the batch was cut
-                    yield from self._register_new_spans(len(self._ext.spans))
+                    if len(spans) > self._n_known:
+                        yield from self._register_new_spans(len(spans))
                     try:
                         self._on_close_notice(notice, now)
                     except Exception:
@@ -987,10 +997,13 @@ class OTelSpansPlugin(SchedulerPlugin):
                 yield
             node = spans.get(span_id)
             rec = self._open.get(span_id)
-            if rec is not None and rec.span is not None:
+            if rec is not None and rec.span is not None and (
+                rec.unfinished_group is None
+            ):
                 # A check is due only if the span may be done already (tasks that
                 # were done before the graph came); else its tasks queue it when
-                # they settle, and it queues its parent when done.
+                # they settle, and it queues its parent when done. (A span with a
+                # group found unfinished is queued when a task of it settles.)
                 running = _a_running_group(rec.span)
                 if running is None:
                     self._look_again(rec)
@@ -1012,13 +1025,13 @@ class OTelSpansPlugin(SchedulerPlugin):
         """The client helper's block exited: mark the spans it opened as closed."""
         try:
             ids = tuple(msg["ids"])
-            tags = tuple(str(t) for t in msg["name"])
+            tags = tuple(map(str, msg["name"]))
             opened = int(msg["opened"])
             enter = float(msg["enter"])
             exit_ = float(msg["exit"])
             if not ids or len(ids) != len(tags) or not 1 <= opened <= len(ids):
                 raise ValueError("inconsistent ids/name/opened")
-            if not all(isinstance(i, str) for i in ids):
+            if not all(map(isinstance, ids, repeat(str))):
                 raise TypeError("span ids must be strings")
         except Exception as e:
             self._log_once(
@@ -1261,6 +1274,8 @@ class OTelSpansPlugin(SchedulerPlugin):
         for i, dask_id in enumerate(settled, 1):
             rec = self._open.get(dask_id)
             if rec is not None:
+                # (a task of a span judged done ran again: its last finish moved)
+                rec.done_since = None
                 self._look_again(rec)
             if i % (_CHECK_EVERY * 4) == 0:
                 yield
@@ -1428,7 +1443,8 @@ class OTelSpansPlugin(SchedulerPlugin):
         if rec.done_since is None:
             # the grace period covers heartbeats still in flight: count it from
             # when the last task finished, not from when this pass noticed
-            rec.done_since = min(now, self._finished_at(rec) or now)
+            finished = rec.finished_at = self._finished_at(rec)
+            rec.done_since = min(now, finished or now)
             # its parent may be done now too, unless the parent's last check found
             # another child not done (that one queues it when done; an emitted
             # child queues its parent too)
@@ -1492,25 +1508,33 @@ class OTelSpansPlugin(SchedulerPlugin):
             self._remember(self._unseen_emitted, rec.id)
         else:
             summarized = self._summarized
-            snapshot = yield from iter_snapshot_span(
-                span, summarized, with_code=self.config.include_code,
+            snapshot = snapshot_in_one_step(
+                span, with_code=self.config.include_code,
                 nthreads_history=self._snapshot_history,
             )
-            for i, child in enumerate(span.children, 1):
-                summarized.discard(child.id)
-                if i % CHILDREN_PER_STEP == 0:
-                    yield
+            if snapshot is None:  # children, or many groups: copied over steps
+                snapshot = yield from iter_snapshot_span(
+                    span, summarized, with_code=self.config.include_code,
+                    nthreads_history=self._snapshot_history,
+                )
+                for i, child in enumerate(span.children, 1):
+                    summarized.discard(child.id)
+                    if i % CHILDREN_PER_STEP == 0:
+                        yield
             parent = span.parent
             parent_rec = self._open.get(parent.id) if parent is not None else None
             keep_summary = parent_rec is not None
             if parent_rec is not None:
                 parent_rec.open_children.discard(span.id)
-                # (no step limit: the span is out of the open table already)
-                limit, self._verdict_limit = self._verdict_limit, math.inf
-                try:
-                    finished = self._finished_at(rec)
-                finally:
-                    self._verdict_limit = limit
+                if rec.done_since is not None:
+                    finished = rec.finished_at  # (worked out when judged done)
+                else:
+                    # (no step limit: the span is out of the open table already)
+                    limit, self._verdict_limit = self._verdict_limit, math.inf
+                    try:
+                        finished = self._finished_at(rec)
+                    finally:
+                        self._verdict_limit = limit
                 parent_rec.children_finished_at = max(
                     parent_rec.children_finished_at, finished
                 )

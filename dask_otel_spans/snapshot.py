@@ -3,7 +3,6 @@ that translating and exporting them can run on another thread."""
 from __future__ import annotations
 
 from collections.abc import Container, Generator, Hashable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Union
 
 if TYPE_CHECKING:
@@ -28,9 +27,10 @@ class GroupSnapshot(NamedTuple):
 ChildSnapshot = Union["SpanSnapshot", str]
 
 
-@dataclass(frozen=True)
-class SpanSnapshot:
-    """What the translation needs of one dask span, copied at one instant."""
+class SpanSnapshot(NamedTuple):
+    """What the translation needs of one dask span, copied at one instant (a named
+    tuple, as :class:`GroupSnapshot`: one is copied on the event loop for every
+    span)."""
 
     id: str
     name: tuple[str, ...]
@@ -81,6 +81,11 @@ def snapshot_span(
     scheduler's ``total_nthreads_history`` (e.g.
     :data:`~dask_otel_spans.wire.MIRRORED_HISTORY`).
     """
+    copy = snapshot_in_one_step(
+        span, with_code=with_code, nthreads_history=nthreads_history
+    )
+    if copy is not None:
+        return copy
     steps = iter_snapshot_span(
         span, summarized, with_code=with_code, nthreads_history=nthreads_history
     )
@@ -122,13 +127,38 @@ def iter_snapshot_span(
             children.append((yield from iter_snapshot_span(
                 child, summarized, nthreads_history=nthreads_history
             )))
+    return _copy(span, tuple(groups), tuple(children), with_code, nthreads_history)
+
+
+def snapshot_in_one_step(
+    span: Span,
+    *,
+    with_code: bool = False,
+    nthreads_history: Sequence[tuple[float, int]] | None = None,
+) -> SpanSnapshot | None:
+    """:func:`snapshot_span` of a span without children and of at most
+    ``GROUPS_PER_STEP`` task groups (most spans, when they are emitted before
+    their parents), without the steps' generators; None for any other span."""
+    if span.children or len(span.groups) > GROUPS_PER_STEP:
+        return None
+    groups = tuple(map(snapshot_group, span.groups))
+    return _copy(span, groups, (), with_code, nthreads_history)
+
+
+def _copy(
+    span: Span,
+    groups: tuple[GroupSnapshot, ...],
+    children: tuple[ChildSnapshot, ...],
+    with_code: bool,
+    nthreads_history: Sequence[tuple[float, int]] | None,
+) -> SpanSnapshot:
     return SpanSnapshot(
         id=span.id,
         name=tuple(span.name),
         enqueued=span.enqueued,
-        groups=tuple(groups),
+        groups=groups,
         metrics=dict(getattr(span, "_cumulative_worker_metrics", None) or {}),
-        children=tuple(children),
+        children=children,
         code=tuple(span.code) if with_code else (),
         nthreads_history=(
             getattr(span, "_total_nthreads_history", ())

@@ -14,6 +14,7 @@ from typing import IO, Any
 from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 
 from dask_otel_spans.emitter import EmitRequest
+from dask_otel_spans.snapshot import GroupSnapshot, SpanSnapshot
 
 _HEADER = struct.Struct("!I")
 
@@ -60,9 +61,22 @@ def _restored_context(portable: tuple[int, int, int, str]) -> SpanContext:
     )
 
 
+def _reduce_named_tuple(obj: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A request, a snapshot or a task group's figures as a plain tuple and the
+    class to call with it: a named tuple's own reduction goes through
+    Python-level ``__getnewargs__`` and costs several times more."""
+    return type(obj), tuple(obj)
+
+
 #: How frames pickle what has no cheap reduction of its own (a private table: the
 #: process's copyreg table is left as it is)
-_DISPATCH_TABLE = {**copyreg.dispatch_table, SpanContext: _reduce_span_context}
+_DISPATCH_TABLE = {
+    **copyreg.dispatch_table,
+    SpanContext: _reduce_span_context,
+    EmitRequest: _reduce_named_tuple,
+    SpanSnapshot: _reduce_named_tuple,
+    GroupSnapshot: _reduce_named_tuple,
+}
 
 
 def encode_frame(obj: Any) -> bytes:
@@ -113,15 +127,7 @@ def restored_request(
     snapshot = request.snapshot
     if snapshot is None or snapshot.nthreads_history is not MIRRORED_HISTORY:
         return request
-    return _with(request, snapshot=_with(snapshot, nthreads_history=history))
-
-
-def _with(obj: Any, **changes: Any) -> Any:
-    """``dataclasses.replace`` for the frozen dataclasses of a request, without
-    running ``__init__`` again."""
-    new = object.__new__(type(obj))
-    new.__dict__.update(obj.__dict__, **changes)
-    return new
+    return request._replace(snapshot=snapshot._replace(nthreads_history=history))
 
 
 def span_tags_of(

@@ -791,6 +791,25 @@ def test_a_child_judged_done_queues_its_parent_only_if_the_parent_waits_for_it()
     assert second.done_since is not None and parent.id in plugin._queued
 
 
+def test_a_task_settling_again_in_a_span_judged_done_restarts_its_wait():
+    """A span judged done waits out the grace period from its last task's finish; a
+    task of it that ran again and settled moves that finish, and the wait with it
+    (the finish time is kept from the verdict, for the emission)."""
+    plugin = OTelSpansPlugin()
+    parent, (child,), (group,) = _tree_of_records(plugin, [True])
+    child.closed_at = 2.0
+    now = time()
+    assert plugin._ready_at(child, now, 1.0) == 3.0  # finished at 1.0, closed at 2.0
+    assert child.done_since == child.finished_at == 1.0
+    group.stop = 5.0  # a task of it ran again
+    plugin._settled.add(child.id)
+    for _ in plugin._take_settled():
+        pass
+    plugin._forget_pass_verdicts()
+    assert plugin._ready_at(child, now, 1.0) == 6.0
+    assert child.done_since == child.finished_at == 5.0
+
+
 @gen_cluster(client=True)
 async def test_results_let_go_from_a_done_span_queue_no_check(c, s, a, b):
     """Tasks going from memory to released and forgotten (the client let their

@@ -13,6 +13,7 @@ from dask_otel_spans.snapshot import (
     CHILDREN_PER_STEP,
     GROUPS_PER_STEP,
     iter_snapshot_span,
+    snapshot_in_one_step,
     snapshot_span,
 )
 from dask_otel_spans.traces import (
@@ -250,6 +251,25 @@ def test_span_of_many_task_groups_is_copied_in_steps():
     [copied_child] = snap.children
     assert len(copied_child.groups) == 2 + 3 * GROUPS_PER_STEP
     assert {g.prefix for g in snap.groups} == {"sum"}
+
+
+def test_a_leaf_is_copied_in_one_step_as_in_steps():
+    """A span without children and of few task groups is copied without the steps'
+    generators, into the same snapshot; any other span is left to the steps."""
+    root, child = make_tree()
+    steps = iter_snapshot_span(child, with_code=True, nthreads_history=())
+    with pytest.raises(StopIteration) as done:
+        next(steps)
+    at_once = snapshot_in_one_step(child, with_code=True, nthreads_history=())
+    assert at_once == done.value.value
+    assert sorted(g.task_count for g in at_once.groups) == [2, 8]
+    assert snapshot_span(child) == snapshot_in_one_step(child)
+    assert snapshot_in_one_step(root) is None  # it has a child
+    for i in range(GROUPS_PER_STEP - 2):
+        child.groups.add(Group(Prefix(f"p{i}"), 101.0, 102.0, 1, 0.1, {"memory": 1}))
+    assert len(snapshot_in_one_step(child).groups) == GROUPS_PER_STEP
+    child.groups.add(Group(Prefix("one more"), 101.0, 102.0, 1, 0.1, {"memory": 1}))
+    assert snapshot_in_one_step(child) is None  # too many groups for one step
 
 
 def test_span_of_many_children_is_copied_in_steps():
