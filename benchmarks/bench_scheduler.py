@@ -323,8 +323,13 @@ def largest_graph(scale: dict[str, Any]) -> int:
 
 
 def fmt_ratio(values: list[float]) -> str:
-    return (f"median {statistics.median(values):.3f}  min {min(values):.3f}  "
+    """Median, min and max; with four pairs or more, also the middle half (quartiles)."""
+    text = (f"median {statistics.median(values):.3f}  min {min(values):.3f}  "
             f"max {max(values):.3f}")
+    if len(values) >= 4:
+        low, _, high = statistics.quantiles(values, n=4, method="inclusive")
+        text += f"  middle half {low:.3f}-{high:.3f}"
+    return text
 
 
 MODE_NAMES = {False: "plugin exporting in the scheduler process (export-process: false)",
