@@ -9,6 +9,10 @@ up to half the lag, so worker-reported ends can lie a second or more in the
 scheduler's future, and a latency measured from them comes out too short (even
 negative). The scheduler's own clock at the transition of a span's last task to
 ``memory`` or ``erred`` has no such error.
+
+A span opened with ``dask_otel_spans.span`` is not done before its block exits (more
+tasks may come): the scheduler's clock when the block's close notice reached it is
+noted too, and the latency counts from the later of the two.
 """
 from __future__ import annotations
 
@@ -20,8 +24,12 @@ from typing import Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.metrics import time
 
+from dask_otel_spans.names import EVENT_TOPIC
+
 #: dask span id -> scheduler time of the latest task of its tree that finished
 DONE_AT: dict[str, float] = {}
+#: dask span id -> scheduler time of its client's close notice (its block exited)
+CLOSED_AT: dict[str, float] = {}
 
 _FINISHED = ("memory", "erred")
 
@@ -47,6 +55,29 @@ class SpanDoneClock(SchedulerPlugin):
         while node is not None:
             DONE_AT[node.id] = now
             node = node.parent
+
+    def log_event(self, topic: str, msg: Any, **kwargs: Any) -> None:
+        """A close notice (or a batch of them): the spans each block opened."""
+        if topic != EVENT_TOPIC:
+            return
+        now = time()
+        for notice in msg if isinstance(msg, (list, tuple)) else (msg,):
+            try:
+                ids = notice["ids"]
+                for span_id in ids[len(ids) - int(notice["opened"]):]:
+                    CLOSED_AT[span_id] = now
+            except (KeyError, TypeError, ValueError):
+                continue
+
+
+def pop_done_at(span_id: str) -> tuple[float | None, float | None]:
+    """When the scheduler saw a span's tree done, and when it saw the span done: the
+    later of that and its close notice (None for either without a record)."""
+    tree_done = DONE_AT.pop(span_id, None)
+    closed = CLOSED_AT.pop(span_id, None)
+    if tree_done is None or closed is None:
+        return tree_done, tree_done
+    return tree_done, max(tree_done, closed)
 
 
 #: garbage collections in this process: how many by generation, and the CPU seconds

@@ -32,8 +32,9 @@ import bench_clock
 import dask_otel_spans
 from dask_otel_spans import OTelSpansPlugin
 
-#: seconds from when the scheduler saw a dask span's tree done (bench_clock) to its
-#: export; from the span's end as the workers reported it where the clock has no entry
+#: seconds from when the scheduler saw a dask span done (bench_clock: its tree's last
+#: task finished, or its close notice came if later) to its export; from the span's end
+#: as the workers reported it where the clock has no entry
 LATENCIES: list[float] = []
 #: the same by workload (first tag of the span's name, up to a "-")
 LATENCIES_BY_WORKLOAD: dict[str, list[float]] = {}
@@ -83,9 +84,9 @@ _RECORDS_READ = [0]
 
 def _record(span_id: str, workload: str, end_s: float, exported_s: float) -> None:
     """One dask span reached the exporter; ``end_s``: its end as exported."""
-    done_s = bench_clock.DONE_AT.pop(span_id, None)
-    if done_s is not None:
-        REPORTED_END_SKEW.append(end_s - done_s)
+    tree_done_s, done_s = bench_clock.pop_done_at(span_id)
+    if tree_done_s is not None:
+        REPORTED_END_SKEW.append(end_s - tree_done_s)
         end_s = done_s
     latency = exported_s - end_s
     LATENCIES.append(latency)

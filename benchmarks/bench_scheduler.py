@@ -487,8 +487,8 @@ def report_throughput(ratios: dict[str, dict[str, list[float]]], plugin_stats: l
         f"{hook} {seconds * 1e3:.2f} ms" for hook, seconds in sorted(by_hook.items())))
     lat = [x for s in plugin_stats for x in s["latencies"]]
     grace = plugin_stats[0]["grace_s"]
-    print("4. latency, dask span done (the scheduler saw its last task finish) -> "
-          "exporter")
+    print("4. latency, dask span done (the scheduler saw its last task finish, or its "
+          "block's close notice where that came later) -> exporter")
     print(f"   {len(lat)} spans: median {statistics.median(lat):.2f} s, "
           f"p99 {sorted(lat)[int(0.99 * (len(lat) - 1))]:.2f} s, max {max(lat):.2f} s; "
           f"grace {grace:.2f} s (max <= grace + 1 s wanted)")
