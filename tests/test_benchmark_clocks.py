@@ -52,7 +52,6 @@ def test_another_process_cpu_is_read_below_a_clock_tick(burner):
     assert 0.0015 < moved < 0.008
 
 
-
 @pytest.fixture
 def span_clock():
     bench_clock.DONE_AT.clear()
