@@ -124,6 +124,11 @@ class Cluster:
     def cpu(self) -> float:
         return process_cpu_seconds(self.scheduler)
 
+    def workers_cpu(self) -> float:
+        """CPU seconds of the worker processes: the same code on both sides (the plugin
+        runs in the scheduler), so the control for the machine's speed at the time."""
+        return sum(process_cpu_seconds(psutil.Process(p.pid)) for p in self.procs[1:])
+
     def export_cpu(self) -> float:
         """CPU seconds of the scheduler's child processes (the export process)."""
         total = 0.0
@@ -145,13 +150,18 @@ class Cluster:
 
     def close(self) -> None:
         self.client.close()
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        # workers first: a worker told to stop after its scheduler is gone may wait
+        # out its timeouts for it (30 s and more per cluster, seen on both sides)
+        workers, scheduler = self.procs[1:], self.procs[0]
+        for group in (workers, [scheduler]):
+            for p in group:
+                p.terminate()
+            for p in group:
+                try:
+                    p.wait(30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
         for path in (self._file(), self.records):
             try:
                 if path:
@@ -280,12 +290,13 @@ def run_once(with_plugin: bool, scale: dict[str, Any], workers: int, threads: in
             gc0 = client.run_on_scheduler(bench_clock.gc_figures)
             own0 = plugin_cpu_in_scheduler(stats)
             cpu0, loop0, t0 = cluster.cpu(), cluster.loop_cpu(), time.perf_counter()
-            child0 = cluster.export_cpu()
+            child0, workers0 = cluster.export_cpu(), cluster.workers_cpu()
             n = fn(client, *args)
             wall = time.perf_counter() - t0
             time.sleep(SETTLE_S)
             cpu = cluster.cpu() - cpu0
             loop = cluster.loop_cpu() - loop0
+            workers = cluster.workers_cpu() - workers0
             gc1 = client.run_on_scheduler(bench_clock.gc_figures)
             gc_cpu = gc1["cpu_s"] - gc0["cpu_s"]
             full = gc1["collections"][2] - gc0["collections"][2]
@@ -297,7 +308,7 @@ def run_once(with_plugin: bool, scale: dict[str, Any], workers: int, threads: in
             child = cluster.export_cpu() - child0
             own = plugin_cpu_in_scheduler(stats) - own0
             out[name] = (n / wall, cpu / n, loop / n, child / n, gc_cpu / n, full,
-                         own / n)
+                         own / n, workers / n)
     finally:
         cluster.close()
     return out, stats
@@ -373,9 +384,18 @@ def part_throughput(pairs: int, scale: dict[str, Any], workers: int, threads: in
                 r = ratios_by[variant].setdefault(
                     name, {"rate": [], "cpu": [], "cpu_less_gc": [], "loop": [],
                            "child": [], "own": [], "gc": [], "gc_base": [], "full": [],
-                           "full_base": []})
+                           "full_base": [], "workers": [], "cpu_for_speed": []})
                 r["rate"].append(run[0] / base[name][0])
                 r["cpu"].append(run[1] / base[name][1])
+                # the control: the workers' CPU per task, the same code on both sides;
+                # away from 1 where the machine ran faster or slower for one run than
+                # for the other (other tenants of its host)
+                speed = run[7] / base[name][7]
+                r["workers"].append(speed)
+                # the CPU ratio with the machine's speed divided out (tasks/s is not
+                # adjusted: it depends on the latencies between the processes as much
+                # as on their CPU, and multiplying it by the control widened its spread)
+                r["cpu_for_speed"].append(run[1] / base[name][1] / speed)
                 # a full collection more or less in a workload's window is lumpy: the
                 # ratio without either side's garbage collection
                 r["cpu_less_gc"].append((run[1] - run[4]) / (base[name][1] - base[name][4]))
@@ -422,6 +442,15 @@ def report_throughput(ratios: dict[str, dict[str, list[float]]], plugin_stats: l
           "rest of the plugin's CPU is on its own threads")
     for name, r in ratios.items():
         print(f"   {name:10s} loop s/task  {fmt_ratio(r['loop'])}")
+    print("   the control: the workers' CPU seconds per task, plugin / baseline (the "
+          "same code on both sides; away from 1 where the machine's speed moved between "
+          "the two runs)")
+    for name, r in ratios.items():
+        print(f"   {name:10s} workers CPU  {fmt_ratio(r['workers'])}")
+    print("   scheduler CPU seconds per task with the machine's speed divided out (each "
+          "pair's ratio divided by its control), plugin / baseline")
+    for name, r in ratios.items():
+        print(f"   {name:10s} adj. CPU     {fmt_ratio(r['cpu_for_speed'])}")
     print("   the plugin's own CPU in the scheduler process (its hooks and callbacks on "
           "the event loop, and its threads), as a fraction of the rest of the same "
           "run's scheduler CPU: the direct part of the CPU ratio (<= 0.03 needed for "

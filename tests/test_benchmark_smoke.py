@@ -31,6 +31,10 @@ def test_quick_benchmark_produces_all_figures():
         assert gc_line  # the collections of both sides were counted
         own = re.search(rf"{workload:10s} own CPU      median ([0-9.]+)", out)
         assert own and float(own.group(1)) > 0  # the plugin's own CPU was attributed
+        # the control (the workers' CPU) was read on both sides, and divided out
+        control = re.search(rf"{workload:10s} workers CPU  median ([0-9.]+)", out)
+        assert control and float(control.group(1)) > 0
+        assert re.search(rf"{workload:10s} adj. CPU     median [0-9.]+", out)
     assert "longest single call" in out
     own = re.search(r"less the garbage collections it ran ([0-9.]+) ms", out)
     assert own and float(own.group(1)) > 0  # the GC-free figure was measured
