@@ -56,6 +56,7 @@ sys.path.insert(0, HERE)
 
 import bench_clock  # noqa: E402
 import bench_preload  # noqa: E402
+from bench_speed import SpeedProbe  # noqa: E402
 
 from dask_otel_spans import span  # noqa: E402
 
@@ -268,7 +269,8 @@ def plugin_cpu_in_scheduler(stats: dict | None) -> float:
 
 
 def run_once(with_plugin: bool, scale: dict[str, Any], workers: int, threads: int,
-             export_process: bool = False, plugin_tree: str | None = None):
+             export_process: bool = False, plugin_tree: str | None = None,
+             probe: SpeedProbe | None = None):
     cluster = Cluster(with_plugin, workers, threads, export_process, plugin_tree)
     out: dict[str, tuple[float, ...]] = {}
     stats = None
@@ -291,12 +293,14 @@ def run_once(with_plugin: bool, scale: dict[str, Any], workers: int, threads: in
             own0 = plugin_cpu_in_scheduler(stats)
             cpu0, loop0, t0 = cluster.cpu(), cluster.loop_cpu(), time.perf_counter()
             child0, workers0 = cluster.export_cpu(), cluster.workers_cpu()
+            mark = probe.mark() if probe else 0
             n = fn(client, *args)
             wall = time.perf_counter() - t0
             time.sleep(SETTLE_S)
             cpu = cluster.cpu() - cpu0
             loop = cluster.loop_cpu() - loop0
             workers = cluster.workers_cpu() - workers0
+            speed = probe.median_since(mark) if probe else float("nan")
             gc1 = client.run_on_scheduler(bench_clock.gc_figures)
             gc_cpu = gc1["cpu_s"] - gc0["cpu_s"]
             full = gc1["collections"][2] - gc0["collections"][2]
@@ -308,7 +312,7 @@ def run_once(with_plugin: bool, scale: dict[str, Any], workers: int, threads: in
             child = cluster.export_cpu() - child0
             own = plugin_cpu_in_scheduler(stats) - own0
             out[name] = (n / wall, cpu / n, loop / n, child / n, gc_cpu / n, full,
-                         own / n, workers / n)
+                         own / n, workers / n, speed)
     finally:
         cluster.close()
     return out, stats
@@ -368,53 +372,9 @@ def part_throughput(pairs: int, scale: dict[str, Any], workers: int, threads: in
     the baseline and each variant once, in rotating order."""
     ratios_by: dict[Variant, dict[str, dict[str, list[float]]]] = {v: {} for v in variants}
     stats_by: dict[Variant, list[dict]] = {v: [] for v in variants}
-    for i in range(pairs):
-        configs: list[Variant | None] = [None, *variants]  # None: the baseline
-        shift = i % len(configs)
-        runs = {}
-        for config in configs[shift:] + configs[:shift]:
-            runs[config], stats = run_once(
-                config is not None, scale, workers, threads,
-                bool(config and config.export_process), config and config.tree)
-            if stats:
-                stats_by[config].append(stats)
-        base = runs[None]
-        for variant in variants:
-            for name, run in runs[variant].items():
-                r = ratios_by[variant].setdefault(
-                    name, {"rate": [], "cpu": [], "cpu_less_gc": [], "loop": [],
-                           "child": [], "own": [], "gc": [], "gc_base": [], "full": [],
-                           "full_base": [], "workers": [], "cpu_for_speed": []})
-                r["rate"].append(run[0] / base[name][0])
-                r["cpu"].append(run[1] / base[name][1])
-                # the control: the workers' CPU per task, the same code on both sides;
-                # away from 1 where the machine ran faster or slower for one run than
-                # for the other (other tenants of its host)
-                speed = run[7] / base[name][7]
-                r["workers"].append(speed)
-                # the CPU ratio with the machine's speed divided out (tasks/s is not
-                # adjusted: it depends on the latencies between the processes as much
-                # as on their CPU, and multiplying it by the control widened its spread)
-                r["cpu_for_speed"].append(run[1] / base[name][1] / speed)
-                # a full collection more or less in a workload's window is lumpy: the
-                # ratio without either side's garbage collection
-                r["cpu_less_gc"].append((run[1] - run[4]) / (base[name][1] - base[name][4]))
-                r["loop"].append(run[2] / base[name][2])
-                r["child"].append(run[3] / base[name][1])
-                # the plugin's own CPU, measured where it runs, against the rest of
-                # the same run's scheduler CPU: the direct part of the CPU ratio, free
-                # of the spread between runs
-                r["own"].append(run[6] / max(run[1] - run[6], 1e-12))
-                # garbage collection, both sides as fractions of the baseline's CPU
-                r["gc"].append(run[4] / base[name][1])
-                r["gc_base"].append(base[name][4] / base[name][1])
-                r["full"].append(run[5])
-                r["full_base"].append(base[name][5])
-        print(f"  round {i + 1}/{pairs}: " + "; ".join(
-            (f"{variant.name}: " if len(variants) > 1 else "") + ", ".join(
-                f"{n} {runs[variant][n][0]:.0f}/{base[n][0]:.0f} tasks/s"
-                for n in runs[variant])
-            for variant in variants))
+    with SpeedProbe() as probe:
+        for i in range(pairs):
+            _round(i, pairs, scale, workers, threads, variants, probe, ratios_by, stats_by)
     out = {}
     for variant in variants:
         if len(variants) > 1:
@@ -422,6 +382,65 @@ def part_throughput(pairs: int, scale: dict[str, Any], workers: int, threads: in
         out = report_throughput(ratios_by[variant], stats_by[variant], scale,
                                 variant.export_process)
     return out
+
+
+def _round(i: int, pairs: int, scale: dict[str, Any], workers: int, threads: int,
+           variants: list[Variant], probe: SpeedProbe,
+           ratios_by: dict[Variant, dict[str, dict[str, list[float]]]],
+           stats_by: dict[Variant, list[dict]]) -> None:
+    """Round ``i``: the baseline and each variant once, in rotating order."""
+    configs: list[Variant | None] = [None, *variants]  # None: the baseline
+    shift = i % len(configs)
+    runs = {}
+    for config in configs[shift:] + configs[:shift]:
+        runs[config], stats = run_once(
+            config is not None, scale, workers, threads,
+            bool(config and config.export_process), config and config.tree, probe)
+        if stats:
+            stats_by[config].append(stats)
+    base = runs[None]
+    for variant in variants:
+        for name, run in runs[variant].items():
+            r = ratios_by[variant].setdefault(
+                name, {"rate": [], "cpu": [], "cpu_less_gc": [], "loop": [],
+                       "child": [], "own": [], "gc": [], "gc_base": [], "full": [],
+                       "full_base": [], "workers": [], "cpu_for_speed": [],
+                       "probe": []})
+            r["rate"].append(run[0] / base[name][0])
+            r["cpu"].append(run[1] / base[name][1])
+            # the control: the workers' CPU per task, the same code on both sides;
+            # away from 1 where the machine ran faster or slower for one run than
+            # for the other (other tenants of its host)
+            speed = run[7] / base[name][7]
+            r["workers"].append(speed)
+            # the CPU ratio with the machine's speed divided out (tasks/s is not
+            # adjusted: it depends on the latencies between the processes as much
+            # as on their CPU, and multiplying it by the control widened its spread)
+            r["cpu_for_speed"].append(run[1] / base[name][1] / speed)
+            # a second control, independent of the cluster: the speed probe's CPU
+            # per piece of fixed work on the benchmark's own thread
+            r["probe"].append(run[8] / base[name][8])
+            # a full collection more or less in a workload's window is lumpy: the
+            # ratio without either side's garbage collection
+            r["cpu_less_gc"].append((run[1] - run[4]) / (base[name][1] - base[name][4]))
+            r["loop"].append(run[2] / base[name][2])
+            r["child"].append(run[3] / base[name][1])
+            # the plugin's own CPU, measured where it runs, against the rest of
+            # the same run's scheduler CPU: the direct part of the CPU ratio, free
+            # of the spread between runs
+            r["own"].append(run[6] / max(run[1] - run[6], 1e-12))
+            # garbage collection, both sides as fractions of the baseline's CPU
+            r["gc"].append(run[4] / base[name][1])
+            r["gc_base"].append(base[name][4] / base[name][1])
+            r["full"].append(run[5])
+            r["full_base"].append(base[name][5])
+    print(f"  round {i + 1}/{pairs}: " + "; ".join(
+        (f"{variant.name}: " if len(variants) > 1 else "") + ", ".join(
+            f"{n} {runs[variant][n][0]:.0f}/{base[n][0]:.0f} tasks/s (CPU/task "
+            f"x{runs[variant][n][1] / base[n][1]:.2f}, workers' x"
+            f"{runs[variant][n][7] / base[n][7]:.2f})"
+            for n in runs[variant])
+        for variant in variants))
 
 
 def report_throughput(ratios: dict[str, dict[str, list[float]]], plugin_stats: list[dict],
@@ -447,8 +466,13 @@ def report_throughput(ratios: dict[str, dict[str, list[float]]], plugin_stats: l
           "the two runs)")
     for name, r in ratios.items():
         print(f"   {name:10s} workers CPU  {fmt_ratio(r['workers'])}")
+    print("   a second control, outside the cluster: the CPU time of a fixed piece of "
+          "Python work, timed every 0.2 s on a thread of the benchmark's process during "
+          "the workload, plugin / baseline (medians of each run)")
+    for name, r in ratios.items():
+        print(f"   {name:10s} probe CPU    {fmt_ratio(r['probe'])}")
     print("   scheduler CPU seconds per task with the machine's speed divided out (each "
-          "pair's ratio divided by its control), plugin / baseline")
+          "pair's ratio divided by its first control, the workers'), plugin / baseline")
     for name, r in ratios.items():
         print(f"   {name:10s} adj. CPU     {fmt_ratio(r['cpu_for_speed'])}")
     print("   the plugin's own CPU in the scheduler process (its hooks and callbacks on "
