@@ -151,8 +151,9 @@ class Cluster:
 
     def close(self) -> None:
         self.client.close()
-        # workers first: a worker told to stop after its scheduler is gone may wait
-        # out its timeouts for it (30 s and more per cluster, seen on both sides)
+        # workers first: in a diagnostic run, processes outlived terminate() by the
+        # 30 s wait in two closes of six (a worker stopping after its scheduler has
+        # gone may wait for it)
         workers, scheduler = self.procs[1:], self.procs[0]
         for group in (workers, [scheduler]):
             for p in group:
