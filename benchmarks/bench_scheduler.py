@@ -20,7 +20,9 @@ Parts:
    a graph of 2,000 spans nested three levels; tasks/s (until the results are in) and
    scheduler-process CPU s/task (until 3 s later, so that emitting the workload's spans
    counts for it; the next workload starts once the plugin is idle), and the plugin's
-   own CPU in the scheduler process as a fraction of the rest of the run's
+   own CPU in the scheduler process as a fraction of the rest of the run's; the workers'
+   CPU s/task (the same code on both sides) as a control for the machine's speed, and
+   the CPU ratio with it divided out
 2. event-loop cost: longest single plugin hook/callback call, total, 10,000-task graph
    (``--workloads wide``, not in the default set: one span with 3,000 child spans of one
    task each, a parent whose check and copy cover thousands of open children)
@@ -301,7 +303,7 @@ def run_once(with_plugin: bool, scale: dict[str, Any], workers: int, threads: in
             cpu = cluster.cpu() - cpu0
             loop = cluster.loop_cpu() - loop0
             workers = cluster.workers_cpu() - workers0
-            speed = probe.median_since(mark) if probe else float("nan")
+            probe_s = probe.median_since(mark) if probe else float("nan")
             gc1 = client.run_on_scheduler(bench_clock.gc_figures)
             gc_cpu = gc1["cpu_s"] - gc0["cpu_s"]
             full = gc1["collections"][2] - gc0["collections"][2]
@@ -313,7 +315,7 @@ def run_once(with_plugin: bool, scale: dict[str, Any], workers: int, threads: in
             child = cluster.export_cpu() - child0
             own = plugin_cpu_in_scheduler(stats) - own0
             out[name] = (n / wall, cpu / n, loop / n, child / n, gc_cpu / n, full,
-                         own / n, workers / n, speed)
+                         own / n, workers / n, probe_s)
     finally:
         cluster.close()
     return out, stats
