@@ -58,7 +58,6 @@ sys.path.insert(0, HERE)
 
 import bench_clock  # noqa: E402
 import bench_preload  # noqa: E402
-from bench_speed import SpeedProbe  # noqa: E402
 
 from dask_otel_spans import span  # noqa: E402
 
@@ -272,8 +271,7 @@ def plugin_cpu_in_scheduler(stats: dict | None) -> float:
 
 
 def run_once(with_plugin: bool, scale: dict[str, Any], workers: int, threads: int,
-             export_process: bool = False, plugin_tree: str | None = None,
-             probe: SpeedProbe | None = None):
+             export_process: bool = False, plugin_tree: str | None = None):
     cluster = Cluster(with_plugin, workers, threads, export_process, plugin_tree)
     out: dict[str, tuple[float, ...]] = {}
     stats = None
@@ -296,14 +294,12 @@ def run_once(with_plugin: bool, scale: dict[str, Any], workers: int, threads: in
             own0 = plugin_cpu_in_scheduler(stats)
             cpu0, loop0, t0 = cluster.cpu(), cluster.loop_cpu(), time.perf_counter()
             child0, workers0 = cluster.export_cpu(), cluster.workers_cpu()
-            mark = probe.mark() if probe else 0
             n = fn(client, *args)
             wall = time.perf_counter() - t0
             time.sleep(SETTLE_S)
             cpu = cluster.cpu() - cpu0
             loop = cluster.loop_cpu() - loop0
             workers = cluster.workers_cpu() - workers0
-            probe_s = probe.median_since(mark) if probe else float("nan")
             gc1 = client.run_on_scheduler(bench_clock.gc_figures)
             gc_cpu = gc1["cpu_s"] - gc0["cpu_s"]
             full = gc1["collections"][2] - gc0["collections"][2]
@@ -315,7 +311,7 @@ def run_once(with_plugin: bool, scale: dict[str, Any], workers: int, threads: in
             child = cluster.export_cpu() - child0
             own = plugin_cpu_in_scheduler(stats) - own0
             out[name] = (n / wall, cpu / n, loop / n, child / n, gc_cpu / n, full,
-                         own / n, workers / n, probe_s)
+                         own / n, workers / n)
     finally:
         cluster.close()
     return out, stats
@@ -375,9 +371,8 @@ def part_throughput(pairs: int, scale: dict[str, Any], workers: int, threads: in
     the baseline and each variant once, in rotating order."""
     ratios_by: dict[Variant, dict[str, dict[str, list[float]]]] = {v: {} for v in variants}
     stats_by: dict[Variant, list[dict]] = {v: [] for v in variants}
-    with SpeedProbe() as probe:
-        for i in range(pairs):
-            _round(i, pairs, scale, workers, threads, variants, probe, ratios_by, stats_by)
+    for i in range(pairs):
+        _round(i, pairs, scale, workers, threads, variants, ratios_by, stats_by)
     out = {}
     for variant in variants:
         if len(variants) > 1:
@@ -388,7 +383,7 @@ def part_throughput(pairs: int, scale: dict[str, Any], workers: int, threads: in
 
 
 def _round(i: int, pairs: int, scale: dict[str, Any], workers: int, threads: int,
-           variants: list[Variant], probe: SpeedProbe,
+           variants: list[Variant],
            ratios_by: dict[Variant, dict[str, dict[str, list[float]]]],
            stats_by: dict[Variant, list[dict]]) -> None:
     """Round ``i``: the baseline and each variant once, in rotating order."""
@@ -398,7 +393,7 @@ def _round(i: int, pairs: int, scale: dict[str, Any], workers: int, threads: int
     for config in configs[shift:] + configs[:shift]:
         runs[config], stats = run_once(
             config is not None, scale, workers, threads,
-            bool(config and config.export_process), config and config.tree, probe)
+            bool(config and config.export_process), config and config.tree)
         if stats:
             stats_by[config].append(stats)
     base = runs[None]
@@ -407,8 +402,7 @@ def _round(i: int, pairs: int, scale: dict[str, Any], workers: int, threads: int
             r = ratios_by[variant].setdefault(
                 name, {"rate": [], "cpu": [], "cpu_less_gc": [], "loop": [],
                        "child": [], "own": [], "gc": [], "gc_base": [], "full": [],
-                       "full_base": [], "workers": [], "cpu_for_speed": [],
-                       "probe": []})
+                       "full_base": [], "workers": [], "cpu_for_speed": []})
             r["rate"].append(run[0] / base[name][0])
             r["cpu"].append(run[1] / base[name][1])
             # the control: the workers' CPU per task, the same code on both sides;
@@ -420,9 +414,6 @@ def _round(i: int, pairs: int, scale: dict[str, Any], workers: int, threads: int
             # adjusted: it depends on the latencies between the processes as much
             # as on their CPU, and multiplying it by the control widened its spread)
             r["cpu_for_speed"].append(run[1] / base[name][1] / speed)
-            # a second control, independent of the cluster: the speed probe's CPU
-            # per piece of fixed work on the benchmark's own thread
-            r["probe"].append(run[8] / base[name][8])
             # a full collection more or less in a workload's window is lumpy: the
             # ratio without either side's garbage collection
             r["cpu_less_gc"].append((run[1] - run[4]) / (base[name][1] - base[name][4]))
@@ -446,49 +437,43 @@ def _round(i: int, pairs: int, scale: dict[str, Any], workers: int, threads: int
         for variant in variants))
 
 
+#: part 1's ratio lines, in order: the heading printed above each (None: none), the
+#: label of each workload's line, and the key of its figures in a workload's ratios
+RATIO_LINES: list[tuple[str | None, str, str]] = [
+    (None, "tasks/s", "rate"),
+    ("scheduler CPU seconds per task, plugin / baseline (<= 1.03 wanted)",
+     "CPU s/task", "cpu"),
+    ("the same less each side's garbage collection (see GC below: one full collection "
+     "more or less in a workload moves the ratio by a few %)", "CPU less GC", "cpu_less_gc"),
+    ("main thread (the event loop) CPU seconds per task, plugin / baseline; the rest of "
+     "the plugin's CPU is on its own threads", "loop s/task", "loop"),
+    ("the control: the workers' CPU seconds per task, plugin / baseline (the same code on "
+     "both sides; away from 1 where the machine's speed moved between the two runs)",
+     "workers CPU", "workers"),
+    ("scheduler CPU seconds per task with the machine's speed divided out (each pair's "
+     "ratio divided by its control), plugin / baseline", "adj. CPU", "cpu_for_speed"),
+    ("the plugin's own CPU in the scheduler process (its hooks and callbacks on the event "
+     "loop, and its threads), as a fraction of the rest of the same run's scheduler CPU: "
+     "the direct part of the CPU ratio (<= 0.03 needed for 1.03), measured where it runs, "
+     "so free of the spread between runs", "own CPU", "own"),
+]
+
+
 def report_throughput(ratios: dict[str, dict[str, list[float]]], plugin_stats: list[dict],
                       scale: dict[str, Any], export_process: bool) -> dict:
     sources = sorted({s["plugin_source"] for s in plugin_stats})
     print("   plugin code from " + ", ".join(sources))
     print("1. throughput, plugin / baseline (tasks per second; >= 0.98 wanted)")
-    for name, r in ratios.items():
-        print(f"   {name:10s} tasks/s      {fmt_ratio(r['rate'])}")
-    print("   scheduler CPU seconds per task, plugin / baseline (<= 1.03 wanted)")
-    for name, r in ratios.items():
-        print(f"   {name:10s} CPU s/task   {fmt_ratio(r['cpu'])}")
-    print("   the same less each side's garbage collection (see GC below: one full "
-          "collection more or less in a workload moves the ratio by a few %)")
-    for name, r in ratios.items():
-        print(f"   {name:10s} CPU less GC  {fmt_ratio(r['cpu_less_gc'])}")
-    print("   main thread (the event loop) CPU seconds per task, plugin / baseline; the "
-          "rest of the plugin's CPU is on its own threads")
-    for name, r in ratios.items():
-        print(f"   {name:10s} loop s/task  {fmt_ratio(r['loop'])}")
-    print("   the control: the workers' CPU seconds per task, plugin / baseline (the "
-          "same code on both sides; away from 1 where the machine's speed moved between "
-          "the two runs)")
-    for name, r in ratios.items():
-        print(f"   {name:10s} workers CPU  {fmt_ratio(r['workers'])}")
-    print("   a second control, outside the cluster: the CPU time of a fixed piece of "
-          "Python work, timed every 0.2 s on a thread of the benchmark's process during "
-          "the workload, plugin / baseline (medians of each run)")
-    for name, r in ratios.items():
-        print(f"   {name:10s} probe CPU    {fmt_ratio(r['probe'])}")
-    print("   scheduler CPU seconds per task with the machine's speed divided out (each "
-          "pair's ratio divided by its first control, the workers'), plugin / baseline")
-    for name, r in ratios.items():
-        print(f"   {name:10s} adj. CPU     {fmt_ratio(r['cpu_for_speed'])}")
-    print("   the plugin's own CPU in the scheduler process (its hooks and callbacks on "
-          "the event loop, and its threads), as a fraction of the rest of the same "
-          "run's scheduler CPU: the direct part of the CPU ratio (<= 0.03 needed for "
-          "1.03), measured where it runs, so free of the spread between runs")
-    for name, r in ratios.items():
-        print(f"   {name:10s} own CPU      {fmt_ratio(r['own'])}")
+    for heading, label, key in RATIO_LINES:
+        if heading:
+            print(f"   {heading}")
+        for name, r in ratios.items():
+            print(f"   {name:10s} {label:12s} {fmt_ratio(r[key])}")
     if export_process:
         print("   export process CPU seconds per task, as a fraction of the baseline "
               "scheduler's (the work moved out of the scheduler process)")
         for name, r in ratios.items():
-            print(f"   {name:10s} export CPU   {fmt_ratio(r['child'])}")
+            print(f"   {name:10s} {'export CPU':12s} {fmt_ratio(r['child'])}")
     print("   garbage collection in the scheduler process: its CPU per task as a fraction "
           "of the baseline scheduler's CPU, plugin / baseline (medians), and full "
           "collections per workload, plugin / baseline (medians)")

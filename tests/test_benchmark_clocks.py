@@ -1,13 +1,9 @@
-"""The benchmark's clocks: another process's CPU finer than psutil's clock ticks, when
-the scheduler saw a span done (its tree, or its close notice if later), and the
-machine's speed (the probe's CPU time for fixed work)."""
+"""The benchmark's clocks: another process's CPU finer than psutil's clock ticks, and
+when the scheduler saw a span done (its tree, or its close notice if later)."""
 from __future__ import annotations
 
-import math
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -16,7 +12,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
 import bench_clock  # noqa: E402
 from bench_scheduler import process_cpu_seconds  # noqa: E402
-from bench_speed import SpeedProbe  # noqa: E402
 
 from dask_otel_spans.names import EVENT_TOPIC  # noqa: E402
 
@@ -86,28 +81,3 @@ def test_a_span_closed_before_its_tasks_finished_counts_as_done_with_its_tree(sp
     bench_clock.DONE_AT["a"] = tree_done
     assert bench_clock.pop_done_at("a") == (tree_done, tree_done)
     assert bench_clock.pop_done_at("a") == (None, None)  # each record is read once
-
-
-def _probe_readings(rounds: int, count: int = 15) -> list[float]:
-    with SpeedProbe(rounds=rounds, interval=0.005) as probe:
-        deadline = time.monotonic() + 30
-        while len(probe.readings) < count and time.monotonic() < deadline:
-            time.sleep(0.01)
-    return probe.readings
-
-
-def test_speed_probe_reads_the_cpu_time_of_its_fixed_work():
-    small = statistics.median(_probe_readings(2_000))
-    large = statistics.median(_probe_readings(8_000))
-    assert small > 0
-    # four times the work, about four times the reading: it times the work itself
-    assert 2.5 < large / small < 6
-
-
-def test_speed_probe_median_counts_only_readings_after_the_mark():
-    probe = SpeedProbe()
-    probe.readings.extend([5.0, 5.0, 5.0])
-    mark = probe.mark()
-    probe.readings.extend([1.0, 2.0, 3.0])
-    assert probe.median_since(mark) == 2.0
-    assert math.isnan(probe.median_since(probe.mark()))
