@@ -82,6 +82,11 @@ _CHECK_EVERY = 32
 #: Readiness checks between two looks at the clock: a check of a span whose tree is
 #: still running costs up to ~75 µs (it may walk its open children once per pass)
 _CHECKS_PER_STEP = 8
+#: What a check that emits its span counts for against ``_CHECKS_PER_STEP`` (the copy
+#: and the request of a span of few task groups cost about two checks)
+_EMISSION_WEIGHT = 3
+#: Close notices handled between two looks at the clock (~10 µs each)
+_NOTICES_PER_STEP = 4
 #: Verdicts (done, finished at) a step of the pass may work out, ~1-2 µs each: the
 #: check of a span with a large open tree walks it in several steps
 _VERDICTS_PER_STEP = 128
@@ -576,7 +581,10 @@ class OTelSpansPlugin(SchedulerPlugin):
 
     async def _start_export_process(self, spec: PipelineSpec) -> None:
         """Start the export process; on failure the scheduler process exports."""
-        process = ExportProcess(spec, max_metric_backlog=self.config.max_queue_size)
+        process = ExportProcess(
+            spec, max_metric_backlog=self.config.max_queue_size,
+            nice=self.config.export_process_nice,
+        )
         loop = asyncio.get_running_loop()
         try:
             info = await loop.run_in_executor(None, process.launch)
@@ -813,6 +821,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         if self._adopting is not None:
             yield from self._adopt_existing_spans()
         pending = self._pending
+        notices = 0  # handled in this step
         while pending:
             event = pending.popleft()
             kind, n_spans, now = event[:3]
@@ -838,9 +847,16 @@ class OTelSpansPlugin(SchedulerPlugin):
                         self._on_close_notice(notice, now)
                     except Exception:
                         self._log_failure("close-notice")
-                    yield  # tens of µs each (W3C headers parsed)
+                    notices += 1
+                    if notices >= _NOTICES_PER_STEP:
+                        notices = 0
+                        yield
+                # (the next events go on in this step: a burst of notices, one
+                # event each from a synchronous client, runs a few to a step)
+                continue
             else:
                 yield from self._on_client_gone(event[3], now)
+            notices = 0
             yield  # a burst of small events must not run as one step
         # spans created other than by a graph submission
         yield from self._register_new_spans(len(self._ext.spans))
@@ -926,14 +942,17 @@ class OTelSpansPlugin(SchedulerPlugin):
         # spans given their contexts by an earlier chain of this annotation: the
         # chains below a span all carry the same contexts for it and its ancestors
         absorbed: set[str] = set()
+        # id(carrier) -> its context: the chains below a span share its carrier
+        # object (``otel`` keeps them all alive while this runs)
+        parsed: dict[int, SpanContext | None] = {}
         for i, value in enumerate(otel.values(), 1):
             if id(value) in seen:
                 if i % (_CHECK_EVERY * 16) == 0:
                     yield
                 continue
             seen.add(id(value))
-            yield  # each distinct chain is parsed: tens of µs
-            carried = parse_carried(value)
+            yield  # each distinct chain is parsed: a few µs
+            carried = parse_carried(value, parsed)
             if carried is None:
                 self._log_once(
                     "bad-annotation", "ignoring an %r annotation that is not a mapping "
@@ -1204,13 +1223,13 @@ class OTelSpansPlugin(SchedulerPlugin):
                     yield from self._emit_in_steps(rec, now, complete=True)
                 except Exception:
                     self._log_failure("emit")
+                n += _EMISSION_WEIGHT
             else:
                 if ready_at is not None:
                     self._wake_up_at(rec, ready_at)
                 n += 1
-                if (n < _CHECKS_PER_STEP
-                        and self._verdicts_in_step < _VERDICTS_PER_STEP):
-                    continue
+            if n < _CHECKS_PER_STEP and self._verdicts_in_step < _VERDICTS_PER_STEP:
+                continue
             yield
             n = 0
             self._verdicts_in_step = 0
@@ -1402,18 +1421,22 @@ class OTelSpansPlugin(SchedulerPlugin):
         walk = self._finished_walks.pop(rec.id, None)
         if walk is None:
             self._count_verdict()
-            out = max((tg.stop for tg in rec.span.groups), default=0.0)
-            children = list(rec.open_children) if rec.open_children else []
+            out = 0.0
+            for tg in rec.span.groups:
+                if tg.stop > out:
+                    out = tg.stop
+            children = list(rec.open_children) if rec.open_children else None
         else:
             out, children = walk
         # (children emitted since the walk began left their time here)
         out = max(out, rec.children_finished_at)
-        for i, child_rec in self._open_with_tasks(children):
-            try:
-                out = max(out, self._finished_at(child_rec))
-            except _OutOfStep:
-                self._finished_walks[rec.id] = (out, children[i:])
-                raise
+        if children:
+            for i, child_rec in self._open_with_tasks(children):
+                try:
+                    out = max(out, self._finished_at(child_rec))
+                except _OutOfStep:
+                    self._finished_walks[rec.id] = (out, children[i:])
+                    raise
         memo[rec.id] = out
         return out
 

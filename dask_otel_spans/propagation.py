@@ -97,9 +97,13 @@ def span_context_from_carrier(carrier: Any) -> SpanContext | None:
     if not carrier:
         return None
     traceparent = carrier.get("traceparent")
-    if not _is_carrier_value(traceparent):
+    # (a plain str inline: the check runs for every level of every chain)
+    if not (type(traceparent) is str and len(traceparent) <= _MAX_CARRIER_VALUE
+            or _is_carrier_value(traceparent)):
         return None
     tracestate = carrier.get("tracestate")
+    if tracestate is None:
+        return _parse_w3c(traceparent, None)
     if not _is_carrier_value(tracestate):
         tracestate = None
     elif len(tracestate) > _MAX_CACHED_TRACESTATE:
@@ -125,20 +129,33 @@ def _parse_w3c(traceparent: str, tracestate: str | None) -> SpanContext | None:
     return sc if sc.is_valid else None
 
 
-def parse_carried(annotation: Any) -> dict[str, SpanContext | None] | None:
+def parse_carried(
+    annotation: Any, parsed: dict[int, SpanContext | None] | None = None
+) -> dict[str, SpanContext | None] | None:
     """Parse an ``otel`` annotation ``{dask span id: carrier}``.
 
     Returns ``{dask span id: span context or None}`` for the well-formed keys, None
     when the annotation is not a mapping at all. An entry with an empty or invalid
     carrier maps to None: the span was opened by the client helper, with no OTel
     context current.
+
+    ``parsed``, when given, maps ``id(carrier)`` to its context for carriers parsed
+    by earlier calls; the caller keeps those carriers alive while it uses it (e.g.
+    the chains of one graph's annotation, which share their ancestors' carriers).
     """
     if type(annotation) is not dict and not isinstance(annotation, Mapping):
         return None
     out: dict[str, SpanContext | None] = {}
     for dask_id, carrier in annotation.items():
         if isinstance(dask_id, str) and dask_id:
-            out[dask_id] = span_context_from_carrier(carrier)
+            if parsed is None:
+                out[dask_id] = span_context_from_carrier(carrier)
+                continue
+            key = id(carrier)
+            try:
+                out[dask_id] = parsed[key]
+            except KeyError:
+                out[dask_id] = parsed[key] = span_context_from_carrier(carrier)
     return out
 
 

@@ -567,6 +567,63 @@ async def test_a_slice_of_the_pass_hands_its_spans_over_in_one_queue_operation(
 
 
 @gen_cluster(client=True)
+async def test_a_step_of_the_pass_handles_a_few_close_notices(c, s, a, b):
+    """A burst of close notices (one event each from a synchronous client) runs a
+    few to a step, not one step each, nor all in one."""
+    from dask_otel_spans.plugin import _NOTICES_PER_STEP
+
+    memory = MemoryProviders()
+    plugin = await install(c, memory, tick_interval=3600)
+    now = time()
+    n = 5 * _NOTICES_PER_STEP + 1
+    for i in range(n):  # spans the scheduler has not seen: each notice opens one
+        plugin.log_event(names.EVENT_TOPIC, {
+            "ids": [f"unseen-{i}"], "name": [f"unseen-{i}"], "opened": 1,
+            "enter": now, "exit": now,
+        })
+    plugin._work = plugin._one_pass()
+    per_step, before = [], plugin.open_span_count
+    for _ in plugin._work:
+        per_step.append(plugin.open_span_count - before)
+        before = plugin.open_span_count
+    per_step.append(plugin.open_span_count - before)
+    plugin._work = None
+    assert sum(per_step) == n
+    assert max(per_step) == _NOTICES_PER_STEP, per_step
+
+
+@gen_cluster(client=True)
+async def test_a_step_of_the_pass_emits_a_bounded_number_of_spans(c, s, a, b):
+    """Spans ready together are emitted a few to a step (an emission costs about
+    as much as two readiness checks), then the step yields."""
+    from dask_otel_spans.plugin import _CHECKS_PER_STEP, _EMISSION_WEIGHT
+
+    memory = MemoryProviders()
+    plugin = await install(c, memory, tick_interval=3600, tick_budget=60)
+    futures = []
+    for i in range(12):
+        with span(f"ready-{i}"):
+            futures.append(c.submit(inc, i, key=f"emitted{i}"))
+    await wait(futures)
+    await async_wait_for(
+        lambda: run_pass(plugin) >= 0 and plugin.open_span_count == 12
+        and all(rec.wake_at for rec in plugin._open.values())
+    )
+    await asyncio.sleep(max(rec.wake_at for rec in plugin._open.values()) - time() + 0.05)
+    plugin._work = plugin._one_pass()
+    per_step, before = [], plugin.handed_over_count
+    for _ in plugin._work:
+        per_step.append(plugin.handed_over_count - before)
+        before = plugin.handed_over_count
+    per_step.append(plugin.handed_over_count - before)
+    plugin._work = None
+    plugin._deliver()
+    most = -(-_CHECKS_PER_STEP // _EMISSION_WEIGHT)  # ceil: the step yields past it
+    assert sum(per_step) == 12
+    assert max(per_step) == most, per_step
+
+
+@gen_cluster(client=True)
 async def test_a_step_of_the_pass_makes_a_bounded_number_of_readiness_checks(c, s, a, b):
     """Checks of spans that are not ready go in small steps, so that a slice of the
     pass ends close to its budget (each check can walk a span's open children)."""

@@ -108,6 +108,32 @@ def test_parse_carried_keeps_helper_entries_without_context():
     assert parse_carried("garbage") is None
 
 
+def test_parse_carried_parses_a_carrier_shared_by_chains_once(monkeypatch):
+    from dask_otel_spans import propagation
+
+    calls = []
+    parse_one = propagation.span_context_from_carrier
+    monkeypatch.setattr(propagation, "span_context_from_carrier",
+                        lambda carrier: calls.append(carrier) or parse_one(carrier))
+    root_carrier = carrier_for(APP)
+    # two chains of one annotation below the same root share its carrier object
+    chains = [{ROOT: root_carrier, CHILD: {}}, {ROOT: root_carrier, "other": {}}]
+    parsed: dict = {}
+    results = [parse_carried(chain, parsed) for chain in chains]
+    assert [r[ROOT] for r in results] == [parse_one(root_carrier)] * 2
+    assert results[0][CHILD] is None and results[1]["other"] is None
+    assert sum(c is root_carrier for c in calls) == 1
+    assert len(calls) == 3
+
+
+def test_str_subclass_header_values_are_parsed():
+    class Header(str):
+        pass
+
+    carrier = {k: Header(v) for k, v in carrier_for(APP).items()}
+    assert span_context_from_carrier(carrier).span_id == APP.span_id
+
+
 def test_root_without_carried_context_uses_root_uuid():
     ids = resolve_chain([ROOT], {})
     assert ids.trace_id == otel_trace_id(ROOT)
