@@ -90,6 +90,7 @@ class PluginConfig:
     send_interval: float = 1.0
     output_dir: str = "dask-otel-spans"
     export_process: ExportProcessSetting = EXPORT_PROCESS_AUTO
+    export_process_nice: int = 10
     providers: str | None = None
 
     @classmethod
@@ -122,6 +123,7 @@ class PluginConfig:
             send_interval=seconds("metrics.send-interval"),
             output_dir=str(get("output-dir")),
             export_process=parse_export_process(get("export-process")),
+            export_process_nice=int(get("export-process-nice")),
             providers=str(factory) if factory not in (None, "", "null") else None,
         )
         known = {f.name for f in fields(cls)}

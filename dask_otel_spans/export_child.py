@@ -17,6 +17,7 @@ Anything else the process prints goes to stderr, as do its log lines.
 """
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
@@ -151,7 +152,44 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
     return 0
 
 
-def main() -> int:
+def _own_threads() -> list[int]:
+    """Ids of this process's threads where the system lists them (Linux keeps the
+    nice level and scheduling policy per thread), else ``[0]``: the process."""
+    try:
+        return [int(tid) for tid in os.listdir("/proc/self/task")]
+    except (OSError, ValueError):
+        return [0]
+
+
+def lower_priority(increment: int) -> None:
+    """Run this process ``increment`` nice levels lower and, where the system has
+    it, as a ``SCHED_BATCH`` process (which does not preempt a running one when it
+    wakes): on a core it shares with the scheduler, the scheduler's event loop goes
+    first. Every thread running now is moved (importing ``distributed`` starts
+    one); threads started later inherit it. Where it is not allowed, says so once
+    and goes on."""
+    if increment <= 0:
+        return
+    batch = getattr(os, "SCHED_BATCH", None)
+    try:
+        level = min(19, os.getpriority(os.PRIO_PROCESS, 0) + increment)
+        for tid in _own_threads():
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, level)
+                if batch is not None:
+                    os.sched_setscheduler(tid, batch, os.sched_param(0))
+            except ProcessLookupError:
+                continue  # a thread that ended meanwhile
+    except (AttributeError, OSError) as e:
+        logger.info("dask_otel_spans: the export process could not lower its CPU "
+                    "priority (%s)", e)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dask_otel_spans.export_child")
+    parser.add_argument("--nice", type=int, default=0,
+                        help="nice levels below the parent (the scheduler)")
+    args = parser.parse_args(argv)
     # The protocol owns the real stdout; stray prints (e.g. a console exporter) go
     # to stderr with the log lines.
     protocol_out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
@@ -168,6 +206,7 @@ def main() -> int:
         "%(message)s",
     )
     logging.getLogger("dask_otel_spans").setLevel(logging.INFO)
+    lower_priority(args.nice)
     return serve(sys.stdin.buffer, _Outbox(protocol_out))
 
 

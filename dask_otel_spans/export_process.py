@@ -71,6 +71,9 @@ class ExportProcess(BackgroundQueue):
     max_metric_backlog:
         Metric updates are dropped (and counted in ``dropped``) while this many items
         wait for the sender thread; spans are never dropped here
+    nice:
+        Nice levels the child runs below this process (and, on Linux, as a batch
+        process): 0 for the same priority
     """
 
     def __init__(
@@ -81,6 +84,7 @@ class ExportProcess(BackgroundQueue):
         start_timeout: float = 60.0,
         max_restarts: int = 3,
         max_metric_backlog: int = 10_000,
+        nice: int = 0,
     ):
         super().__init__(
             "dask-otel-spans-export-sender", maxsize, "spans and metric updates"
@@ -89,6 +93,7 @@ class ExportProcess(BackgroundQueue):
         self.spec = spec
         self.start_timeout = start_timeout
         self.max_restarts = max_restarts
+        self.nice = max(0, int(nice))
         self.restarts = 0
         #: items that could not reach a live export process
         self.lost = 0
@@ -137,7 +142,8 @@ class ExportProcess(BackgroundQueue):
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in sys.path if p))
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "dask_otel_spans.export_child"],
+                [sys.executable, "-m", "dask_otel_spans.export_child",
+                 "--nice", str(self.nice)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
             )
         except (OSError, ValueError) as e:

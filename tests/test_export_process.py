@@ -528,3 +528,52 @@ def test_registered_again_with_other_settings_starts_a_new_export_process(tmp_pa
         psutil.Process(state["first"]).status() == psutil.STATUS_ZOMBIE
     )
     assert "after" in exported_names(tmp_path)
+
+
+def thread_nice_levels(pid: int) -> set[int]:
+    """Nice level of each thread of a process (Linux keeps it per thread)."""
+    levels = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        levels.add(int(fields[16]))  # field 19 of stat: nice
+    return levels
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_export_process_runs_its_nice_levels_below_the_scheduler(tmp_path):
+    state = {}
+
+    @gen_cluster(client=True, timeout=120)
+    async def run(c, s, a, b):
+        plugin = await install_process_plugin(c, tmp_path, export_process_nice=7)
+        await export_one_span(c, plugin, "niced")  # the SDK's threads run by now
+        pid = plugin.export_process.pid
+        state["levels"] = thread_nice_levels(pid)
+        state["policy"] = os.sched_getscheduler(pid)
+        await plugin.close()
+
+    run()
+    assert state["levels"] == {min(19, os.getpriority(os.PRIO_PROCESS, 0) + 7)}
+    assert state["policy"] == os.SCHED_BATCH
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_export_process_nice_0_keeps_the_scheduler_priority(tmp_path):
+    process = ExportProcess(
+        PipelineSpec(PluginConfig(output_dir=str(tmp_path)), environ={}), nice=0
+    )
+    process.launch()
+    try:
+        assert thread_nice_levels(process.pid) == {os.getpriority(os.PRIO_PROCESS, 0)}
+        assert os.sched_getscheduler(process.pid) == os.sched_getscheduler(0)
+    finally:
+        process.stop(5)
+
+
+def test_export_process_nice_comes_from_dask_config():
+    import dask
+
+    assert PluginConfig.from_dask_config().export_process_nice == 10
+    with dask.config.set({"otel-spans.export-process-nice": 3}):
+        assert PluginConfig.from_dask_config().export_process_nice == 3
