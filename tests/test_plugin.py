@@ -451,6 +451,34 @@ def lookups_per_step_of_a_pass(plugin: OTelSpansPlugin) -> list[int]:
     return per_step
 
 
+def growth_per_step_of_a_pass(plugin: OTelSpansPlugin, count) -> list[int]:
+    """Run one pass of the plugin step by step; how much ``count()`` grew in each
+    step."""
+    plugin._work = plugin._one_pass()
+    per_step, before = [], count()
+    for _ in plugin._work:
+        per_step.append(count() - before)
+        before = count()
+    per_step.append(count() - before)
+    plugin._work = None
+    return per_step
+
+
+async def one_task_spans_in_their_grace_period(c, plugin: OTelSpansPlugin, n: int,
+                                               name: str) -> None:
+    """``n`` one-task spans whose tasks are done, judged done by a pass: each waits
+    for its grace period."""
+    futures = []
+    for i in range(n):
+        with span(f"{name}-{i}"):
+            futures.append(c.submit(inc, i, key=f"{name}{i}"))
+    await wait(futures)
+    await async_wait_for(
+        lambda: run_pass(plugin) >= 0 and plugin.open_span_count == n
+        and all(rec.wake_at for rec in plugin._open.values())
+    )
+
+
 @gen_cluster(client=True)
 async def test_each_step_of_the_pass_looks_at_a_bounded_number_of_spans(c, s, a, b):
     """A deep tree (a chain of 100 spans with a task each, one graph) does not make a
@@ -547,15 +575,7 @@ async def test_a_slice_of_the_pass_hands_its_spans_over_in_one_queue_operation(
     one queue operation (and thread wake-up) each."""
     memory = MemoryProviders()
     plugin = await install(c, memory, tick_interval=3600, tick_budget=60)
-    futures = []
-    for i in range(10):
-        with span(f"ready-{i}"):
-            futures.append(c.submit(inc, i, key=f"ready{i}"))
-    await wait(futures)
-    await async_wait_for(
-        lambda: run_pass(plugin) >= 0 and plugin.open_span_count == 10
-        and all(rec.wake_at for rec in plugin._open.values())
-    )
+    await one_task_spans_in_their_grace_period(c, plugin, 10, "ready")
     handed: list[list] = []
     plugin.emitter.put = lambda item: handed.append([item])
     plugin.emitter.put_many = lambda items: handed.append(list(items))
@@ -581,13 +601,7 @@ async def test_a_step_of_the_pass_handles_a_few_close_notices(c, s, a, b):
             "ids": [f"unseen-{i}"], "name": [f"unseen-{i}"], "opened": 1,
             "enter": now, "exit": now,
         })
-    plugin._work = plugin._one_pass()
-    per_step, before = [], plugin.open_span_count
-    for _ in plugin._work:
-        per_step.append(plugin.open_span_count - before)
-        before = plugin.open_span_count
-    per_step.append(plugin.open_span_count - before)
-    plugin._work = None
+    per_step = growth_per_step_of_a_pass(plugin, lambda: plugin.open_span_count)
     assert sum(per_step) == n
     assert max(per_step) == _NOTICES_PER_STEP, per_step
 
@@ -600,23 +614,9 @@ async def test_a_step_of_the_pass_emits_a_bounded_number_of_spans(c, s, a, b):
 
     memory = MemoryProviders()
     plugin = await install(c, memory, tick_interval=3600, tick_budget=60)
-    futures = []
-    for i in range(12):
-        with span(f"ready-{i}"):
-            futures.append(c.submit(inc, i, key=f"emitted{i}"))
-    await wait(futures)
-    await async_wait_for(
-        lambda: run_pass(plugin) >= 0 and plugin.open_span_count == 12
-        and all(rec.wake_at for rec in plugin._open.values())
-    )
+    await one_task_spans_in_their_grace_period(c, plugin, 12, "emitted")
     await asyncio.sleep(max(rec.wake_at for rec in plugin._open.values()) - time() + 0.05)
-    plugin._work = plugin._one_pass()
-    per_step, before = [], plugin.handed_over_count
-    for _ in plugin._work:
-        per_step.append(plugin.handed_over_count - before)
-        before = plugin.handed_over_count
-    per_step.append(plugin.handed_over_count - before)
-    plugin._work = None
+    per_step = growth_per_step_of_a_pass(plugin, lambda: plugin.handed_over_count)
     plugin._deliver()
     most = -(-_CHECKS_PER_STEP // _EMISSION_WEIGHT)  # ceil: the step yields past it
     assert sum(per_step) == 12
@@ -639,13 +639,7 @@ async def test_a_step_of_the_pass_makes_a_bounded_number_of_readiness_checks(c, 
     await async_wait_for(lambda: run_pass(plugin) >= 0 and plugin.open_span_count == 5 * _CHECKS_PER_STEP)
     for rec in plugin._open.values():
         plugin._look_again(rec)  # all of them to check, none ready (tasks running)
-    plugin._work = plugin._one_pass()
-    per_step, before = [], plugin.readiness_checks
-    for _ in plugin._work:
-        per_step.append(plugin.readiness_checks - before)
-        before = plugin.readiness_checks
-    per_step.append(plugin.readiness_checks - before)
-    plugin._work = None
+    per_step = growth_per_step_of_a_pass(plugin, lambda: plugin.readiness_checks)
     assert sum(per_step) == 5 * _CHECKS_PER_STEP
     assert max(per_step) <= _CHECKS_PER_STEP, per_step
     await release.set()
