@@ -14,6 +14,9 @@ plugin, in rotating order, on the same cluster configuration, reported as ratios
                                                            # source tree (e.g. a git
                                                            # worktree of an older
                                                            # commit), same rounds
+    python benchmarks/bench_scheduler.py --time-limit 540  # part 1 stops starting
+                                                           # rounds that would end
+                                                           # later (a leased machine)
 
 Parts:
 1. throughput: 20,000 small tasks over 200 spans (futures, then one delayed graph), and
@@ -44,6 +47,7 @@ import sys
 import time
 import tracemalloc
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -365,13 +369,31 @@ class Variant:
         return MODE_NAMES[self.export_process] + where
 
 
+def rounds_within(pairs: int, deadline: float | None,
+                  clock: Callable[[], float] = time.monotonic) -> Iterator[int]:
+    """Round numbers ``0 .. pairs - 1``; with a ``deadline`` (``clock``'s time), none
+    that would start after it or end past it, judged by the longest round so far (the
+    first always runs): a leased machine's time limit cuts no round, and the report of
+    the rounds run still comes."""
+    longest = 0.0
+    for i in range(pairs):
+        start = clock()
+        if i and deadline is not None and start + longest > deadline:
+            print(f"  stopping after {i} of {pairs} rounds: the next (up to "
+                  f"{longest:.0f} s, the longest so far) would end past --time-limit")
+            return
+        yield i
+        longest = max(longest, clock() - start)
+
+
 def part_throughput(pairs: int, scale: dict[str, Any], workers: int, threads: int,
-                    variants: list[Variant]) -> dict:
+                    variants: list[Variant], deadline: float | None = None) -> dict:
     """``variants``: the plugins to run, each against the same baselines; a round runs
-    the baseline and each variant once, in rotating order."""
+    the baseline and each variant once, in rotating order. ``deadline``
+    (``time.monotonic``): see :func:`rounds_within`."""
     ratios_by: dict[Variant, dict[str, dict[str, list[float]]]] = {v: {} for v in variants}
     stats_by: dict[Variant, list[dict]] = {v: [] for v in variants}
-    for i in range(pairs):
+    for i in rounds_within(pairs, deadline):
         _round(i, pairs, scale, workers, threads, variants, ratios_by, stats_by)
     out = {}
     for variant in variants:
@@ -770,10 +792,17 @@ def main(argv: list[str] | None = None) -> int:
                              "the same baselines: a before/after comparison that the "
                              "machine's drift between separate runs cannot blur (part 1 "
                              "and the parts it reports)")
+    parser.add_argument("--time-limit", metavar="SECONDS", type=float, default=None,
+                        help="part 1 starts no round that would end more than SECONDS "
+                             "after the benchmark's start (judged by its longest round "
+                             "so far) and reports the rounds it ran: for a machine "
+                             "leased for a fixed time, under a 'timeout' that would "
+                             "otherwise cut the report; the later parts are not limited")
     parser.add_argument("--parts", default="throughput,memory,export",
                         help="comma-separated subset of throughput (parts 1, 2 and 4), "
                              "memory (part 3), export (part 5)")
     args = parser.parse_args(argv)
+    started = time.monotonic()
     parts = {p.strip() for p in args.parts.split(",") if p.strip()}
     unknown = parts - {"throughput", "memory", "export"}
     if unknown:
@@ -802,7 +831,8 @@ def main(argv: list[str] | None = None) -> int:
             if not os.path.isdir(os.path.join(tree, "dask_otel_spans")):
                 parser.error(f"--against: no dask_otel_spans package in {tree}")
             variants += [Variant(m, tree) for m in modes]
-        part_throughput(pairs, scale, args.workers, args.threads, variants)
+        deadline = None if args.time_limit is None else started + args.time_limit
+        part_throughput(pairs, scale, args.workers, args.threads, variants, deadline)
     if "memory" in parts:
         part_memory(checkpoints, modes)
     if "export" in parts:
