@@ -14,6 +14,8 @@ plugin, in rotating order, on the same cluster configuration, reported as ratios
                                                            # source tree (e.g. a git
                                                            # worktree of an older
                                                            # commit), same rounds
+    python benchmarks/bench_scheduler.py --inert           # also an inert plugin (its
+                                                           # hooks, no work), same rounds
     python benchmarks/bench_scheduler.py --time-limit 540  # part 1 stops starting
                                                            # rounds that would end
                                                            # later (a leased machine)
@@ -94,8 +96,10 @@ class Cluster:
     """``dask scheduler`` (optionally with the plugin preloaded) + ``dask worker``s."""
 
     def __init__(self, with_plugin: bool, workers: int, threads: int,
-                 export_process: bool = False, plugin_tree: str | None = None):
+                 export_process: bool = False, plugin_tree: str | None = None,
+                 inert: bool = False):
         self.with_plugin = with_plugin
+        self.inert = inert
         # the plugin of this source tree, or of another one (plugin_tree); the
         # processes run in HERE, so that no package in the working directory
         # (``python -m`` puts it first on sys.path) shadows it
@@ -112,6 +116,8 @@ class Cluster:
                "--preload", "bench_clock"]  # both sides: the latencies' reference
         if with_plugin:
             cmd += ["--preload", "bench_preload"]
+        elif inert:
+            cmd += ["--preload", "bench_inert"]
         self.procs = [subprocess.Popen(cmd, env=env, cwd=HERE, stdout=subprocess.DEVNULL,
                                        stderr=subprocess.DEVNULL)]
         for _ in range(workers):
@@ -125,7 +131,8 @@ class Cluster:
         self.scheduler = psutil.Process(self.procs[0].pid)
 
     def _file(self) -> str:
-        return os.path.join(HERE, f".scheduler-{os.getpid()}-{int(self.with_plugin)}.json")
+        side = "inert" if self.inert else int(self.with_plugin)
+        return os.path.join(HERE, f".scheduler-{os.getpid()}-{side}.json")
 
     def cpu(self) -> float:
         return process_cpu_seconds(self.scheduler)
@@ -275,8 +282,9 @@ def plugin_cpu_in_scheduler(stats: dict | None) -> float:
 
 
 def run_once(with_plugin: bool, scale: dict[str, Any], workers: int, threads: int,
-             export_process: bool = False, plugin_tree: str | None = None):
-    cluster = Cluster(with_plugin, workers, threads, export_process, plugin_tree)
+             export_process: bool = False, plugin_tree: str | None = None,
+             inert: bool = False):
+    cluster = Cluster(with_plugin, workers, threads, export_process, plugin_tree, inert)
     out: dict[str, tuple[float, ...]] = {}
     stats = None
     try:
@@ -358,15 +366,23 @@ MODE_NAMES = {False: "plugin exporting in the scheduler process (export-process:
 @dataclass(frozen=True)
 class Variant:
     """One way of running the plugin: its mode, and the source tree it comes from
-    (None: this one)."""
+    (None: this one); or, ``inert``, a plugin with its hooks and no work in them
+    (``bench_inert``)."""
 
     export_process: bool
     tree: str | None = None
+    inert: bool = False
 
     @property
     def name(self) -> str:
+        if self.inert:
+            return INERT_NAME
         where = f" from {self.tree}" if self.tree else ""
         return MODE_NAMES[self.export_process] + where
+
+
+INERT_NAME = ("an inert plugin (OTelSpansPlugin's hooks doing nothing: what being a "
+              "scheduler plugin costs)")
 
 
 def rounds_within(pairs: int, deadline: float | None,
@@ -399,6 +415,9 @@ def part_throughput(pairs: int, scale: dict[str, Any], workers: int, threads: in
     for variant in variants:
         if len(variants) > 1:
             print(f"== {variant.name} ==")
+        if variant.inert:  # no plugin figures: the ratios alone
+            report_ratios(ratios_by[variant], export_process=False, own=False)
+            continue
         out = report_throughput(ratios_by[variant], stats_by[variant], scale,
                                 variant.export_process)
     return out
@@ -414,8 +433,9 @@ def _round(i: int, pairs: int, scale: dict[str, Any], workers: int, threads: int
     runs = {}
     for config in configs[shift:] + configs[:shift]:
         runs[config], stats = run_once(
-            config is not None, scale, workers, threads,
-            bool(config and config.export_process), config and config.tree)
+            config is not None and not config.inert, scale, workers, threads,
+            bool(config and config.export_process), config and config.tree,
+            bool(config and config.inert))
         if stats:
             stats_by[config].append(stats)
     base = runs[None]
@@ -481,12 +501,14 @@ RATIO_LINES: list[tuple[str | None, str, str]] = [
 ]
 
 
-def report_throughput(ratios: dict[str, dict[str, list[float]]], plugin_stats: list[dict],
-                      scale: dict[str, Any], export_process: bool) -> dict:
-    sources = sorted({s["plugin_source"] for s in plugin_stats})
-    print("   plugin code from " + ", ".join(sources))
+def report_ratios(ratios: dict[str, dict[str, list[float]]], export_process: bool,
+                  own: bool = True) -> None:
+    """Part 1's ratio lines (plugin, or inert plugin, / baseline); ``own``: with the
+    plugin's own CPU (an inert plugin has none)."""
     print("1. throughput, plugin / baseline (tasks per second; >= 0.98 wanted)")
     for heading, label, key in RATIO_LINES:
+        if key == "own" and not own:
+            continue
         if heading:
             print(f"   {heading}")
         for name, r in ratios.items():
@@ -503,6 +525,13 @@ def report_throughput(ratios: dict[str, dict[str, list[float]]], plugin_stats: l
         print(f"   {name:10s} GC CPU       {statistics.median(r['gc']):.3f} / "
               f"{statistics.median(r['gc_base']):.3f}; full collections "
               f"{statistics.median(r['full']):g} / {statistics.median(r['full_base']):g}")
+
+
+def report_throughput(ratios: dict[str, dict[str, list[float]]], plugin_stats: list[dict],
+                      scale: dict[str, Any], export_process: bool) -> dict:
+    sources = sorted({s["plugin_source"] for s in plugin_stats})
+    print("   plugin code from " + ", ".join(sources))
+    report_ratios(ratios, export_process)
     max_call = max(s["max_call_s"] for s in plugin_stats)
     total = statistics.median(s["total_call_s"] for s in plugin_stats)
     print("2. event-loop cost of the plugin (all hooks, wrappers and callbacks)")
@@ -792,6 +821,11 @@ def main(argv: list[str] | None = None) -> int:
                              "the same baselines: a before/after comparison that the "
                              "machine's drift between separate runs cannot blur (part 1 "
                              "and the parts it reports)")
+    parser.add_argument("--inert", action="store_true",
+                        help="also run an inert plugin (the plugin's hooks, doing "
+                             "nothing) in the same rounds, against the same baselines: "
+                             "what a scheduler plugin's presence costs, apart from what "
+                             "this one does")
     parser.add_argument("--time-limit", metavar="SECONDS", type=float, default=None,
                         help="part 1 starts no round that would end more than SECONDS "
                              "after the benchmark's start (judged by its longest round "
@@ -831,6 +865,8 @@ def main(argv: list[str] | None = None) -> int:
             if not os.path.isdir(os.path.join(tree, "dask_otel_spans")):
                 parser.error(f"--against: no dask_otel_spans package in {tree}")
             variants += [Variant(m, tree) for m in modes]
+        if args.inert:
+            variants.append(Variant(False, inert=True))
         deadline = None if args.time_limit is None else started + args.time_limit
         part_throughput(pairs, scale, args.workers, args.threads, variants, deadline)
     if "memory" in parts:

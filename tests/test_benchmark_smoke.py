@@ -120,3 +120,22 @@ def test_quick_benchmark_runs_the_plugin_of_another_tree_against_the_same_baseli
     for section in sections:
         own = re.search(rf"{'nested':10s} own CPU      median ([0-9.]+)", section)
         assert own and float(own.group(1)) > 0
+
+
+def test_quick_benchmark_with_an_inert_plugin_reports_its_ratios_apart():
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--parts", "throughput",
+         "--workloads", "futures", "--export-process", "--inert"],
+        capture_output=True, text=True, timeout=400,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    # the plugin's report, then the inert plugin's, each with its own ratios
+    plugin_part, _, inert_part = out.partition("== an inert plugin")
+    assert "== plugin with its export process" in plugin_part
+    for part in (plugin_part, inert_part):
+        cpu = re.search(r"futures    CPU s/task   median ([0-9.]+)", part)
+        assert cpu and float(cpu.group(1)) > 0
+    # the inert plugin has no figures of its own: no own CPU, no latency
+    assert "own CPU" in plugin_part and "own CPU" not in inert_part
+    assert "4. latency" in plugin_part and "4. latency" not in inert_part
