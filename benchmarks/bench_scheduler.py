@@ -416,7 +416,8 @@ def part_throughput(pairs: int, scale: dict[str, Any], workers: int, threads: in
         if len(variants) > 1:
             print(f"== {variant.name} ==")
         if variant.inert:  # no plugin figures: the ratios alone
-            report_ratios(ratios_by[variant], export_process=False, own=False)
+            report_ratios(ratios_by[variant], export_process=False, own=False,
+                          who="inert plugin")
             continue
         out = report_throughput(ratios_by[variant], stats_by[variant], scale,
                                 variant.export_process)
@@ -502,10 +503,10 @@ RATIO_LINES: list[tuple[str | None, str, str]] = [
 
 
 def report_ratios(ratios: dict[str, dict[str, list[float]]], export_process: bool,
-                  own: bool = True) -> None:
-    """Part 1's ratio lines (plugin, or inert plugin, / baseline); ``own``: with the
-    plugin's own CPU (an inert plugin has none)."""
-    print("1. throughput, plugin / baseline (tasks per second; >= 0.98 wanted)")
+                  own: bool = True, who: str = "plugin") -> None:
+    """Part 1's ratio lines (``who``, the plugin or the inert plugin, / baseline);
+    ``own``: with the plugin's own CPU (an inert plugin has none)."""
+    print(f"1. throughput, {who} / baseline (tasks per second; >= 0.98 wanted)")
     for heading, label, key in RATIO_LINES:
         if key == "own" and not own:
             continue

@@ -139,3 +139,4 @@ def test_quick_benchmark_with_an_inert_plugin_reports_its_ratios_apart():
     # the inert plugin has no figures of its own: no own CPU, no latency
     assert "own CPU" in plugin_part and "own CPU" not in inert_part
     assert "4. latency" in plugin_part and "4. latency" not in inert_part
+    assert "1. throughput, inert plugin / baseline" in inert_part
