@@ -22,7 +22,9 @@ plugin, in rotating order, on the same cluster configuration, reported as ratios
 
 Parts:
 1. throughput: 20,000 small tasks over 200 spans (futures, then one delayed graph), and
-   a graph of 2,000 spans nested three levels; tasks/s (until the results are in) and
+   a graph of 2,000 spans nested three levels (each graph computed as one collection:
+   see ``compute_as_one``; ``--workloads delayed-list,nested-list`` computes them as
+   lists of collections, as the runs before 2026-11-24 evening did); tasks/s (until the results are in) and
    scheduler-process CPU s/task (until 3 s later, so that emitting the workload's spans
    counts for it; the next workload starts once the plugin is idle), and the plugin's
    own CPU in the scheduler process as a fraction of the rest of the run's; the workers'
@@ -196,7 +198,23 @@ def futures_workload(client: Client, n_spans: int, per_span: int) -> int:
     return n_spans * per_span
 
 
-def delayed_workload(client: Client, n_spans: int, per_span: int) -> int:
+def compute_as_one(client: Client, outs: list[Any], *tags: str) -> None:
+    """Compute ``outs`` as one collection (a list made by one more task, in span
+    ``tags``) and wait for the results.
+
+    ``client.compute(outs)`` would make each of ``outs`` a collection of its own, and
+    distributed deep-copies the list of a graph's collections into every span that
+    graph touches (``Span.add_metadata``): O(collections x spans), which took 2.97 of
+    the 3.83 s of scheduler CPU of nested's baseline run as a list of 2,000 (and 5.4
+    of 26 s of delayed's), a cost that would hide the plugin's behind distributed's.
+    """
+    with span(*tags):
+        together = dask.delayed(outs)
+    client.gather(client.compute(together))
+
+
+def delayed_workload(client: Client, n_spans: int, per_span: int,
+                     one_collection: bool = True) -> int:
     outs = []
     for i in range(n_spans):
         with span("delayed", f"span-{i}"):
@@ -205,11 +223,15 @@ def delayed_workload(client: Client, n_spans: int, per_span: int) -> int:
             # which distributed attaches to the first span only)
             name = f"d{i}-{uuid.uuid4().hex}"
             outs += [dask.delayed(inc)(j, dask_key_name=(name, j)) for j in range(per_span)]
-    client.gather(client.compute(outs))
+    if one_collection:
+        compute_as_one(client, outs, "delayed", "gather")
+    else:
+        client.gather(client.compute(outs))
     return n_spans * per_span
 
 
-def nested_workload(client: Client, a: int, b: int, c: int) -> int:
+def nested_workload(client: Client, a: int, b: int, c: int,
+                    one_collection: bool = True) -> int:
     outs = []
     for i in range(a):
         with span(f"l1-{i}"):
@@ -219,8 +241,21 @@ def nested_workload(client: Client, a: int, b: int, c: int) -> int:
                         with span(f"l3-{k}"):
                             outs.append(dask.delayed(inc)(
                                 k, dask_key_name=(f"n-{uuid.uuid4().hex}", 0)))
-    client.gather(client.compute(outs))
+    if one_collection:
+        compute_as_one(client, outs, "l1-gather")
+    else:
+        client.gather(client.compute(outs))
     return a * b * c
+
+
+def delayed_list_workload(client: Client, n_spans: int, per_span: int) -> int:
+    """``delayed`` computed as a list of 20,000 collections (runs A-AU)."""
+    return delayed_workload(client, n_spans, per_span, one_collection=False)
+
+
+def nested_list_workload(client: Client, a: int, b: int, c: int) -> int:
+    """``nested`` computed as a list of 2,000 collections (runs A-AU)."""
+    return nested_workload(client, a, b, c, one_collection=False)
 
 
 def big_graph_workload(client: Client, n: int) -> int:
@@ -251,6 +286,8 @@ WORKLOADS = {
 #: workloads run only when named in --workloads
 EXTRA_WORKLOADS = {
     "wide": wide_workload,
+    "delayed-list": delayed_list_workload,
+    "nested-list": nested_list_workload,
 }
 ALL_WORKLOADS = {**WORKLOADS, **EXTRA_WORKLOADS}
 
@@ -338,6 +375,7 @@ def scale_tasks(scale: dict[str, Any]) -> dict[str, int]:
         "big-graph": lambda tasks: tasks,
         "wide": lambda children: children,
     }
+    count["delayed-list"], count["nested-list"] = count["delayed"], count["nested"]
     return {name: count[name](*args) for name, args in scale.items()}
 
 
@@ -513,17 +551,17 @@ def report_ratios(ratios: dict[str, dict[str, list[float]]], export_process: boo
         if heading:
             print(f"   {heading}")
         for name, r in ratios.items():
-            print(f"   {name:10s} {label:12s} {fmt_ratio(r[key])}")
+            print(f"   {name:12s} {label:12s} {fmt_ratio(r[key])}")
     if export_process:
         print("   export process CPU seconds per task, as a fraction of the baseline "
               "scheduler's (the work moved out of the scheduler process)")
         for name, r in ratios.items():
-            print(f"   {name:10s} {'export CPU':12s} {fmt_ratio(r['child'])}")
+            print(f"   {name:12s} {'export CPU':12s} {fmt_ratio(r['child'])}")
     print("   garbage collection in the scheduler process: its CPU per task as a fraction "
           "of the baseline scheduler's CPU, plugin / baseline (medians), and full "
           "collections per workload, plugin / baseline (medians)")
     for name, r in ratios.items():
-        print(f"   {name:10s} GC CPU       {statistics.median(r['gc']):.3f} / "
+        print(f"   {name:12s} GC CPU       {statistics.median(r['gc']):.3f} / "
               f"{statistics.median(r['gc_base']):.3f}; full collections "
               f"{statistics.median(r['full']):g} / {statistics.median(r['full_base']):g}")
 
@@ -806,7 +844,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", default=",".join(WORKLOADS),
                         help="comma-separated throughput workloads (default: the four "
                              "of the README's tables; also: wide, one span with "
-                             "thousands of child spans)")
+                             "thousands of child spans; delayed-list and "
+                             "nested-list, delayed and nested computed as lists of "
+                             "collections, as in the runs before 2026-11-24 evening)")
     parser.add_argument("--export-process", action="store_true",
                         help="run the plugin with its export process, as the default "
                              "(auto) does with providers from configuration (parts 1 to "
@@ -849,10 +889,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         scale = {"futures": (20, 10), "delayed": (20, 10), "nested": (4, 3, 5),
                  "big-graph": (1000,), "wide": (200,)}
+        scale.update({"delayed-list": scale["delayed"], "nested-list": scale["nested"]})
         pairs, checkpoints, repeat = args.pairs or 1, [200, 1000, 2000], 5
     else:
         scale = {"futures": (200, 100), "delayed": (200, 100), "nested": (10, 10, 20),
                  "big-graph": (10_000,), "wide": (3_000,)}
+        scale.update({"delayed-list": scale["delayed"], "nested-list": scale["nested"]})
         pairs, checkpoints, repeat = args.pairs or 3, [1000, 10_000, 100_000], 50
     scale = {name: shape for name, shape in scale.items() if name in workloads}
     modes = [False, True] if args.both_modes else [args.export_process]

@@ -21,20 +21,20 @@ def test_quick_benchmark_produces_all_figures():
                     "4. latency", "5. export cost"):
         assert heading in out
     for workload in ("futures", "delayed", "nested", "big-graph"):
-        assert f"{workload:10s} tasks/s      median" in out
-        assert f"{workload:10s} CPU s/task   median" in out
-        less_gc = re.search(rf"{workload:10s} CPU less GC  median ([0-9.]+)", out)
+        assert f"{workload:12s} tasks/s      median" in out
+        assert f"{workload:12s} CPU s/task   median" in out
+        less_gc = re.search(rf"{workload:12s} CPU less GC  median ([0-9.]+)", out)
         assert less_gc and float(less_gc.group(1)) > 0
-        loop = re.search(rf"{workload:10s} loop s/task  median ([0-9.]+)", out)
+        loop = re.search(rf"{workload:12s} loop s/task  median ([0-9.]+)", out)
         assert loop and float(loop.group(1)) > 0  # the main thread's CPU was read
-        gc_line = re.search(rf"{workload:10s} GC CPU       ([0-9.]+) / ([0-9.]+)", out)
+        gc_line = re.search(rf"{workload:12s} GC CPU       ([0-9.]+) / ([0-9.]+)", out)
         assert gc_line  # the collections of both sides were counted
-        own = re.search(rf"{workload:10s} own CPU      median ([0-9.]+)", out)
+        own = re.search(rf"{workload:12s} own CPU      median ([0-9.]+)", out)
         assert own and float(own.group(1)) > 0  # the plugin's own CPU was attributed
         # the control (the workers' CPU) was read on both sides, and divided out
-        control = re.search(rf"{workload:10s} workers CPU  median ([0-9.]+)", out)
+        control = re.search(rf"{workload:12s} workers CPU  median ([0-9.]+)", out)
         assert control and float(control.group(1)) > 0
-        assert re.search(rf"{workload:10s} adj. CPU     median [0-9.]+", out)
+        assert re.search(rf"{workload:12s} adj. CPU     median [0-9.]+", out)
     assert "longest single call" in out
     own = re.search(r"less the garbage collections it ran ([0-9.]+) ms", out)
     assert own and float(own.group(1)) > 0  # the GC-free figure was measured
@@ -67,7 +67,7 @@ def test_quick_benchmark_with_the_export_process_produces_its_figures():
     out = proc.stdout
     assert "plugin with its export process" in out
     for workload in ("futures", "nested"):
-        moved = re.search(rf"{workload:10s} export CPU   median ([0-9.]+)", out)
+        moved = re.search(rf"{workload:12s} export CPU   median ([0-9.]+)", out)
         assert moved and float(moved.group(1)) > 0  # the export process's CPU was read
     child = re.search(r"export process ([0-9.]+) s", out)
     assert child and float(child.group(1)) > 0  # its own figure, reported to the plugin
@@ -89,7 +89,7 @@ def test_quick_benchmark_runs_the_wide_workload_when_named():
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
-    assert f"{'wide':10s} tasks/s      median" in out
+    assert f"{'wide':12s} tasks/s      median" in out
     own = re.search(r"less the garbage collections it ran ([0-9.]+) ms", out)
     assert own and float(own.group(1)) > 0
     latency = re.search(r"by workload: .*wide median ([0-9.]+) s max ([0-9.]+) s \(([0-9]+)\)",
@@ -118,7 +118,7 @@ def test_quick_benchmark_runs_the_plugin_of_another_tree_against_the_same_baseli
     assert f"from {other} ==" in sections[1]
     assert f"plugin code from {other / 'dask_otel_spans'}" in sections[1]
     for section in sections:
-        own = re.search(rf"{'nested':10s} own CPU      median ([0-9.]+)", section)
+        own = re.search(rf"{'nested':12s} own CPU      median ([0-9.]+)", section)
         assert own and float(own.group(1)) > 0
 
 
@@ -134,7 +134,7 @@ def test_quick_benchmark_with_an_inert_plugin_reports_its_ratios_apart():
     plugin_part, _, inert_part = out.partition("== an inert plugin")
     assert "== plugin with its export process" in plugin_part
     for part in (plugin_part, inert_part):
-        cpu = re.search(r"futures    CPU s/task   median ([0-9.]+)", part)
+        cpu = re.search(r"futures      CPU s/task   median ([0-9.]+)", part)
         assert cpu and float(cpu.group(1)) > 0
     # the inert plugin has no figures of its own: no own CPU, no latency
     assert "own CPU" in plugin_part and "own CPU" not in inert_part
