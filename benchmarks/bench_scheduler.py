@@ -341,6 +341,7 @@ def run_once(with_plugin: bool, scale: dict[str, Any], workers: int, threads: in
             args = scale[name]
             gc0 = client.run_on_scheduler(bench_clock.gc_figures)
             own0 = plugin_cpu_in_scheduler(stats)
+            spans0 = stats["handed_over"] if with_plugin else 0
             cpu0, loop0, t0 = cluster.cpu(), cluster.loop_cpu(), time.perf_counter()
             child0, workers0 = cluster.export_cpu(), cluster.workers_cpu()
             n = fn(client, *args)
@@ -359,8 +360,9 @@ def run_once(with_plugin: bool, scale: dict[str, Any], workers: int, threads: in
             # export process may still be at them when the window above ends)
             child = cluster.export_cpu() - child0
             own = plugin_cpu_in_scheduler(stats) - own0
+            spans = stats["handed_over"] - spans0 if with_plugin else 0
             out[name] = (n / wall, cpu / n, loop / n, child / n, gc_cpu / n, full,
-                         own / n, workers / n)
+                         own / n, workers / n, spans)
     finally:
         cluster.close()
     return out, stats
@@ -478,12 +480,14 @@ def _round(i: int, pairs: int, scale: dict[str, Any], workers: int, threads: int
         if stats:
             stats_by[config].append(stats)
     base = runs[None]
+    n_tasks = scale_tasks(scale)
     for variant in variants:
         for name, run in runs[variant].items():
             r = ratios_by[variant].setdefault(
                 name, {"rate": [], "cpu": [], "cpu_less_gc": [], "loop": [],
                        "child": [], "own": [], "gc": [], "gc_base": [], "full": [],
-                       "full_base": [], "workers": [], "cpu_for_speed": []})
+                       "full_base": [], "workers": [], "cpu_for_speed": [],
+                       "own_per_span": [], "base_cpu_us": []})
             r["rate"].append(run[0] / base[name][0])
             r["cpu"].append(run[1] / base[name][1])
             # the control: the workers' CPU per task, the same code on both sides;
@@ -504,6 +508,11 @@ def _round(i: int, pairs: int, scale: dict[str, Any], workers: int, threads: int
             # the same run's scheduler CPU: the direct part of the CPU ratio, free
             # of the spread between runs
             r["own"].append(run[6] / max(run[1] - run[6], 1e-12))
+            # the same per span handed over, in µs: the plugin's cost follows the
+            # spans, not the tasks (what a user's own tasks per span make of it)
+            if run[8]:
+                r["own_per_span"].append(run[6] * n_tasks[name] / run[8] * 1e6)
+            r["base_cpu_us"].append(base[name][1] * 1e6)
             # garbage collection, both sides as fractions of the baseline's CPU
             r["gc"].append(run[4] / base[name][1])
             r["gc_base"].append(base[name][4] / base[name][1])
@@ -552,6 +561,15 @@ def report_ratios(ratios: dict[str, dict[str, list[float]]], export_process: boo
             print(f"   {heading}")
         for name, r in ratios.items():
             print(f"   {name:12s} {label:12s} {fmt_ratio(r[key])}")
+    if own and any(r["own_per_span"] for r in ratios.values()):
+        print("   the plugin's own CPU in the scheduler process per span handed over, µs "
+              "(its cost follows the spans; the baseline's CPU per task is "
+              "what it is measured against)")
+        for name, r in ratios.items():
+            if r["own_per_span"]:
+                print(f"   {name:12s} {'own µs/span':12s} "
+                      f"{fmt_ratio(r['own_per_span'])}; baseline CPU "
+                      f"{statistics.median(r['base_cpu_us']):.0f} µs/task")
     if export_process:
         print("   export process CPU seconds per task, as a fraction of the baseline "
               "scheduler's (the work moved out of the scheduler process)")

@@ -69,6 +69,10 @@ def test_quick_benchmark_with_the_export_process_produces_its_figures():
     for workload in ("futures", "nested"):
         moved = re.search(rf"{workload:12s} export CPU   median ([0-9.]+)", out)
         assert moved and float(moved.group(1)) > 0  # the export process's CPU was read
+        # the plugin's own CPU per span it handed over, next to the baseline's per task
+        per_span = re.search(rf"{workload:12s} own µs/span  median ([0-9.]+) .*; "
+                             r"baseline CPU ([0-9]+) µs/task", out)
+        assert per_span and float(per_span.group(1)) > 0 and int(per_span.group(2)) > 0
     child = re.search(r"export process ([0-9.]+) s", out)
     assert child and float(child.group(1)) > 0  # its own figure, reported to the plugin
     # latencies travel back from the export process through its records file
