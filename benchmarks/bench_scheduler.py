@@ -231,7 +231,9 @@ def delayed_workload(client: Client, n_spans: int, per_span: int,
 
 
 def nested_workload(client: Client, a: int, b: int, c: int,
-                    one_collection: bool = True) -> int:
+                    one_collection: bool = True, per_leaf: int = 1) -> int:
+    """``a`` x ``b`` x ``c`` leaf spans, three levels deep, of ``per_leaf`` tasks each
+    (one TaskGroup per leaf span)."""
     outs = []
     for i in range(a):
         with span(f"l1-{i}"):
@@ -239,13 +241,20 @@ def nested_workload(client: Client, a: int, b: int, c: int,
                 with span(f"l2-{j}"):
                     for k in range(c):
                         with span(f"l3-{k}"):
-                            outs.append(dask.delayed(inc)(
-                                k, dask_key_name=(f"n-{uuid.uuid4().hex}", 0)))
+                            name = f"n-{uuid.uuid4().hex}"
+                            outs += [dask.delayed(inc)(k, dask_key_name=(name, t))
+                                     for t in range(per_leaf)]
     if one_collection:
         compute_as_one(client, outs, "l1-gather")
     else:
         client.gather(client.compute(outs))
-    return a * b * c
+    return a * b * c * per_leaf
+
+
+def nested_x10_workload(client: Client, a: int, b: int, c: int) -> int:
+    """``nested`` with 10 tasks per leaf span: how the cost per span weighs with more
+    tasks to share it."""
+    return nested_workload(client, a, b, c, per_leaf=10)
 
 
 def delayed_list_workload(client: Client, n_spans: int, per_span: int) -> int:
@@ -288,6 +297,7 @@ EXTRA_WORKLOADS = {
     "wide": wide_workload,
     "delayed-list": delayed_list_workload,
     "nested-list": nested_list_workload,
+    "nested-x10": nested_x10_workload,
 }
 ALL_WORKLOADS = {**WORKLOADS, **EXTRA_WORKLOADS}
 
@@ -378,6 +388,7 @@ def scale_tasks(scale: dict[str, Any]) -> dict[str, int]:
         "wide": lambda children: children,
     }
     count["delayed-list"], count["nested-list"] = count["delayed"], count["nested"]
+    count["nested-x10"] = lambda a, b, c: a * b * c * 10
     return {name: count[name](*args) for name, args in scale.items()}
 
 
@@ -864,7 +875,8 @@ def main(argv: list[str] | None = None) -> int:
                              "of the README's tables; also: wide, one span with "
                              "thousands of child spans; delayed-list and "
                              "nested-list, delayed and nested computed as lists of "
-                             "collections, as in the runs before 2026-11-24 evening)")
+                             "collections, as in the runs before 2026-11-24 evening; "
+                             "nested-x10, nested with 10 tasks per leaf span)")
     parser.add_argument("--export-process", action="store_true",
                         help="run the plugin with its export process, as the default "
                              "(auto) does with providers from configuration (parts 1 to "
@@ -907,12 +919,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         scale = {"futures": (20, 10), "delayed": (20, 10), "nested": (4, 3, 5),
                  "big-graph": (1000,), "wide": (200,)}
-        scale.update({"delayed-list": scale["delayed"], "nested-list": scale["nested"]})
+        scale.update({"delayed-list": scale["delayed"], "nested-list": scale["nested"],
+                      "nested-x10": scale["nested"]})
         pairs, checkpoints, repeat = args.pairs or 1, [200, 1000, 2000], 5
     else:
         scale = {"futures": (200, 100), "delayed": (200, 100), "nested": (10, 10, 20),
                  "big-graph": (10_000,), "wide": (3_000,)}
-        scale.update({"delayed-list": scale["delayed"], "nested-list": scale["nested"]})
+        scale.update({"delayed-list": scale["delayed"], "nested-list": scale["nested"],
+                      "nested-x10": scale["nested"]})
         pairs, checkpoints, repeat = args.pairs or 3, [1000, 10_000, 100_000], 50
     scale = {name: shape for name, shape in scale.items() if name in workloads}
     modes = [False, True] if args.both_modes else [args.export_process]

@@ -59,3 +59,16 @@ def test_nested_list_workload_submits_a_collection_per_leaf_span(client):
     tasks, spans = run_workload(client, "nested-list", (2, 2, 3))
     assert tasks == 12
     assert set(spans.values()) == {12}  # the list of all 12, copied into each span
+
+
+def test_nested_x10_workload_puts_ten_tasks_in_each_leaf_span(client):
+    def leaf_tasks(dask_scheduler) -> dict[str, int]:
+        ext = dask_scheduler.extensions["spans"]
+        return {s.id: sum(sum(tg.states.values()) for tg in s.groups)
+                for s in ext.spans.values() if s.name[-1].startswith("l3-")}
+
+    before = set(client.run_on_scheduler(leaf_tasks))
+    tasks = bench_scheduler.ALL_WORKLOADS["nested-x10"](client, 2, 2, 3)
+    counts = [n for k, n in client.run_on_scheduler(leaf_tasks).items() if k not in before]
+    assert tasks == 120
+    assert counts == [10] * 12
