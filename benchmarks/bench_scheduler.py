@@ -24,9 +24,10 @@ Parts:
 1. throughput: 20,000 small tasks over 200 spans (futures, then one delayed graph), and
    a graph of 2,000 spans nested three levels (each graph computed as one collection:
    see ``compute_as_one``; ``--workloads delayed-list,nested-list`` computes them as
-   lists of collections, as the runs before 2026-11-24 evening did); tasks/s (until the results are in) and
-   scheduler-process CPU s/task (until 3 s later, so that emitting the workload's spans
-   counts for it; the next workload starts once the plugin is idle), and the plugin's
+   lists of collections, as the runs before 2026-11-24 evening did); tasks/s (until the
+   results are in) and scheduler-process CPU s/task (until 3 s later, so that emitting
+   the workload's spans counts for it; the next workload starts once the plugin is
+   idle), and the plugin's
    own CPU in the scheduler process as a fraction of the rest of the run's; the workers'
    CPU s/task (the same code on both sides) as a control for the machine's speed, and
    the CPU ratio with it divided out
