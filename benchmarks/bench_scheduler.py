@@ -27,10 +27,9 @@ Parts:
    lists of collections, as the runs before 2026-11-24 evening did); tasks/s (until the
    results are in) and scheduler-process CPU s/task (until 3 s later, so that emitting
    the workload's spans counts for it; the next workload starts once the plugin is
-   idle), and the plugin's
-   own CPU in the scheduler process as a fraction of the rest of the run's; the workers'
-   CPU s/task (the same code on both sides) as a control for the machine's speed, and
-   the CPU ratio with it divided out
+   idle), and the plugin's own CPU in the scheduler process as a fraction of the rest
+   of the run's and per span (µs); the workers' CPU s/task (the same code on both
+   sides) as a control for the machine's speed, and the CPU ratio with it divided out
 2. event-loop cost: longest single plugin hook/callback call, total, 10,000-task graph
    (``--workloads wide``, not in the default set: one span with 3,000 child spans of one
    task each, a parent whose check and copy cover thousands of open children)
