@@ -569,7 +569,7 @@ def report_ratios(ratios: dict[str, dict[str, list[float]]], export_process: boo
         if key == "own" and not own:
             continue
         if heading:
-            print(f"   {heading}")
+            print(f"   {heading.replace('plugin / baseline', who + ' / baseline')}")
         for name, r in ratios.items():
             print(f"   {name:12s} {label:12s} {fmt_ratio(r[key])}")
     if own and any(r["own_per_span"] for r in ratios.values()):

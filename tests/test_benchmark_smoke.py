@@ -142,5 +142,7 @@ def test_quick_benchmark_with_an_inert_plugin_reports_its_ratios_apart():
         assert cpu and float(cpu.group(1)) > 0
     # the inert plugin has no figures of its own: no own CPU, no latency
     assert "own CPU" in plugin_part and "own CPU" not in inert_part
+    # its lines are headed as the inert plugin's, not as the plugin's
+    assert "CPU seconds per task, inert plugin / baseline" in inert_part
     assert "4. latency" in plugin_part and "4. latency" not in inert_part
     assert "1. throughput, inert plugin / baseline" in inert_part
