@@ -1179,11 +1179,11 @@ class OTelSpansPlugin(SchedulerPlugin):
         that are ready."""
         yield from self._drain()
         now = time()
+        grace = self.grace
         yield from self._wake_due(now)
-        yield from self._take_settled()
+        yield from self._take_settled(now, grace)
         if not self._to_check:
             return
-        grace = self.grace
         self._forget_pass_verdicts()
         self._verdicts_in_step = 0
         self._verdict_limit = _VERDICTS_PER_STEP
@@ -1287,15 +1287,26 @@ class OTelSpansPlugin(SchedulerPlugin):
             if n % _CHECK_EVERY == 0:
                 yield
 
-    def _take_settled(self) -> Iterator[None]:
-        """Queue the open spans whose tasks settled since the last pass."""
+    def _take_settled(self, now: float, grace: float) -> Iterator[None]:
+        """Look at the open spans whose tasks settled since the last pass once a
+        grace period has passed, not now.
+
+        A span whose last task settled cannot be ready before its grace period,
+        counted from that task's finish (which came before this pass): the check at
+        ``now + grace`` judges it done and, closed, emits it, the parents its
+        emission queues with it. One readiness check per span of one task, not two
+        (one now that could only start the wait, one when it ends), for at most one
+        tick of latency more. A span found not done then waits for its next task
+        to settle, as it would have now.
+        """
         settled, self._settled = self._settled, set()
+        due = now + grace
         for i, dask_id in enumerate(settled, 1):
             rec = self._open.get(dask_id)
             if rec is not None:
                 # (a task of a span judged done ran again: its last finish moved)
                 rec.done_since = None
-                self._look_again(rec)
+                self._wake_up_at(rec, due)
             if i % (_CHECK_EVERY * 4) == 0:
                 yield
 

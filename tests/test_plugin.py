@@ -537,11 +537,34 @@ async def test_a_pass_checks_only_the_spans_whose_tasks_or_state_changed(c, s, a
     assert run_pass(plugin) == 0  # nothing changed
     await release.set()
     await wait(futures)
-    assert run_pass(plugin) == 20  # each span's task settled: one check each
-    assert run_pass(plugin) == 0  # done, waiting for the grace period
+    # each span's task settled: none can be ready before its grace period, so
+    # the pass only sets when to look (no check), and the next passes wait
+    assert run_pass(plugin) == 0
+    assert all(rec.wake_at for rec in plugin._open.values())
+    assert run_pass(plugin) == 0
+
+
+@gen_cluster(client=True)
+async def test_a_one_task_span_is_checked_once_after_its_task_settles(c, s, a, b):
+    """The one readiness check of a closed span of one task, a grace period after
+    it settled, finds it ready and emits it: one check per span, not one to start
+    the wait and one to end it."""
+    memory = MemoryProviders()
+    plugin = await install(c, memory, tick_interval=3600)
+    futures = []
+    for i in range(20):
+        with span(f"once-{i}"):
+            futures.append(c.submit(inc, i, key=f"once{i}"))
+    await wait(futures)
     await async_wait_for(
-        lambda: run_pass(plugin) >= 0 and len(memory.dask_spans()) == 20, timeout=10
+        lambda: run_pass(plugin) >= 0 and plugin.open_span_count == 20
+        and all(rec.closed_at and rec.wake_at for rec in plugin._open.values())
     )
+    await asyncio.sleep(max(rec.wake_at for rec in plugin._open.values()) - time() + 0.05)
+    assert run_pass(plugin) == 20
+    assert plugin.open_span_count == 0
+    await plugin.flush()
+    assert len(memory.dask_spans()) == 20
 
 
 
@@ -564,6 +587,8 @@ async def test_a_new_span_whose_tasks_run_is_checked_only_once_they_settle(c, s,
     assert plugin.readiness_checks == before
     await release.set()
     await wait(futures)
+    assert run_pass(plugin) == 0  # settled: looked at after the grace period
+    await asyncio.sleep(max(rec.wake_at for rec in plugin._open.values()) - time() + 0.05)
     assert run_pass(plugin) == 10
 
 
@@ -854,7 +879,7 @@ def test_a_task_settling_again_in_a_span_judged_done_restarts_its_wait():
     assert child.done_since == child.finished_at == 1.0
     group.stop = 5.0  # a task of it ran again
     plugin._settled.add(child.id)
-    for _ in plugin._take_settled():
+    for _ in plugin._take_settled(now, 1.0):
         pass
     plugin._forget_pass_verdicts()
     assert plugin._ready_at(child, now, 1.0) == 6.0
