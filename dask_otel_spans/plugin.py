@@ -952,6 +952,8 @@ class OTelSpansPlugin(SchedulerPlugin):
                 continue
             seen.add(id(value))
             yield  # each distinct chain is parsed: a few µs
+            if type(value) is dict and self._chain_known(value, absorbed):
+                continue
             carried = parse_carried(value, parsed)
             if carried is None:
                 self._log_once(
@@ -976,6 +978,29 @@ class OTelSpansPlugin(SchedulerPlugin):
                         self._look_again(rec)
                 elif dask_id not in self._ext.spans:
                     self._remember(self._submitted_unknown, dask_id)
+
+    def _chain_known(self, chain: dict[Any, Any], absorbed: set[str]) -> bool:
+        """Whether every span of a carried ``chain`` not absorbed yet is open with
+        its own context from its close notice, which carried this very chain (the
+        client helper sends its annotation's value as the notice's ``otel``): then
+        only the graph's coming is news, and the chain need not be parsed again. A
+        graph computed after its blocks closed (lazy collections) brings one
+        chain per leaf span, each parsed already by that span's notice."""
+        open_spans = self._open
+        known = []
+        for dask_id in chain:
+            if dask_id in absorbed:
+                continue
+            rec = open_spans.get(dask_id)
+            if rec is None or not rec.helper or dask_id not in rec.carried:
+                return False
+            known.append(rec)
+        for rec in known:
+            absorbed.add(rec.id)
+            rec.submitted = True
+            if rec.span is None:
+                self._look_again(rec)  # (as for a parsed chain, below)
+        return True
 
     def _mark_activity(
         self, keys: Any, span_of_key: Any, now: float, client: str | None

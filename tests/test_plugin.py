@@ -985,3 +985,35 @@ def test_max_series_is_a_dask_setting():
         assert PluginConfig.from_dask_config().max_series == 50
     with dask.config.set({"otel-spans.metrics.max-series": None}):
         assert PluginConfig.from_dask_config().max_series is None
+
+
+def test_a_graph_of_spans_whose_close_notices_came_first_parses_no_chain_again(
+    monkeypatch,
+):
+    """Collections computed after their blocks closed bring one carried chain per
+    span, the very chain each span's close notice carried: the graph marks those
+    spans submitted and keeps the notice's contexts, without parsing them again."""
+    from types import SimpleNamespace
+
+    import dask_otel_spans.plugin as plugin_module
+
+    plugin = OTelSpansPlugin()
+    plugin._ext = SimpleNamespace(spans={})
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    chain = {"root-id": {"traceparent": traceparent}, "leaf-id": {}}
+    now = time()
+    plugin._on_close_notice({
+        "ids": ["root-id", "leaf-id"], "name": ["root", "leaf"], "opened": 2,
+        "otel": chain, "enter": now, "exit": now, "lazy": True,
+    }, now)
+    contexts = {dask_id: dict(rec.carried) for dask_id, rec in plugin._open.items()}
+    parses = []
+    real_parse = plugin_module.parse_carried
+    monkeypatch.setattr(plugin_module, "parse_carried",
+                        lambda *args: parses.append(args) or real_parse(*args))
+    for _ in plugin._absorb_annotations({("x", 0): chain, ("x", 1): chain}):
+        pass
+    assert parses == []
+    assert all(rec.submitted for rec in plugin._open.values())
+    assert {i: dict(rec.carried) for i, rec in plugin._open.items()} == contexts
+    assert contexts["leaf-id"]["root-id"].span_id == 0xB7AD6B7169203331
