@@ -922,8 +922,9 @@ class OTelSpansPlugin(SchedulerPlugin):
             self._look_again(rec)
         else:
             # Not done: when a task of that group settles, the transition hook
-            # queues the span; a check now would only say so (one check less per
-            # span, the most of all on spans of one task)
+            # notes the span, and the next pass sets its check a grace period
+            # later; a check now would only say it runs (one check less per span,
+            # the most of all on spans of one task)
             rec.unfinished_group = running
         if not rec.counted and self.pump is not None:
             rec.counted = True
@@ -1045,9 +1046,9 @@ class OTelSpansPlugin(SchedulerPlugin):
                 rec.unfinished_group is None
             ):
                 # A check is due only if the span may be done already (tasks that
-                # were done before the graph came); else its tasks queue it when
-                # they settle, and it queues its parent when done. (A span with a
-                # group found unfinished is queued when a task of it settles.)
+                # were done before the graph came); else its tasks have it checked
+                # a grace period after they settle, and it queues its parent when
+                # done. (So does a span with a group found unfinished.)
                 running = _a_running_group(rec.span)
                 if running is None:
                     self._look_again(rec)
