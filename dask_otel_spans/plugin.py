@@ -1497,13 +1497,33 @@ class OTelSpansPlugin(SchedulerPlugin):
             else:
                 wait = max(self.config.idle_timeout, grace)
             return rec.closed_at + wait
-        if not self._is_done(rec):
+        groups = rec.span.groups
+        leaf_group = None
+        if not rec.open_children and len(groups) == 1:
+            # A span of one task group and no open child (most spans, and all
+            # those of one task): its verdict is that group's, and needs none of
+            # the walks' bookkeeping
+            for leaf_group in groups:
+                pass
+            if not _group_done(leaf_group):
+                rec.unfinished_group = leaf_group
+                rec.done_since = None
+                return None
+            rec.unfinished_group = rec.unfinished_child = None
+            self._pass_done[rec.id] = True  # (for its parent's check in this pass)
+        elif not self._is_done(rec):
             rec.done_since = None
             return None
         if rec.done_since is None:
             # the grace period covers heartbeats still in flight: count it from
             # when the last task finished, not from when this pass noticed
-            finished = rec.finished_at = self._finished_at(rec)
+            if leaf_group is None:
+                finished = self._finished_at(rec)
+            else:
+                # (as _finished_at: its emitted children left their finish here)
+                finished = max(leaf_group.stop, rec.children_finished_at)
+                self._pass_finished[rec.id] = finished
+            rec.finished_at = finished
             rec.done_since = min(now, finished or now)
             # its parent may be done now too, unless the parent's last check found
             # another child not done (that one queues it when done; an emitted
