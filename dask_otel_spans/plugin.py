@@ -1369,9 +1369,10 @@ class OTelSpansPlugin(SchedulerPlugin):
                 yield i, rec
 
     def _is_done(self, rec: _OpenSpan) -> bool:
-        """Span.done, but reusing this pass's verdicts for open children and taking
-        emitted children as done. A walk of many open children that runs out of
-        step (:class:`_OutOfStep`) is kept, and the next call goes on with it."""
+        """Span.done, but reusing this pass's verdicts for open children, taking
+        emitted children as done and open closed children as not done yet (they
+        are emitted first). A walk of many open children that runs out of step
+        (:class:`_OutOfStep`) is kept, and the next call goes on with it."""
         memo = self._pass_done
         cached = memo.get(rec.id)
         if cached is not None:
@@ -1391,6 +1392,15 @@ class OTelSpansPlugin(SchedulerPlugin):
                 return False
             children = list(rec.open_children)
         for i, child_rec in self._open_with_tasks(children):
+            if child_rec.closed_at is not None:
+                # Closed: its own checks emit it once done, no later than this span
+                # can be ready (its finish, close and activity come before this
+                # span's), and its emission queues this span again. Until then this
+                # span waits for it, with no walk of its waiting siblings pass
+                # after pass (one look per emitted child, not one per open child)
+                rec.unfinished_child = child_rec.id
+                memo[rec.id] = False
+                return False
             try:
                 child_done = self._is_done(child_rec)
             except _OutOfStep:
@@ -1414,6 +1424,8 @@ class OTelSpansPlugin(SchedulerPlugin):
         child_rec = self._open.get(child_id)
         if child_rec is None or child_rec.span is None:
             return True
+        if child_rec.closed_at is not None:
+            return False  # (waited for until it is emitted: see _is_done)
         return self._is_done(child_rec)
 
     def _own_groups_done(self, rec: _OpenSpan) -> bool:
@@ -1527,8 +1539,9 @@ class OTelSpansPlugin(SchedulerPlugin):
             rec.done_since = min(now, finished or now)
             # its parent may be done now too, unless the parent's last check found
             # another child not done (that one queues it when done; an emitted
-            # child queues its parent too)
-            if rec.depth > 1:
+            # child queues its parent too), or this span is closed: its parent
+            # waits for its emission, which queues the parent
+            if rec.depth > 1 and rec.closed_at is None:
                 parent_rec = self._open.get(rec.ids[-2])
                 if parent_rec is not None and (
                     parent_rec.unfinished_child is None

@@ -867,6 +867,40 @@ def test_a_child_judged_done_queues_its_parent_only_if_the_parent_waits_for_it()
     assert second.done_since is not None and parent.id in plugin._queued
 
 
+def test_a_parent_of_closed_children_waits_for_their_emission_looking_at_one():
+    """Open children whose blocks closed are emitted before their parent can be
+    ready: a check of the parent looks at one of them, not at all their groups,
+    and finds the parent done once they are emitted."""
+    plugin = OTelSpansPlugin()
+    parent, children, groups = _tree_of_records(plugin, [True] * 100)
+    for child in children:
+        child.closed_at = 1.0
+    assert not plugin._is_done(parent)
+    assert sum(g.looks for g in groups) == 0  # no child's groups read
+    assert parent.unfinished_child in parent.open_children
+    for child in children[:99]:  # as their emission does
+        del plugin._open[child.id]
+        parent.open_children.discard(child.id)
+    plugin._forget_pass_verdicts()
+    assert not plugin._is_done(parent)
+    assert parent.unfinished_child == children[99].id
+    del plugin._open[children[99].id]
+    parent.open_children.clear()
+    plugin._forget_pass_verdicts()
+    assert plugin._is_done(parent)
+
+
+def test_a_closed_child_judged_done_leaves_the_queueing_of_its_parent_to_its_emission():
+    """A closed child found done does not queue its parent (which waits for its
+    emission, and is queued by it)."""
+    plugin = OTelSpansPlugin()
+    parent, (child,), _ = _tree_of_records(plugin, [True])
+    child.closed_at = time()
+    plugin._ready_at(child, time(), 3600.0)
+    assert child.done_since is not None
+    assert parent.id not in plugin._queued
+
+
 def test_a_task_settling_again_in_a_span_judged_done_restarts_its_wait():
     """A span judged done waits out the grace period from its last task's finish; a
     task of it that ran again and settled moves that finish, and the wait with it
