@@ -179,8 +179,9 @@ class _OpenSpan:
         #: a TaskGroup of the span found not done by the last check: looked at
         #: first, so that checking a running span of many groups is O(1)
         self.unfinished_group: Any = None
-        #: id of an open child found not done by the last check: looked at first,
-        #: so that checking a span of many running children is O(depth)
+        #: id of an open child found not done (or closed, and so emitted before
+        #: it) by the last check: looked at first, so that checking a span of many
+        #: running or waiting children is O(depth)
         self.unfinished_child: str | None = None
 
 
