@@ -901,6 +901,23 @@ def test_a_closed_child_judged_done_leaves_the_queueing_of_its_parent_to_its_emi
     assert parent.id not in plugin._queued
 
 
+def test_a_span_of_one_group_judged_directly_counts_its_emitted_childrens_finish():
+    """The check of a span of one task group and no open child (judged by that group
+    alone) finds the same finish as the general walk: the later of the group's last
+    task and of the children it emitted."""
+    plugin = OTelSpansPlugin()
+    parent, (child,), (group,) = _tree_of_records(plugin, [True])
+    child.closed_at = 2.0
+    child.children_finished_at = 4.0  # an emitted child of its own finished later
+    assert plugin._ready_at(child, time(), 1.0) == 5.0
+    assert child.finished_at == child.done_since == 4.0
+    group.finished = False  # a task of it runs again
+    child.done_since = None
+    plugin._forget_pass_verdicts()
+    assert plugin._ready_at(child, time(), 1.0) is None
+    assert child.unfinished_group is group
+
+
 def test_a_task_settling_again_in_a_span_judged_done_restarts_its_wait():
     """A span judged done waits out the grace period from its last task's finish; a
     task of it that ran again and settled moves that finish, and the wait with it
