@@ -1516,8 +1516,7 @@ class OTelSpansPlugin(SchedulerPlugin):
             # A span of one task group and no open child (most spans, and all
             # those of one task): its verdict is that group's, and needs none of
             # the walks' bookkeeping
-            for leaf_group in groups:
-                pass
+            leaf_group = next(iter(groups))
             if not _group_done(leaf_group):
                 rec.unfinished_group = leaf_group
                 rec.done_since = None
