@@ -16,7 +16,13 @@ from typing import Any
 from dask_otel_spans.background import BackgroundQueue
 from dask_otel_spans.emitter import EmitRequest
 from dask_otel_spans.pipeline import PipelineSpec
-from dask_otel_spans.wire import encode_frame, read_frame, span_tags_of, write_frame
+from dask_otel_spans.wire import (
+    encode_batch,
+    encode_frame,
+    read_frame,
+    span_tags_of,
+    write_frame,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +50,8 @@ class ExportProcess(BackgroundQueue):
     Takes the place of the :class:`~dask_otel_spans.emitter.SpanEmitter` and the
     :class:`~dask_otel_spans.metrics.MetricsPump` in the scheduler: :meth:`emit` and
     :meth:`submit` queue (never block; past ``maxsize`` pending items they drop and
-    count), a sender thread pickles batches
-    (:func:`~dask_otel_spans.wire.encode_frame`) and writes them to the child's stdin,
+    count), a sender thread encodes batches
+    (:func:`~dask_otel_spans.wire.encode_batch`) and writes them to the child's stdin,
     with the entries of the scheduler's ``total_nthreads_history`` the child has not
     had yet (snapshots read the child's copy:
     :data:`~dask_otel_spans.wire.MIRRORED_HISTORY`). The child
@@ -362,7 +368,7 @@ class ExportProcess(BackgroundQueue):
         """The batch as one frame; an item that cannot be pickled (e.g. odd objects
         in span code) is left out, counted in ``lost`` and logged once."""
         try:
-            return encode_frame(batch)
+            return encode_batch(batch)
         except Exception:
             pass
         kept = []

@@ -1,11 +1,13 @@
-"""What crosses the pipe to the export process: length-prefixed pickle frames, and
-the forms the plugin's items take there (no references into the scheduler's live
-state, and cheap to pickle on the scheduler's side)."""
+"""What crosses the pipe to the export process: length-prefixed frames (marshal of
+plain built-ins for the sender's batches, pickle for anything else), and the forms
+the plugin's items take there (no references into the scheduler's live state, and
+cheap to encode on the scheduler's side)."""
 from __future__ import annotations
 
 import copyreg
 import functools
 import io
+import marshal
 import pickle
 import struct
 from collections.abc import Hashable, Mapping, Sequence
@@ -17,6 +19,9 @@ from dask_otel_spans.emitter import EmitRequest
 from dask_otel_spans.snapshot import GroupSnapshot, SpanSnapshot
 
 _HEADER = struct.Struct("!I")
+#: First byte of a frame's payload: how the rest is encoded
+_PICKLED, _MARSHALLED = 0x50, 0x4D  # "P", "M"
+_MARSHAL_VERSION = 4
 
 class _MirroredHistory(tuple):
     """An empty history that pickles as a reference to :data:`MIRRORED_HISTORY`
@@ -83,12 +88,27 @@ def encode_frame(obj: Any) -> bytes:
     """``obj`` pickled, with its length in front."""
     buffer = io.BytesIO()
     buffer.write(b"\0" * _HEADER.size)
+    buffer.write(bytes((_PICKLED,)))
     pickler = pickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
     pickler.dispatch_table = _DISPATCH_TABLE
     pickler.dump(obj)
     frame = buffer.getbuffer()
     _HEADER.pack_into(frame, 0, len(frame) - _HEADER.size)
     return bytes(frame)
+
+
+def encode_batch(batch: list[tuple[Any, ...]]) -> bytes:
+    """A batch of the sender's messages as one frame: marshalled in their plain
+    form (requests, snapshots, task groups and carried contexts as tuples of
+    built-ins), a third of pickle's cost on the sender; pickled when some value is
+    not a plain built-in (a ``str`` subclass in a metric key, code objects of
+    ``include-code``...). :func:`read_frame` gives back the same objects either way.
+    """
+    try:
+        payload = marshal.dumps(list(map(_plain_message, batch)), _MARSHAL_VERSION)
+    except Exception:  # (ValueError: a value marshal cannot take)
+        return encode_frame(batch)
+    return _HEADER.pack(len(payload) + 1) + bytes((_MARSHALLED,)) + payload
 
 
 def write_frame(stream: IO[bytes], obj: Any) -> None:
@@ -106,7 +126,102 @@ def read_frame(stream: IO[bytes]) -> Any:
     payload = stream.read(size)
     if len(payload) < size:
         raise EOFError("export pipe closed in the middle of a frame")
-    return pickle.loads(payload)
+    return decode_payload(payload)
+
+
+def decode_payload(payload: bytes) -> Any:
+    """The object of a frame's payload (after its length)."""
+    if not payload:
+        raise ValueError("empty frame")
+    kind = payload[0]
+    if kind == _PICKLED:
+        return pickle.loads(memoryview(payload)[1:])
+    if kind == _MARSHALLED:
+        return list(map(_message_from_plain, marshal.loads(memoryview(payload)[1:])))
+    raise ValueError(f"unknown frame encoding {kind:#x}")
+
+
+# -- the plain form of the sender's messages (for marshal) ----------------------------
+
+#: Portable forms of carried span contexts, by ``id()``: the contexts of a chain's
+#: ancestors come with every span below them (the context is kept with its form, so
+#: that its id is not reused while it is remembered). Used by the sender thread only.
+_PORTABLE: dict[int, tuple[SpanContext, tuple[int, int, int, str]]] = {}
+
+
+def _portable_context(ctx: SpanContext) -> tuple[int, int, int, str]:
+    known = _PORTABLE.get(id(ctx))
+    if known is not None and known[0] is ctx:
+        return known[1]
+    portable = _reduce_span_context(ctx)[1][0]
+    if len(_PORTABLE) >= _RESTORED_CACHE_SIZE:
+        _PORTABLE.clear()
+    _PORTABLE[id(ctx)] = (ctx, portable)
+    return portable
+
+
+def _plain_snapshot(snap: SpanSnapshot | str) -> tuple[Any, ...] | str:
+    if type(snap) is str:  # (a child whose summary the other side holds)
+        return snap
+    span_id, name, enqueued, groups, metrics, children, code, history, offset = snap
+    return (
+        span_id, name, enqueued, tuple(map(tuple, groups)), metrics,
+        tuple(map(_plain_snapshot, children)) if children else (), code,
+        None if history is MIRRORED_HISTORY else tuple(history), offset,
+    )
+
+
+def _plain_request(request: EmitRequest) -> tuple[Any, ...]:
+    tags, ids, carried, snap = request[:4]
+    if carried:
+        carried = {
+            dask_id: None if ctx is None else _portable_context(ctx)
+            for dask_id, ctx in carried.items()
+        }
+    else:
+        carried = {}
+    return (
+        tags, ids, carried, None if snap is None else _plain_snapshot(snap)
+    ) + request[4:]
+
+
+def _plain_message(message: tuple[Any, ...]) -> tuple[Any, ...]:
+    kind = message[0]
+    if kind == "emits":
+        return ("emits", list(map(_plain_request, message[1])))
+    if kind == "emit":
+        return ("emit", _plain_request(message[1]))
+    return message
+
+
+def _snapshot_from_plain(plain: tuple[Any, ...] | str) -> SpanSnapshot | str:
+    if type(plain) is str:
+        return plain
+    span_id, name, enqueued, groups, metrics, children, code, history, offset = plain
+    return SpanSnapshot(
+        span_id, name, enqueued, tuple(GroupSnapshot._make(g) for g in groups),
+        metrics, tuple(map(_snapshot_from_plain, children)), code,
+        MIRRORED_HISTORY if history is None else history, offset,
+    )
+
+
+def _request_from_plain(plain: tuple[Any, ...]) -> EmitRequest:
+    tags, ids, carried, snap = plain[:4]
+    return EmitRequest(
+        tags, ids,
+        {dask_id: None if ctx is None else _restored_context(ctx)
+         for dask_id, ctx in carried.items()},
+        None if snap is None else _snapshot_from_plain(snap), *plain[4:],
+    )
+
+
+def _message_from_plain(message: tuple[Any, ...]) -> tuple[Any, ...]:
+    kind = message[0]
+    if kind == "emits":
+        return ("emits", list(map(_request_from_plain, message[1])))
+    if kind == "emit":
+        return ("emit", _request_from_plain(message[1]))
+    return message
 
 
 def mirror_history(
