@@ -981,6 +981,37 @@ async def test_emitting_a_child_queues_its_parent_only_until_the_parent_is_judge
 
 
 @gen_cluster(client=True)
+async def test_the_request_handed_over_holds_each_field_of_the_record_by_name(
+    c, s, a, b
+):
+    """Requests are made from their fields in order (no named-tuple ``__new__``):
+    each named field of what the emitter gets holds what its name says."""
+    memory = MemoryProviders()
+    plugin = await install(c, memory, export_delay=3600, tick_interval=3600)
+    with dask_span("parent") as parent_id:
+        with dask_span("leaf") as leaf_id:
+            await c.submit(inc, 1, key="leaf-1")
+    await async_wait_for(
+        lambda: run_pass(plugin) >= 0 and plugin.open_span_count == 2
+        and plugin._open[leaf_id].span is not None
+    )
+    rec = plugin._open[leaf_id]
+    rec.close_reason, rec.enter, rec.exit = "a reason", 1.5, 2.5
+    handed: list = []
+    plugin.emitter.emit_many = handed.extend
+    plugin._emit(rec, 42.0, complete=False)
+    [request] = handed
+    assert (request.tags, request.ids) == (("parent", "leaf"), (parent_id, leaf_id))
+    assert request.carried is rec.carried and request.snapshot.id == leaf_id
+    assert (request.now, request.complete, request.close_reason) == (
+        42.0, False, "a reason"
+    )
+    assert (request.enter, request.exit) == (1.5, 2.5)
+    assert (request.keep_summary, request.counted) == (True, rec.counted)
+    assert rec.counted
+
+
+@gen_cluster(client=True)
 async def test_a_failing_readiness_check_is_logged_once_and_the_span_still_exported(
     c, s, a, b
 ):

@@ -117,6 +117,25 @@ def test_snapshot_is_independent_of_later_changes():
     assert s.metrics[("thread-cpu", "seconds")] == pytest.approx(3.5)
 
 
+def test_a_copy_reads_back_each_field_of_the_span_and_its_groups_by_name():
+    """Snapshots are made from their fields in order (no named-tuple ``__new__``):
+    each named field holds what its name says."""
+    root, child = make_tree()
+    snap = snapshot_in_one_step(child, nthreads_history=())
+    assert (snap.id, snap.name, snap.enqueued) == (CHILD, ("wf", "load"), 100.0)
+    assert snap.metrics == child._cumulative_worker_metrics
+    assert (snap.children, snap.code, snap.nthreads_history) == ((), (), ())
+    assert snap.nthreads_offset == child._total_nthreads_offset
+    by_stop = {g.stop: g for g in snap.groups}
+    group = by_stop[104.0]
+    assert (group.prefix, group.start, group.stop) == ("read", 102.0, 104.0)
+    assert (group.nbytes_total, group.duration) == (200, 1.0)
+    assert (group.task_count, group.erred_count) == (2, 1)
+    assert snapshot_span(root).children[0] == snap._replace(
+        nthreads_history=child._total_nthreads_history
+    )
+
+
 def test_snapshot_copies_code_only_when_asked():
     root, _ = make_tree()
     root._code[("snippet",)] = None
