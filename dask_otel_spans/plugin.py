@@ -826,10 +826,12 @@ class OTelSpansPlugin(SchedulerPlugin):
             yield from self._adopt_existing_spans()
         pending = self._pending
         notices = 0  # handled in this step
+        grace = self.grace  # (for the notices of this step)
         while pending:
             event = pending.popleft()
             kind, n_spans, now = event[:3]
-            yield from self._register_new_spans(n_spans)
+            if n_spans > self._n_known:
+                yield from self._register_new_spans(n_spans)
             if kind == _GRAPH:
                 _, _, _, client, tasks, otel, span_of_key = event
                 if otel:
@@ -848,13 +850,14 @@ class OTelSpansPlugin(SchedulerPlugin):
                     if len(spans) > self._n_known:
                         yield from self._register_new_spans(len(spans))
                     try:
-                        self._on_close_notice(notice, now)
+                        self._on_close_notice(notice, now, grace)
                     except Exception:
                         self._log_failure("close-notice")
                     notices += 1
                     if notices >= _NOTICES_PER_STEP:
                         notices = 0
                         yield
+                        grace = self.grace
                 # (the next events go on in this step: a burst of notices, one
                 # event each from a synchronous client, runs a few to a step)
                 continue
@@ -862,6 +865,7 @@ class OTelSpansPlugin(SchedulerPlugin):
                 yield from self._on_client_gone(event[3], now)
             notices = 0
             yield  # a burst of small events must not run as one step
+            grace = self.grace
         # spans created other than by a graph submission
         yield from self._register_new_spans(len(self._ext.spans))
 
@@ -1070,8 +1074,9 @@ class OTelSpansPlugin(SchedulerPlugin):
                         rec.clients.add(client)
                 node = node.parent
 
-    def _on_close_notice(self, msg: Any, now: float) -> None:
-        """The client helper's block exited: mark the spans it opened as closed."""
+    def _on_close_notice(self, msg: Any, now: float, grace: float) -> None:
+        """The client helper's block exited: mark the spans it opened as closed
+        (``grace``: the grace period now)."""
         try:
             ids = tuple(msg["ids"])
             tags = tuple(map(str, msg["name"]))
@@ -1115,7 +1120,7 @@ class OTelSpansPlugin(SchedulerPlugin):
             rec.enter, rec.exit = enter, exit_
             if rec.span is None:
                 # not seen by the scheduler: nothing to check, only a wait to set
-                wait_until = self._ready_at(rec, now, self.grace)
+                wait_until = self._ready_at(rec, now, grace)
                 if wait_until is not None:
                     self._wake_up_at(rec, wait_until)
             else:

@@ -1087,7 +1087,7 @@ def test_a_graph_of_spans_whose_close_notices_came_first_parses_no_chain_again(
     plugin._on_close_notice({
         "ids": ["root-id", "leaf-id"], "name": ["root", "leaf"], "opened": 2,
         "otel": chain, "enter": now, "exit": now, "lazy": True,
-    }, now)
+    }, now, plugin.config.export_delay)
     contexts = {dask_id: dict(rec.carried) for dask_id, rec in plugin._open.items()}
     parses = []
     real_parse = plugin_module.parse_carried
