@@ -630,12 +630,13 @@ def report_throughput(ratios: dict[str, dict[str, list[float]]], plugin_stats: l
         for place in places
     }
     n_tasks = sum(n for n in scale_tasks(scale).values())
-    print("   plugin CPU per run (median) by place: " + ", ".join(
-        f"{place} {seconds:.2f} s" for place, seconds in cpu_by_place.items())
-        + f" ({sum(cpu_by_place.values()) / n_tasks * 1e6:.0f} µs per task over "
-        f"{n_tasks} tasks)")
     checks = statistics.median(s["readiness_checks"] for s in plugin_stats)
     handed = statistics.median(s["handed_over"] for s in plugin_stats)
+    print("   plugin CPU per run (median) by place: " + ", ".join(
+        f"{place} {seconds:.3f} s ({seconds / max(handed, 1) * 1e6:.1f} µs per span)"
+        for place, seconds in cpu_by_place.items())
+        + f" ({sum(cpu_by_place.values()) / n_tasks * 1e6:.0f} µs per task over "
+        f"{n_tasks} tasks)")
     print(f"   readiness checks per run (median) {checks:.0f} for {handed:.0f} spans "
           f"handed over ({checks / max(handed, 1):.1f} per span): passes look at "
           "spans that changed or are due, not at every open span")
