@@ -10,7 +10,7 @@ import io
 import marshal
 import pickle
 import struct
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import IO, Any
 
 from opentelemetry.trace import SpanContext, TraceFlags, TraceState
@@ -100,12 +100,16 @@ def encode_frame(obj: Any) -> bytes:
 def encode_batch(batch: list[tuple[Any, ...]]) -> bytes:
     """A batch of the sender's messages as one frame: marshalled in their plain
     form (requests, snapshots, task groups and carried contexts as tuples of
-    built-ins), a third of pickle's cost on the sender; pickled when some value is
+    built-ins), about three quarters of pickle's cost on the sender (3.3 against
+    4.3 µs per one-task span on batches of a live run); pickled when some value is
     not a plain built-in (a ``str`` subclass in a metric key, code objects of
     ``include-code``...). :func:`read_frame` gives back the same objects either way.
     """
     try:
-        payload = marshal.dumps(list(map(_plain_message, batch)), _MARSHAL_VERSION)
+        payload = marshal.dumps(
+            [_with_requests(message, _plain_request) for message in batch],
+            _MARSHAL_VERSION,
+        )
     except Exception:  # (ValueError: a value marshal cannot take)
         return encode_frame(batch)
     return _HEADER.pack(len(payload) + 1) + bytes((_MARSHALLED,)) + payload
@@ -137,7 +141,10 @@ def decode_payload(payload: bytes) -> Any:
     if kind == _PICKLED:
         return pickle.loads(memoryview(payload)[1:])
     if kind == _MARSHALLED:
-        return list(map(_message_from_plain, marshal.loads(memoryview(payload)[1:])))
+        return [
+            _with_requests(message, _request_from_plain)
+            for message in marshal.loads(memoryview(payload)[1:])
+        ]
     raise ValueError(f"unknown frame encoding {kind:#x}")
 
 
@@ -185,12 +192,16 @@ def _plain_request(request: EmitRequest) -> tuple[Any, ...]:
     ) + request[4:]
 
 
-def _plain_message(message: tuple[Any, ...]) -> tuple[Any, ...]:
+def _with_requests(
+    message: tuple[Any, ...], convert: Callable[[Any], Any]
+) -> tuple[Any, ...]:
+    """``message`` with ``convert`` applied to its requests (those of "emit" and
+    "emits"; other messages are plain built-ins already)."""
     kind = message[0]
     if kind == "emits":
-        return ("emits", list(map(_plain_request, message[1])))
+        return ("emits", list(map(convert, message[1])))
     if kind == "emit":
-        return ("emit", _plain_request(message[1]))
+        return ("emit", convert(message[1]))
     return message
 
 
@@ -215,13 +226,6 @@ def _request_from_plain(plain: tuple[Any, ...]) -> EmitRequest:
     )
 
 
-def _message_from_plain(message: tuple[Any, ...]) -> tuple[Any, ...]:
-    kind = message[0]
-    if kind == "emits":
-        return ("emits", list(map(_request_from_plain, message[1])))
-    if kind == "emit":
-        return ("emit", _request_from_plain(message[1]))
-    return message
 
 
 def mirror_history(
