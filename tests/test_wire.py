@@ -196,7 +196,7 @@ def _sent(batch):
 
 
 def test_a_batch_of_plain_values_is_marshalled_and_comes_back_as_the_same_objects():
-    """The sender's batches go as marshal of their plain form (a third of pickle's
+    """The sender's batches go as marshal of their plain form (three quarters of pickle's
     cost on the scheduler): requests, snapshots, groups and carried contexts come
     back as the same named tuples and SpanContexts."""
     client_span = SpanContext(
