@@ -14,7 +14,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from dask_otel_spans import names
 from dask_otel_spans.background import BackgroundQueue
-from dask_otel_spans.propagation import resolve_chain
+from dask_otel_spans.propagation import parse_carried, resolve_chain
 from dask_otel_spans.traces import (
     SpanFields,
     SpanSummary,
@@ -24,8 +24,6 @@ from dask_otel_spans.traces import (
 )
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import SpanContext
-
     from dask_otel_spans.metrics import MetricsPump
     from dask_otel_spans.snapshot import SpanSnapshot
 
@@ -58,7 +56,9 @@ class EmitRequest(NamedTuple):
     tags: tuple[str, ...]
     #: chain of dask span ids, root first
     ids: tuple[str, ...]
-    carried: Mapping[str, SpanContext | None]
+    #: W3C headers carried from the client per dask span id, as sent (parsed
+    #: here, by :meth:`SpanEmitter.translate`, not on the event loop)
+    carried: Mapping[str, Any]
     #: None for a span the scheduler never saw (no tasks): client times are used
     snapshot: SpanSnapshot | None
     now: float
@@ -147,7 +147,7 @@ class SpanEmitter(BackgroundQueue):
 
     def translate(self, request: EmitRequest) -> tuple[SpanFields, float]:
         """OTel fields of the request, and its ``idle or other spans`` seconds."""
-        ids = resolve_chain(request.ids, request.carried)
+        ids = resolve_chain(request.ids, parse_carried(request.carried) or {})
         snap = request.snapshot
         if snap is None:
             enter = request.enter if request.enter is not None else request.now

@@ -46,7 +46,7 @@ from dask_otel_spans.export_process import ExportProcess, ExportProcessError
 from dask_otel_spans.export_share import ExportShareWatch
 from dask_otel_spans.metrics import DaskInstruments, MetricsPump
 from dask_otel_spans.pipeline import ExportPipeline, PipelineSpec
-from dask_otel_spans.propagation import parse_carried
+from dask_otel_spans.propagation import carried_headers
 from dask_otel_spans.providers import (
     Providers,
     global_sdk_meter_provider,
@@ -63,7 +63,6 @@ from dask_otel_spans.wire import MIRRORED_HISTORY
 if TYPE_CHECKING:
     from distributed import Scheduler
     from distributed.spans import Span, SpansSchedulerExtension
-    from opentelemetry.trace import SpanContext
 
 logger = logging.getLogger(__name__)
 
@@ -147,8 +146,9 @@ class _OpenSpan:
         self.ids = ids
         #: the scheduler's Span; None until it has tasks
         self.span: Span | None = None
-        #: W3C contexts carried from the client for ids of the chain
-        self.carried: dict[str, SpanContext | None] = {}
+        #: W3C headers carried from the client for ids of the chain, as sent
+        #: (parsed where the span is translated, not on the event loop)
+        self.carried: dict[str, Any] = {}
         #: opened by the client helper: wait for its close notice
         self.helper = False
         self.closed_at: float | None = None
@@ -951,19 +951,16 @@ class OTelSpansPlugin(SchedulerPlugin):
         # spans given their contexts by an earlier chain of this annotation: the
         # chains below a span all carry the same contexts for it and its ancestors
         absorbed: set[str] = set()
-        # id(carrier) -> its context: the chains below a span share its carrier
-        # object (``otel`` keeps them all alive while this runs)
-        parsed: dict[int, SpanContext | None] = {}
         for i, value in enumerate(otel.values(), 1):
             if id(value) in seen:
                 if i % (_CHECK_EVERY * 16) == 0:
                     yield
                 continue
             seen.add(id(value))
-            yield  # each distinct chain is parsed: a few µs
+            yield  # each distinct chain is looked at: a few µs
             if type(value) is dict and self._chain_known(value, absorbed):
                 continue
-            carried = parse_carried(value, parsed)
+            carried = carried_headers(value)
             if carried is None:
                 self._log_once(
                     "bad-annotation", "ignoring an %r annotation that is not a mapping "
@@ -972,7 +969,7 @@ class OTelSpansPlugin(SchedulerPlugin):
                 )
                 continue
             for dask_id in carried:
-                if dask_id in absorbed:
+                if dask_id in absorbed or type(dask_id) is not str:
                     continue
                 absorbed.add(dask_id)
                 rec = self._open.get(dask_id)
@@ -992,9 +989,9 @@ class OTelSpansPlugin(SchedulerPlugin):
         """Whether every span of a carried ``chain`` not absorbed yet is open with
         its own context from its close notice, which carried this very chain (the
         client helper sends its annotation's value as the notice's ``otel``): then
-        only the graph's coming is news, and the chain need not be parsed again. A
-        graph computed after its blocks closed (lazy collections) brings one
-        chain per leaf span, each parsed already by that span's notice."""
+        only the graph's coming is news, and the chain need not be taken in again.
+        A graph computed after its blocks closed (lazy collections) brings one
+        chain per leaf span, each taken in already from that span's notice."""
         open_spans = self._open
         known = []
         for dask_id in chain:
@@ -1008,7 +1005,7 @@ class OTelSpansPlugin(SchedulerPlugin):
             absorbed.add(rec.id)
             rec.submitted = True
             if rec.span is None:
-                self._look_again(rec)  # (as for a parsed chain, below)
+                self._look_again(rec)  # (as for a chain taken in, below)
         return True
 
     def _mark_activity(
@@ -1093,7 +1090,7 @@ class OTelSpansPlugin(SchedulerPlugin):
                 "%.200r", names.EVENT_TOPIC, e, msg,
             )
             return
-        carried = parse_carried(msg.get("otel")) or {}
+        carried = carried_headers(msg.get("otel")) or {}
         lazy = msg.get("lazy") is True
         client = msg.get("client")
         if not isinstance(client, str):

@@ -16,6 +16,7 @@ from typing import IO, Any
 from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 
 from dask_otel_spans.emitter import EmitRequest
+from dask_otel_spans.propagation import w3c_headers
 from dask_otel_spans.snapshot import GroupSnapshot, SpanSnapshot
 
 _HEADER = struct.Struct("!I")
@@ -99,11 +100,13 @@ def encode_frame(obj: Any) -> bytes:
 
 def encode_batch(batch: list[tuple[Any, ...]]) -> bytes:
     """A batch of the sender's messages as one frame: marshalled in their plain
-    form (requests, snapshots, task groups and carried contexts as tuples of
-    built-ins), about three quarters of pickle's cost on the sender (3.3 against
-    4.3 µs per one-task span on batches of a live run); pickled when some value is
-    not a plain built-in (a ``str`` subclass in a metric key, code objects of
-    ``include-code``...). :func:`read_frame` gives back the same objects either way.
+    form (requests, snapshots and task groups as tuples of built-ins, carried W3C
+    headers as dicts of strings), about three quarters of pickle's cost on the
+    sender (3.3 against 4.3 µs per one-task span on batches of a live run); pickled
+    when some value is not a plain built-in (a ``str`` subclass in a metric key,
+    code objects of ``include-code``...). :func:`read_frame` gives back the same
+    objects either way, with only the ``traceparent`` and ``tracestate`` strings of
+    each carried header (None for a carrier without a valid one).
     """
     try:
         payload = marshal.dumps(
@@ -111,7 +114,11 @@ def encode_batch(batch: list[tuple[Any, ...]]) -> bytes:
             _MARSHAL_VERSION,
         )
     except Exception:  # (ValueError: a value marshal cannot take)
-        return encode_frame(batch)
+        # (the carried headers as they may cross: a client's odd carrier must not
+        # keep the batch from pickling either)
+        return encode_frame(
+            [_with_requests(message, _request_with_plain_carried) for message in batch]
+        )
     return _HEADER.pack(len(payload) + 1) + bytes((_MARSHALLED,)) + payload
 
 
@@ -150,23 +157,6 @@ def decode_payload(payload: bytes) -> Any:
 
 # -- the plain form of the sender's messages (for marshal) ----------------------------
 
-#: Portable forms of carried span contexts, by ``id()``: the contexts of a chain's
-#: ancestors come with every span below them (the context is kept with its form, so
-#: that its id is not reused while it is remembered). Used by the sender thread only.
-_PORTABLE: dict[int, tuple[SpanContext, tuple[int, int, int, str]]] = {}
-
-
-def _portable_context(ctx: SpanContext) -> tuple[int, int, int, str]:
-    known = _PORTABLE.get(id(ctx))
-    if known is not None and known[0] is ctx:
-        return known[1]
-    portable = _reduce_span_context(ctx)[1][0]
-    if len(_PORTABLE) >= _RESTORED_CACHE_SIZE:
-        _PORTABLE.clear()
-    _PORTABLE[id(ctx)] = (ctx, portable)
-    return portable
-
-
 def _plain_snapshot(snap: SpanSnapshot | str) -> tuple[Any, ...] | str:
     if type(snap) is str:  # (a child whose summary the other side holds)
         return snap
@@ -178,18 +168,26 @@ def _plain_snapshot(snap: SpanSnapshot | str) -> tuple[Any, ...] | str:
     )
 
 
+def _plain_carried(carried: Mapping[Any, Any]) -> dict[str, dict[str, str] | None]:
+    """The W3C headers a request carries, as they may cross (whatever a client
+    sent: only the headers' strings, by span id)."""
+    return {
+        dask_id: w3c_headers(carrier)
+        for dask_id, carrier in carried.items()
+        if type(dask_id) is str
+    }
+
+
 def _plain_request(request: EmitRequest) -> tuple[Any, ...]:
     tags, ids, carried, snap = request[:4]
-    if carried:
-        carried = {
-            dask_id: None if ctx is None else _portable_context(ctx)
-            for dask_id, ctx in carried.items()
-        }
-    else:
-        carried = {}
     return (
-        tags, ids, carried, None if snap is None else _plain_snapshot(snap)
+        tags, ids, _plain_carried(carried) if carried else {},
+        None if snap is None else _plain_snapshot(snap),
     ) + request[4:]
+
+
+def _request_with_plain_carried(request: EmitRequest) -> EmitRequest:
+    return request._replace(carried=_plain_carried(request.carried))
 
 
 def _with_requests(
@@ -219,10 +217,8 @@ def _snapshot_from_plain(plain: tuple[Any, ...] | str) -> SpanSnapshot | str:
 def _request_from_plain(plain: tuple[Any, ...]) -> EmitRequest:
     tags, ids, carried, snap = plain[:4]
     return EmitRequest(
-        tags, ids,
-        {dask_id: None if ctx is None else _restored_context(ctx)
-         for dask_id, ctx in carried.items()},
-        None if snap is None else _snapshot_from_plain(snap), *plain[4:],
+        tags, ids, carried, None if snap is None else _snapshot_from_plain(snap),
+        *plain[4:],
     )
 
 

@@ -188,3 +188,15 @@ def test_long_tracestates_are_parsed_but_not_kept_in_the_cache():
     parsed = span_context_from_carrier(carrier)
     assert (parsed.trace_id, parsed.span_id) == (0xABC, 0xDEF)
     assert _parse_w3c.cache_info().currsize == before
+
+
+def test_carried_headers_are_kept_as_sent_and_no_mapping_is_refused():
+    from types import MappingProxyType
+
+    from dask_otel_spans.propagation import carried_headers
+
+    annotation = {"a": {"traceparent": "anything"}, "b": {}}
+    assert carried_headers(annotation) is annotation  # (not parsed, not copied)
+    assert carried_headers(MappingProxyType(annotation)) == annotation
+    assert carried_headers(["a", "b"]) is None
+    assert carried_headers(None) is None

@@ -1,5 +1,5 @@
 """What crosses the pipe to the export process, without a process: frames, carried
-span contexts, the copy of the threads history, and heartbeat deltas."""
+W3C headers, the copy of the threads history, and heartbeat deltas."""
 from __future__ import annotations
 
 import io
@@ -13,6 +13,7 @@ from dask_otel_spans.config import PluginConfig
 from dask_otel_spans.emitter import EmitRequest, SpanEmitter
 from dask_otel_spans.export_process import ExportProcess
 from dask_otel_spans.pipeline import PipelineSpec
+from dask_otel_spans.propagation import carrier_for
 from dask_otel_spans.snapshot import GroupSnapshot, SpanSnapshot
 from dask_otel_spans.wire import (
     MIRRORED_HISTORY,
@@ -109,29 +110,60 @@ def test_a_snapshot_with_mirrored_history_translates_in_the_child_like_the_origi
     assert translated.attributes[names.SPAN_ACTIVE_CPU_SECONDS] > 0
 
 
-def test_carried_span_contexts_cross_as_numbers_and_come_back_equal():
-    """Carried contexts are pickled as numbers and a string (a SpanContext object
-    costs several µs to pickle) and are SpanContexts again on the other side."""
+def test_carried_headers_cross_as_strings_and_give_the_same_ids():
+    """The W3C headers a request carries cross as their strings (the scheduler
+    never parses them) and give the same OTel ids on the other side."""
     client_span = SpanContext(
         trace_id=0x1234, span_id=0x5678, is_remote=True,
         trace_flags=TraceFlags(TraceFlags.SAMPLED),
         trace_state=TraceState([("vendor", "v1"), ("other", "x")]),
     )
+    headers = carrier_for(client_span)
     root = snapshot(ROOT_ID, ("wf",), offset=5)
     original = EmitRequest(
-        tags=("wf",), ids=(ROOT_ID,), carried={ROOT_ID: client_span, "x": None},
+        tags=("wf",), ids=(ROOT_ID,), carried={ROOT_ID: headers},
         snapshot=root, now=9.0, complete=True, close_reason="client",
     )
-    frame = encode_frame(original)
-    assert b"SpanContext" not in frame and b"TraceState" not in frame
-    received = read_frame(io.BytesIO(frame))
-    assert received.carried == original.carried
-    assert isinstance(received.carried[ROOT_ID], SpanContext)
-    assert received.carried[ROOT_ID].trace_state == client_span.trace_state
+    frame, back = _sent([("emits", [original])])
+    received = back[0][1][0]
+    assert received.carried == {ROOT_ID: headers}
     before, _ = SpanEmitter(None).translate(original)
     after, _ = SpanEmitter(None).translate(received)
     assert after.ids == before.ids
     assert after.ids.trace_id == 0x1234 and after.ids.parent_span_id == 0x5678
+    assert after.ids.trace_state == client_span.trace_state
+
+
+@pytest.mark.parametrize("odd", [
+    pytest.param({}, id="empty"),
+    pytest.param({"traceparent": 5}, id="not-a-string"),
+    pytest.param({"traceparent": "00-" + "x" * 20_000}, id="too-long"),
+    pytest.param(object(), id="no-mapping"),
+])
+def test_a_carrier_without_valid_w3c_headers_crosses_as_none(odd):
+    """Whatever a client carried for a span crosses as its W3C header strings or
+    None, and never keeps the batch from crossing."""
+    headers = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
+    sent = request(snapshot(ROOT_ID, ("wf",), offset=2))._replace(
+        carried={ROOT_ID: headers, CHILD_ID: odd}
+    )
+    frame, back = _sent([("emits", [sent])])
+    assert back[0][1][0].carried == {ROOT_ID: headers, CHILD_ID: None}
+
+
+def test_a_pickled_batch_carries_only_the_w3c_header_strings():
+    """A batch that marshal cannot take is pickled with the carried headers as they
+    cross in a marshalled one: an odd carrier never keeps it from pickling."""
+    import threading
+
+    unpicklable = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01",
+                   "lock": threading.Lock()}
+    sent = request(snapshot(ROOT_ID, (Tag("wf"),), offset=2))._replace(
+        carried={ROOT_ID: unpicklable}
+    )
+    frame, back = _sent([("emits", [sent])])
+    assert frame[4:5] == b"P"
+    assert back[0][1][0].carried == {ROOT_ID: {"traceparent": unpicklable["traceparent"]}}
 
 
 def test_only_a_mirrored_history_is_replaced_by_the_childs_copy():
@@ -197,8 +229,8 @@ def _sent(batch):
 
 def test_a_batch_of_plain_values_is_marshalled_and_comes_back_as_the_same_objects():
     """The sender's batches go as marshal of their plain form (three quarters of pickle's
-    cost on the scheduler): requests, snapshots, groups and carried contexts come
-    back as the same named tuples and SpanContexts."""
+    cost on the scheduler): requests, snapshots and groups come back as the same
+    named tuples, carried W3C headers as the same strings."""
     client_span = SpanContext(
         trace_id=0x1234, span_id=0x5678, is_remote=True,
         trace_flags=TraceFlags(TraceFlags.SAMPLED),
@@ -211,7 +243,7 @@ def test_a_batch_of_plain_values_is_marshalled_and_comes_back_as_the_same_object
         nthreads_history=MIRRORED_HISTORY
     )
     original = EmitRequest(
-        tags=("wf",), ids=(ROOT_ID,), carried={ROOT_ID: client_span, "x": None},
+        tags=("wf",), ids=(ROOT_ID,), carried={ROOT_ID: carrier_for(client_span)},
         snapshot=root, now=9.0, complete=True, close_reason="client", enter=1.0,
         exit=2.0, keep_summary=True, counted=True,
     )
@@ -228,8 +260,7 @@ def test_a_batch_of_plain_values_is_marshalled_and_comes_back_as_the_same_object
     assert type(received) is EmitRequest and type(received.snapshot) is SpanSnapshot
     assert type(received.snapshot.groups[0]) is GroupSnapshot
     assert received.snapshot.children[0].nthreads_history is MIRRORED_HISTORY
-    assert isinstance(received.carried[ROOT_ID], SpanContext)
-    assert received.carried[ROOT_ID].trace_state == client_span.trace_state
+    assert received.carried == {ROOT_ID: carrier_for(client_span)}
 
 
 def test_a_batch_with_a_value_marshal_cannot_take_is_pickled_and_comes_back_equal():
