@@ -168,26 +168,35 @@ def _plain_snapshot(snap: SpanSnapshot | str) -> tuple[Any, ...] | str:
     )
 
 
-def _plain_carried(carried: Mapping[Any, Any]) -> dict[str, dict[str, str] | None]:
-    """The W3C headers a request carries, as they may cross (whatever a client
-    sent: only the headers' strings, by span id)."""
-    return {
-        dask_id: w3c_headers(carrier)
-        for dask_id, carrier in carried.items()
-        if type(dask_id) is str
-    }
+def _plain_carried(
+    ids: Sequence[str], carried: Mapping[Any, Any]
+) -> dict[str, dict[str, str] | None]:
+    """The W3C headers a request carries that its translation reads (the root's and
+    the span's own: :func:`~dask_otel_spans.propagation.resolve_chain`), as they may
+    cross: only the headers' strings, whatever a client sent."""
+    out = {}
+    for dask_id in (ids[0], ids[-1]) if ids else ():
+        carrier = carried.get(dask_id, _ABSENT)
+        if carrier is not _ABSENT:
+            # (most roots carry no context: an empty dict)
+            out[dask_id] = w3c_headers(carrier) if carrier else None
+    return out
+
+
+#: Marks an id that a request carries nothing for
+_ABSENT = object()
 
 
 def _plain_request(request: EmitRequest) -> tuple[Any, ...]:
     tags, ids, carried, snap = request[:4]
     return (
-        tags, ids, _plain_carried(carried) if carried else {},
+        tags, ids, _plain_carried(ids, carried) if carried else {},
         None if snap is None else _plain_snapshot(snap),
     ) + request[4:]
 
 
 def _request_with_plain_carried(request: EmitRequest) -> EmitRequest:
-    return request._replace(carried=_plain_carried(request.carried))
+    return request._replace(carried=_plain_carried(request.ids, request.carried))
 
 
 def _with_requests(

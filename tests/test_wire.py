@@ -144,11 +144,28 @@ def test_a_carrier_without_valid_w3c_headers_crosses_as_none(odd):
     """Whatever a client carried for a span crosses as its W3C header strings or
     None, and never keeps the batch from crossing."""
     headers = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
-    sent = request(snapshot(ROOT_ID, ("wf",), offset=2))._replace(
-        carried={ROOT_ID: headers, CHILD_ID: odd}
+    sent = request(snapshot(CHILD_ID, ("wf", "step"), offset=2))._replace(
+        ids=(ROOT_ID, CHILD_ID), carried={ROOT_ID: headers, CHILD_ID: odd}
     )
     frame, back = _sent([("emits", [sent])])
     assert back[0][1][0].carried == {ROOT_ID: headers, CHILD_ID: None}
+
+
+def test_only_the_headers_the_translation_reads_cross():
+    """A span's OTel ids come from its root's and its own carried contexts: the
+    middle levels' headers stay behind."""
+    headers = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
+    middle = "middle-id"
+    sent = request(snapshot(CHILD_ID, ("wf", "mid", "step"), offset=2))._replace(
+        ids=(ROOT_ID, middle, CHILD_ID),
+        carried={ROOT_ID: {}, middle: headers, CHILD_ID: headers},
+    )
+    frame, back = _sent([("emits", [sent])])
+    received = back[0][1][0]
+    assert received.carried == {ROOT_ID: None, CHILD_ID: headers}
+    assert SpanEmitter(None).translate(received)[0].ids == (
+        SpanEmitter(None).translate(sent)[0].ids
+    )
 
 
 def test_a_pickled_batch_carries_only_the_w3c_header_strings():
