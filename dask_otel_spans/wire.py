@@ -5,7 +5,6 @@ cheap to encode on the scheduler's side)."""
 from __future__ import annotations
 
 import copyreg
-import functools
 import io
 import marshal
 import pickle
@@ -13,7 +12,6 @@ import struct
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import IO, Any
 
-from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 
 from dask_otel_spans.emitter import EmitRequest
 from dask_otel_spans.propagation import w3c_headers
@@ -40,33 +38,6 @@ class _MirroredHistory(tuple):
 #: export process keeps a copy of it (see :func:`restored_request`)
 MIRRORED_HISTORY: tuple[tuple[float, int], ...] = _MirroredHistory()
 
-#: Span contexts made again in the export process, remembered (a chain's ancestors
-#: come with every span below them)
-_RESTORED_CACHE_SIZE = 4096
-
-
-def _reduce_span_context(ctx: SpanContext) -> tuple[Any, ...]:
-    """A carried span context as numbers and a string: pickling a SpanContext as it
-    is takes several µs (Python-level reduction of it and of its TraceState)."""
-    state = ctx.trace_state
-    return _restored_context, (
-        (ctx.trace_id, ctx.span_id, int(ctx.trace_flags),
-         state.to_header() if state else ""),
-    )
-
-
-@functools.lru_cache(maxsize=_RESTORED_CACHE_SIZE)
-def _restored_context(portable: tuple[int, int, int, str]) -> SpanContext:
-    trace_id, span_id, flags, state = portable
-    return SpanContext(
-        trace_id=trace_id,
-        span_id=span_id,
-        is_remote=True,
-        trace_flags=TraceFlags(flags),
-        trace_state=TraceState.from_header([state]) if state else TraceState(),
-    )
-
-
 def _reduce_named_tuple(obj: tuple[Any, ...]) -> tuple[Any, ...]:
     """A request, a snapshot or a task group's figures as a plain tuple and the
     class to call with it: a named tuple's own reduction goes through
@@ -78,7 +49,6 @@ def _reduce_named_tuple(obj: tuple[Any, ...]) -> tuple[Any, ...]:
 #: process's copyreg table is left as it is)
 _DISPATCH_TABLE = {
     **copyreg.dispatch_table,
-    SpanContext: _reduce_span_context,
     EmitRequest: _reduce_named_tuple,
     SpanSnapshot: _reduce_named_tuple,
     GroupSnapshot: _reduce_named_tuple,
