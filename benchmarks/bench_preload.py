@@ -282,8 +282,9 @@ def _record_hand_over(emitter) -> None:
         return
     emit = emitter.emit
 
+    # (requests are named tuples or, since the plain form, tuples: ids by position)
     def emit_and_record(request) -> None:
-        HANDED_OVER[request.ids[-1]] = time.time()
+        HANDED_OVER[request[1][-1]] = time.time()
         emit(request)
 
     emitter.emit = emit_and_record
@@ -293,7 +294,7 @@ def _record_hand_over(emitter) -> None:
         def emit_many_and_record(requests) -> None:
             now = time.time()
             for request in requests:
-                HANDED_OVER[request.ids[-1]] = now
+                HANDED_OVER[request[1][-1]] = now
             emit_many(requests)
 
         emitter.emit_many = emit_many_and_record

@@ -18,7 +18,6 @@ from dask_otel_spans.emitter import EmitRequest
 from dask_otel_spans.pipeline import PipelineSpec
 from dask_otel_spans.wire import (
     encode_batch,
-    encode_frame,
     read_frame,
     span_tags_of,
     write_frame,
@@ -287,7 +286,9 @@ class ExportProcess(BackgroundQueue):
 
     def emit_many(self, requests: list[EmitRequest]) -> None:
         """:meth:`emit` each of ``requests``, as one item (one queue operation, one
-        message of the frame)."""
+        message of the frame). Requests come named or in their plain form (as the
+        plugin makes them: the sender marshals those as they are, and makes their
+        ``carried`` dicts the headers' strings in place)."""
         if requests:
             self.put(("emits", requests))
 
@@ -374,7 +375,7 @@ class ExportProcess(BackgroundQueue):
         kept = []
         for item in _one_by_one(batch):
             try:
-                encode_frame(item)
+                encode_batch([item])
             except Exception as e:
                 self.lost += 1
                 if not self._unpicklable_logged:
@@ -386,7 +387,7 @@ class ExportProcess(BackgroundQueue):
                     )
                 continue
             kept.append(item)
-        return encode_frame(kept)
+        return encode_batch(kept)
 
     def _new_history(self) -> tuple[list[tuple[Any, ...]], int]:
         """The "history" message with the entries of ``nthreads_history`` the

@@ -41,7 +41,7 @@ from tornado.ioloop import IOLoop, PeriodicCallback
 
 from dask_otel_spans import names
 from dask_otel_spans.config import PluginConfig
-from dask_otel_spans.emitter import EmitRequest, SpanEmitter
+from dask_otel_spans.emitter import SpanEmitter
 from dask_otel_spans.export_process import ExportProcess, ExportProcessError
 from dask_otel_spans.export_share import ExportShareWatch
 from dask_otel_spans.metrics import DaskInstruments, MetricsPump
@@ -55,10 +55,10 @@ from dask_otel_spans.providers import (
 )
 from dask_otel_spans.snapshot import (
     CHILDREN_PER_STEP,
+    MIRRORED_HISTORY,
     iter_snapshot_span,
     snapshot_in_one_step,
 )
-from dask_otel_spans.wire import MIRRORED_HISTORY
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -91,9 +91,6 @@ _NOTICES_PER_STEP = 4
 _VERDICTS_PER_STEP = 128
 #: Task groups looked at per verdict counted (a group's ``done`` reads its states)
 _GROUPS_PER_VERDICT = 8
-
-#: ``tuple.__new__``: makes a named tuple from a tuple of its fields in order
-_new_tuple = tuple.__new__
 
 #: Kinds of queued hook events
 _GRAPH, _NOTICE, _CLIENT_GONE = "graph", "notice", "client-gone"
@@ -300,8 +297,9 @@ class OTelSpansPlugin(SchedulerPlugin):
         #: reference to it), or MIRRORED_HISTORY (the export process has a copy)
         self._snapshot_history: tuple[tuple[float, int], ...] | None = None
         #: what the pass emitted and counted, handed over at the end of each slice
-        #: in one queue operation each (not one per span)
-        self._emitted: list[EmitRequest] = []
+        #: in one queue operation each (not one per span); requests in their
+        #: plain form (see EmitRequest)
+        self._emitted: list[tuple[Any, ...]] = []
         self._metric_calls: list[tuple[str, tuple[Any, ...]]] = []
         #: spans that existed when the plugin started, still to be looked at
         self._adopting: Iterator[Span] | None = None
@@ -1666,21 +1664,28 @@ class OTelSpansPlugin(SchedulerPlugin):
                     # runs out: its children's emissions change nothing for it)
                     self._look_again(parent_rec)
                 self._summarized.add(span.id)
-        carried = rec.carried
-        for dask_id in rec.ids[:-1]:
-            if dask_id not in carried:
-                ancestor = self._open.get(dask_id)
-                if ancestor is not None and dask_id in ancestor.carried:
-                    carried[dask_id] = ancestor.carried[dask_id]
         self.handed_over_count += 1
         if self.emitter is not None:
-            # EmitRequest(tags, ids, carried, snapshot, now, complete, close_reason,
-            # enter, exit, keep_summary, counted), without the named tuple's
-            # Python-level __new__ (a quarter of its cost; once per span)
-            self._emitted.append(_new_tuple(EmitRequest, (
-                rec.tags, rec.ids, carried, snapshot, now, complete,
-                rec.close_reason, rec.enter, rec.exit, keep_summary, rec.counted,
-            )))
+            # The request in its plain form (EmitRequest's fields in order: tags,
+            # ids, carried, snapshot, now, complete, close_reason, enter, exit,
+            # keep_summary, counted), which the export process's sender marshals as
+            # it is; with a dict of its own of the carried headers the translation
+            # reads (the root's, which an open root may hold alone, and its own)
+            ids, carried = rec.ids, rec.carried
+            root_id, own_id = ids[0], rec.id
+            sent = {}
+            if own_id in carried:
+                sent[own_id] = carried[own_id]
+            if root_id in carried:
+                sent[root_id] = carried[root_id]
+            elif root_id != own_id:
+                root = self._open.get(root_id)
+                if root is not None and root_id in root.carried:
+                    sent[root_id] = root.carried[root_id]
+            self._emitted.append((
+                rec.tags, ids, sent, snapshot, now, complete, rec.close_reason,
+                rec.enter, rec.exit, keep_summary, rec.counted,
+            ))
 
     def _deliver(self) -> None:
         """Hand what the pass emitted and counted so far to the emitter and the

@@ -1,5 +1,9 @@
 """Plain-data copies of dask ``Span`` objects, taken on the scheduler's event loop so
-that translating and exporting them can run on another thread."""
+that translating and exporting them can run on another thread.
+
+A copy is made as plain tuples (the *plain form*: built-ins only, so that the export
+process's sender can marshal it as it is); :func:`restore_snapshot` gives the named
+view (:class:`SpanSnapshot`, :class:`GroupSnapshot`) that the translation reads."""
 from __future__ import annotations
 
 from collections.abc import Container, Generator, Hashable, Sequence
@@ -10,8 +14,8 @@ if TYPE_CHECKING:
 
 
 class GroupSnapshot(NamedTuple):
-    """The figures of one ``TaskGroup`` that the translation reads (a named tuple:
-    spans can have thousands of groups, copied on the event loop)."""
+    """The figures of one ``TaskGroup`` that the translation reads (copied on the
+    event loop as a plain tuple of these fields, in this order)."""
 
     prefix: str
     start: float
@@ -28,9 +32,9 @@ ChildSnapshot = Union["SpanSnapshot", str]
 
 
 class SpanSnapshot(NamedTuple):
-    """What the translation needs of one dask span, copied at one instant (a named
-    tuple, as :class:`GroupSnapshot`: one is copied on the event loop for every
-    span)."""
+    """What the translation needs of one dask span, copied at one instant (on the
+    event loop as a plain tuple of these fields, in this order, its groups and
+    copied children in their plain form too)."""
 
     id: str
     name: tuple[str, ...]
@@ -41,21 +45,39 @@ class SpanSnapshot(NamedTuple):
     children: tuple[ChildSnapshot, ...]
     #: ``Span.code`` when asked for, else empty
     code: tuple[Any, ...]
-    #: reference to the scheduler's append-only ``total_nthreads_history``
+    #: reference to the scheduler's append-only ``total_nthreads_history``, or
+    #: :data:`MIRRORED_HISTORY` (None in the plain form)
     nthreads_history: Sequence[tuple[float, int]]
     nthreads_offset: int
 
 
-#: ``tuple.__new__``: a named tuple from a tuple of its fields in order, without its
-#: Python-level ``__new__`` (a quarter of the cost, for every group and span copied
-#: on the event loop)
-_new_tuple = tuple.__new__
+#: A span snapshot or a group's figures in their plain form (see the module)
+PlainSnapshot = tuple
 
 
-def snapshot_group(tg: Any) -> GroupSnapshot:
+class _MirroredHistory(tuple):
+    """An empty history that pickles as a reference to :data:`MIRRORED_HISTORY`
+    (so that the export process tells it from any other empty history)."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> str:
+        return "MIRRORED_HISTORY"
+
+
+#: ``nthreads_history`` of copies sent to the export process, instead of a reference
+#: to the scheduler's (append-only, ever-growing) ``total_nthreads_history``: the
+#: sender sends that list's new entries once, and the export process keeps a copy
+#: of it (:func:`~dask_otel_spans.wire.restored_request`). Passed to the copy
+#: functions, it makes the plain form hold None there; restored, it is this marker.
+MIRRORED_HISTORY: tuple[tuple[float, int], ...] = _MirroredHistory()
+
+
+def snapshot_group(tg: Any) -> PlainSnapshot:
+    """The plain form of a ``TaskGroup``'s :class:`GroupSnapshot`."""
     states = tg.states
     # (prefix, start, stop, nbytes_total, duration, task_count, erred_count)
-    return _new_tuple(GroupSnapshot, (
+    return (
         str(tg.prefix.name),
         tg.start,
         tg.stop,
@@ -63,7 +85,7 @@ def snapshot_group(tg: Any) -> GroupSnapshot:
         tg.duration,
         sum(states.values()),
         states.get("erred", 0),
-    ))
+    )
 
 
 #: Task groups copied between two pauses of :func:`iter_snapshot_span` (a few µs each)
@@ -79,28 +101,42 @@ def snapshot_span(
     with_code: bool = False,
     nthreads_history: Sequence[tuple[float, int]] | None = None,
 ) -> SpanSnapshot:
-    """Copy ``span`` and, recursively, those of its children not in ``summarized``.
+    """Copy ``span`` and, recursively, those of its children not in ``summarized``,
+    as the named view (:func:`iter_snapshot_span` and :func:`snapshot_in_one_step`,
+    which the plugin calls on the event loop, give the plain form).
 
     Cost: one C-level dict copy of the span's metrics plus a few attribute reads per
     task group and per copied child; no string formatting.
 
     ``nthreads_history``, when given, stands for the spans' reference to the
-    scheduler's ``total_nthreads_history`` (e.g.
-    :data:`~dask_otel_spans.wire.MIRRORED_HISTORY`).
+    scheduler's ``total_nthreads_history`` (e.g. :data:`MIRRORED_HISTORY`).
     """
     copy = snapshot_in_one_step(
         span, with_code=with_code, nthreads_history=nthreads_history
     )
-    if copy is not None:
-        return copy
-    steps = iter_snapshot_span(
-        span, summarized, with_code=with_code, nthreads_history=nthreads_history
+    if copy is None:
+        steps = iter_snapshot_span(
+            span, summarized, with_code=with_code, nthreads_history=nthreads_history
+        )
+        while copy is None:
+            try:
+                next(steps)
+            except StopIteration as done:
+                copy = done.value
+    return restore_snapshot(copy)
+
+
+def restore_snapshot(plain: PlainSnapshot | str) -> SpanSnapshot | str:
+    """The named view of a copy in its plain form, its groups and copied children
+    too (a child's id stays as it is; a named view is returned as it is)."""
+    if type(plain) is str or type(plain) is SpanSnapshot:
+        return plain
+    span_id, name, enqueued, groups, metrics, children, code, history, offset = plain
+    return SpanSnapshot(
+        span_id, name, enqueued, tuple(map(GroupSnapshot._make, groups)), metrics,
+        tuple(map(restore_snapshot, children)), code,
+        MIRRORED_HISTORY if history is None else history, offset,
     )
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
 
 
 def iter_snapshot_span(
@@ -109,8 +145,8 @@ def iter_snapshot_span(
     *,
     with_code: bool = False,
     nthreads_history: Sequence[tuple[float, int]] | None = None,
-) -> Generator[None, None, SpanSnapshot]:
-    """:func:`snapshot_span` in steps: pauses (yields) after every
+) -> Generator[None, None, PlainSnapshot]:
+    """:func:`snapshot_span`'s plain form, in steps: pauses (yields) after every
     ``GROUPS_PER_STEP`` task groups and ``CHILDREN_PER_STEP`` children, so that
     copying a span of thousands of task groups or children can be cut into
     event-loop slices; returns the snapshot.
@@ -118,13 +154,13 @@ def iter_snapshot_span(
     Task groups and children are listed at the start (a C-level copy), so the spans
     may change between steps; each group's figures are read at its own step.
     """
-    groups: list[GroupSnapshot] = []
+    groups: list[PlainSnapshot] = []
     tgs = list(span.groups)
     for start in range(0, len(tgs), GROUPS_PER_STEP):
         if start:
             yield
         groups.extend(map(snapshot_group, tgs[start : start + GROUPS_PER_STEP]))
-    children: list[ChildSnapshot] = []
+    children: list[PlainSnapshot | str] = []
     for i, child in enumerate(list(span.children), 1):
         if i % CHILDREN_PER_STEP == 0:
             yield
@@ -142,8 +178,8 @@ def snapshot_in_one_step(
     *,
     with_code: bool = False,
     nthreads_history: Sequence[tuple[float, int]] | None = None,
-) -> SpanSnapshot | None:
-    """:func:`snapshot_span` of a span without children and of at most
+) -> PlainSnapshot | None:
+    """:func:`snapshot_span`'s plain form, of a span without children and of at most
     ``GROUPS_PER_STEP`` task groups (most spans, when they are emitted before
     their parents), without the steps' generators; None for any other span."""
     if span.children or len(span.groups) > GROUPS_PER_STEP:
@@ -154,14 +190,18 @@ def snapshot_in_one_step(
 
 def _copy(
     span: Span,
-    groups: tuple[GroupSnapshot, ...],
-    children: tuple[ChildSnapshot, ...],
+    groups: tuple[PlainSnapshot, ...],
+    children: tuple[PlainSnapshot | str, ...],
     with_code: bool,
     nthreads_history: Sequence[tuple[float, int]] | None,
-) -> SpanSnapshot:
+) -> PlainSnapshot:
+    if nthreads_history is None:
+        nthreads_history = getattr(span, "_total_nthreads_history", ())
+    elif nthreads_history is MIRRORED_HISTORY:
+        nthreads_history = None
     # (id, name, enqueued, groups, metrics, children, code, nthreads_history,
     # nthreads_offset)
-    return _new_tuple(SpanSnapshot, (
+    return (
         span.id,
         tuple(span.name),
         span.enqueued,
@@ -169,10 +209,6 @@ def _copy(
         dict(getattr(span, "_cumulative_worker_metrics", None) or {}),
         children,
         tuple(span.code) if with_code else (),
-        (
-            getattr(span, "_total_nthreads_history", ())
-            if nthreads_history is None
-            else nthreads_history
-        ),
+        nthreads_history,
         getattr(span, "_total_nthreads_offset", 0),
-    ))
+    )

@@ -13,30 +13,27 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import IO, Any
 
 
-from dask_otel_spans.emitter import EmitRequest
+from dask_otel_spans.emitter import EmitRequest, restore_request
 from dask_otel_spans.propagation import w3c_headers
-from dask_otel_spans.snapshot import GroupSnapshot, SpanSnapshot
+from dask_otel_spans.snapshot import MIRRORED_HISTORY, GroupSnapshot, SpanSnapshot
+
+__all__ = [
+    "MIRRORED_HISTORY",
+    "decode_payload",
+    "encode_batch",
+    "encode_frame",
+    "mirror_history",
+    "read_frame",
+    "restored_request",
+    "span_tags_of",
+    "write_frame",
+]
 
 _HEADER = struct.Struct("!I")
-#: First byte of a frame's payload: how the rest is encoded
-_PICKLED, _MARSHALLED = 0x50, 0x4D  # "P", "M"
+#: First byte of a frame's payload: how the rest is encoded (a batch of the sender's
+#: messages is marshalled, or else pickled; any other object is pickled)
+_PICKLED, _MARSHALLED, _PICKLED_BATCH = 0x50, 0x4D, 0x42  # "P", "M", "B"
 _MARSHAL_VERSION = 4
-
-class _MirroredHistory(tuple):
-    """An empty history that pickles as a reference to :data:`MIRRORED_HISTORY`
-    (so that the export process tells it from any other empty history)."""
-
-    __slots__ = ()
-
-    def __reduce__(self) -> str:
-        return "MIRRORED_HISTORY"
-
-
-#: ``nthreads_history`` of the snapshots sent to the export process, instead of a
-#: reference to the scheduler's (append-only, ever-growing) ``total_nthreads_history``:
-#: the sender sends that list's new entries once, as a "history" message, and the
-#: export process keeps a copy of it (see :func:`restored_request`)
-MIRRORED_HISTORY: tuple[tuple[float, int], ...] = _MirroredHistory()
 
 def _reduce_named_tuple(obj: tuple[Any, ...]) -> tuple[Any, ...]:
     """A request, a snapshot or a task group's figures as a plain tuple and the
@@ -69,27 +66,27 @@ def encode_frame(obj: Any) -> bytes:
 
 
 def encode_batch(batch: list[tuple[Any, ...]]) -> bytes:
-    """A batch of the sender's messages as one frame: marshalled in their plain
-    form (requests, snapshots and task groups as tuples of built-ins, carried W3C
-    headers as dicts of strings), about three quarters of pickle's cost on the
-    sender (3.3 against 4.3 µs per one-task span on batches of a live run); pickled
-    when some value is not a plain built-in (a ``str`` subclass in a metric key,
-    code objects of ``include-code``...). :func:`read_frame` gives back the same
-    objects either way, with only the ``traceparent`` and ``tracestate`` strings of
-    each carried header (None for a carrier without a valid one).
+    """A batch of the sender's messages as one frame: marshalled as they are (the
+    plugin's requests come in their plain form: tuples of built-ins; the carried
+    W3C headers of each are made dicts of their strings, in place), or pickled when
+    some value is not a plain built-in (a ``str`` subclass in a metric key, code
+    objects of ``include-code``...). :func:`read_frame` gives back each request's
+    named view (:class:`~dask_otel_spans.emitter.EmitRequest`), with only the
+    ``traceparent`` and ``tracestate`` strings of each carried header (None for a
+    carrier without a valid one), either way.
     """
+    plain = [_with_requests(message, _plain_request) for message in batch]
     try:
-        payload = marshal.dumps(
-            [_with_requests(message, _plain_request) for message in batch],
-            _MARSHAL_VERSION,
-        )
+        payload = marshal.dumps(plain, _MARSHAL_VERSION)
+        kind = _MARSHALLED
     except Exception:  # (ValueError: a value marshal cannot take)
-        # (the carried headers as they may cross: a client's odd carrier must not
-        # keep the batch from pickling either)
-        return encode_frame(
-            [_with_requests(message, _request_with_plain_carried) for message in batch]
-        )
-    return _HEADER.pack(len(payload) + 1) + bytes((_MARSHALLED,)) + payload
+        buffer = io.BytesIO()
+        pickler = pickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
+        pickler.dispatch_table = _DISPATCH_TABLE
+        pickler.dump(plain)
+        payload = buffer.getvalue()
+        kind = _PICKLED_BATCH
+    return _HEADER.pack(len(payload) + 1) + bytes((kind,)) + payload
 
 
 def write_frame(stream: IO[bytes], obj: Any) -> None:
@@ -118,23 +115,30 @@ def decode_payload(payload: bytes) -> Any:
     if kind == _PICKLED:
         return pickle.loads(memoryview(payload)[1:])
     if kind == _MARSHALLED:
-        return [
-            _with_requests(message, _request_from_plain)
-            for message in marshal.loads(memoryview(payload)[1:])
-        ]
-    raise ValueError(f"unknown frame encoding {kind:#x}")
+        batch = marshal.loads(memoryview(payload)[1:])
+    elif kind == _PICKLED_BATCH:
+        batch = pickle.loads(memoryview(payload)[1:])
+    else:
+        raise ValueError(f"unknown frame encoding {kind:#x}")
+    return [_with_requests(message, restore_request) for message in batch]
 
 
 # -- the plain form of the sender's messages (for marshal) ----------------------------
 
-def _plain_snapshot(snap: SpanSnapshot | str) -> tuple[Any, ...] | str:
+def _plain_snapshot(snap: SpanSnapshot | tuple[Any, ...] | str) -> tuple[Any, ...] | str:
+    """The plain form of a snapshot given as its named view (or, for its copied
+    children, in either form)."""
     if type(snap) is str:  # (a child whose summary the other side holds)
         return snap
     span_id, name, enqueued, groups, metrics, children, code, history, offset = snap
+    if history is MIRRORED_HISTORY:
+        history = None
+    elif history is not None:
+        history = tuple(history)
     return (
         span_id, name, enqueued, tuple(map(tuple, groups)), metrics,
-        tuple(map(_plain_snapshot, children)) if children else (), code,
-        None if history is MIRRORED_HISTORY else tuple(history), offset,
+        tuple(map(_plain_snapshot, children)) if children else (), code, history,
+        offset,
     )
 
 
@@ -157,16 +161,23 @@ def _plain_carried(
 _ABSENT = object()
 
 
-def _plain_request(request: EmitRequest) -> tuple[Any, ...]:
+def _plain_request(request: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A request as it may cross. One in its plain form, as the plugin makes it, is
+    passed on as it is, once its carried headers (the root's and its own, in a dict
+    of its own) are made their strings, in place; a named view is made plain."""
+    if type(request) is tuple:
+        carried = request[2]
+        if type(carried) is dict:
+            for dask_id, carrier in carried.items():
+                # (most roots carry no context: an empty dict)
+                carried[dask_id] = w3c_headers(carrier) if carrier else None
+            return request
+        return request[:2] + (_plain_carried(request[1], carried or {}),) + request[3:]
     tags, ids, carried, snap = request[:4]
     return (
         tags, ids, _plain_carried(ids, carried) if carried else {},
         None if snap is None else _plain_snapshot(snap),
-    ) + request[4:]
-
-
-def _request_with_plain_carried(request: EmitRequest) -> EmitRequest:
-    return request._replace(carried=_plain_carried(request.ids, request.carried))
+    ) + tuple(request[4:])
 
 
 def _with_requests(
@@ -180,27 +191,6 @@ def _with_requests(
     if kind == "emit":
         return ("emit", convert(message[1]))
     return message
-
-
-def _snapshot_from_plain(plain: tuple[Any, ...] | str) -> SpanSnapshot | str:
-    if type(plain) is str:
-        return plain
-    span_id, name, enqueued, groups, metrics, children, code, history, offset = plain
-    return SpanSnapshot(
-        span_id, name, enqueued, tuple(GroupSnapshot._make(g) for g in groups),
-        metrics, tuple(map(_snapshot_from_plain, children)), code,
-        MIRRORED_HISTORY if history is None else history, offset,
-    )
-
-
-def _request_from_plain(plain: tuple[Any, ...]) -> EmitRequest:
-    tags, ids, carried, snap = plain[:4]
-    return EmitRequest(
-        tags, ids, carried, None if snap is None else _snapshot_from_plain(snap),
-        *plain[4:],
-    )
-
-
 
 
 def mirror_history(

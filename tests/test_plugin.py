@@ -13,6 +13,7 @@ from distributed.utils_test import gen_cluster, inc, slowinc
 from opentelemetry.trace import StatusCode
 
 from dask_otel_spans import OTelSpansPlugin, names, span
+from dask_otel_spans.emitter import restore_request
 from dask_otel_spans.propagation import otel_span_id, otel_trace_id
 
 from conftest import MemoryProviders, async_wait_for
@@ -1000,9 +1001,11 @@ async def test_the_request_handed_over_holds_each_field_of_the_record_by_name(
     handed: list = []
     plugin.emitter.emit_many = handed.extend
     plugin._emit(rec, 42.0, complete=False)
-    [request] = handed
+    [plain] = handed
+    assert type(plain) is tuple  # (the sender marshals it as it is)
+    request = restore_request(plain)
     assert (request.tags, request.ids) == (("parent", "leaf"), (parent_id, leaf_id))
-    assert request.carried is rec.carried and request.snapshot.id == leaf_id
+    assert request.carried is not rec.carried and request.snapshot.id == leaf_id
     assert (request.now, request.complete, request.close_reason) == (
         42.0, False, "a reason"
     )

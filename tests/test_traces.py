@@ -2,6 +2,7 @@
 ``distributed.spans.Span`` objects with stand-in task groups (no cluster)."""
 from __future__ import annotations
 
+import marshal
 from dataclasses import dataclass, field
 
 import pytest
@@ -12,7 +13,11 @@ from dask_otel_spans.propagation import resolve_chain
 from dask_otel_spans.snapshot import (
     CHILDREN_PER_STEP,
     GROUPS_PER_STEP,
+    MIRRORED_HISTORY,
+    GroupSnapshot,
+    SpanSnapshot,
     iter_snapshot_span,
+    restore_snapshot,
     snapshot_in_one_step,
     snapshot_span,
 )
@@ -121,7 +126,7 @@ def test_a_copy_reads_back_each_field_of_the_span_and_its_groups_by_name():
     """Snapshots are made from their fields in order (no named-tuple ``__new__``):
     each named field holds what its name says."""
     root, child = make_tree()
-    snap = snapshot_in_one_step(child, nthreads_history=())
+    snap = restore_snapshot(snapshot_in_one_step(child, nthreads_history=()))
     assert (snap.id, snap.name, snap.enqueued) == (CHILD, ("wf", "load"), 100.0)
     assert snap.metrics == child._cumulative_worker_metrics
     assert (snap.children, snap.code, snap.nthreads_history) == ((), (), ())
@@ -134,6 +139,26 @@ def test_a_copy_reads_back_each_field_of_the_span_and_its_groups_by_name():
     assert snapshot_span(root).children[0] == snap._replace(
         nthreads_history=child._total_nthreads_history
     )
+
+
+def test_the_event_loop_copy_is_plain_built_ins_that_restore_to_the_named_view():
+    """What the plugin copies on the event loop is tuples of built-ins (marshal, which
+    takes nothing else, takes it as it is), a mirrored history as None; restored,
+    it is :func:`snapshot_span`'s named view."""
+    root, child = make_tree()
+    for span in (root, child):
+        steps = iter_snapshot_span(span, nthreads_history=MIRRORED_HISTORY)
+        with pytest.raises(StopIteration) as done:
+            next(steps)
+        plain = done.value.value
+        assert marshal.loads(marshal.dumps(plain)) == plain
+        assert plain[7] is None
+        restored = restore_snapshot(plain)
+        assert restored == snapshot_span(span, nthreads_history=MIRRORED_HISTORY)
+        assert restored.nthreads_history is MIRRORED_HISTORY
+        assert {type(g) for g in restored.groups} == {GroupSnapshot}
+    assert type(restore_snapshot(plain)) is SpanSnapshot
+    assert restore_snapshot(restored) is restored
 
 
 def test_snapshot_copies_code_only_when_asked():
@@ -263,7 +288,7 @@ def test_span_of_many_task_groups_is_copied_in_steps():
             # the scheduler may add groups between two steps
             child.groups.add(Group(Prefix("late"), 101.0, 102.0, 1, 0.1, {"memory": 1}))
         except StopIteration as done:
-            snap = done.value
+            snap = restore_snapshot(done.value)
             break
     # root's one group, then the child's 2 + 3 * GROUPS_PER_STEP in four steps
     assert pauses == 3
@@ -281,12 +306,12 @@ def test_a_leaf_is_copied_in_one_step_as_in_steps():
         next(steps)
     at_once = snapshot_in_one_step(child, with_code=True, nthreads_history=())
     assert at_once == done.value.value
-    assert sorted(g.task_count for g in at_once.groups) == [2, 8]
-    assert snapshot_span(child) == snapshot_in_one_step(child)
+    assert sorted(g.task_count for g in restore_snapshot(at_once).groups) == [2, 8]
+    assert snapshot_span(child) == restore_snapshot(snapshot_in_one_step(child))
     assert snapshot_in_one_step(root) is None  # it has a child
     for i in range(GROUPS_PER_STEP - 2):
         child.groups.add(Group(Prefix(f"p{i}"), 101.0, 102.0, 1, 0.1, {"memory": 1}))
-    assert len(snapshot_in_one_step(child).groups) == GROUPS_PER_STEP
+    assert len(restore_snapshot(snapshot_in_one_step(child)).groups) == GROUPS_PER_STEP
     child.groups.add(Group(Prefix("one more"), 101.0, 102.0, 1, 0.1, {"memory": 1}))
     assert snapshot_in_one_step(child) is None  # too many groups for one step
 
@@ -305,7 +330,7 @@ def test_span_of_many_children_is_copied_in_steps():
             next(steps)
             pauses += 1
         except StopIteration as done:
-            snap = done.value
+            snap = restore_snapshot(done.value)
             break
     assert pauses == 3
     assert list(snap.children) == [child.id] + [n.id for n in extra]
@@ -316,7 +341,7 @@ def test_a_span_of_few_task_groups_is_copied_without_a_pause():
     steps = iter_snapshot_span(root)
     with pytest.raises(StopIteration) as done:
         next(steps)
-    snap = done.value.value
+    snap = restore_snapshot(done.value.value)
     assert [g.prefix for g in snap.groups] == ["sum"]
     [copied_child] = snap.children
     assert copied_child.id == CHILD

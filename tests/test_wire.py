@@ -179,7 +179,7 @@ def test_a_pickled_batch_carries_only_the_w3c_header_strings():
         carried={ROOT_ID: unpicklable}
     )
     frame, back = _sent([("emits", [sent])])
-    assert frame[4:5] == b"P"
+    assert frame[4:5] == b"B"
     assert back[0][1][0].carried == {ROOT_ID: {"traceparent": unpicklable["traceparent"]}}
 
 
@@ -280,12 +280,40 @@ def test_a_batch_of_plain_values_is_marshalled_and_comes_back_as_the_same_object
     assert received.carried == {ROOT_ID: carrier_for(client_span)}
 
 
+def test_a_request_in_its_plain_form_is_marshalled_as_it_is():
+    """The plugin's requests are plain tuples (its snapshot too, a mirrored history
+    as None): the sender marshals the very objects, its only change being the
+    carried headers, made their strings in the request's own dict; the export
+    process reads the named view back."""
+    headers = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01",
+               "baggage": "not a W3C trace header"}
+    named = request(snapshot(CHILD_ID, ("wf", "step"), offset=2)._replace(
+        nthreads_history=MIRRORED_HISTORY
+    ))._replace(ids=(ROOT_ID, CHILD_ID))
+    plain_snapshot = tuple(named.snapshot)[:3] + (
+        tuple(map(tuple, named.snapshot.groups)),
+    ) + tuple(named.snapshot)[4:7] + (None, 2)
+    carried = {ROOT_ID: {}, CHILD_ID: headers}
+    plain = tuple(named)[:2] + (carried, plain_snapshot) + tuple(named)[4:]
+    groups, metrics = plain_snapshot[3], plain_snapshot[4]
+    frame, back = _sent([("emits", [plain])])
+    assert frame[4:5] == b"M"
+    assert plain[2] is carried and plain[3][3] is groups and plain[3][4] is metrics
+    assert carried == {ROOT_ID: None, CHILD_ID: {"traceparent": headers["traceparent"]}}
+    [received] = back[0][1]
+    assert received == named._replace(carried=carried)
+    assert type(received) is EmitRequest and type(received.snapshot) is SpanSnapshot
+    assert received.snapshot.nthreads_history is MIRRORED_HISTORY
+
+
 def test_a_batch_with_a_value_marshal_cannot_take_is_pickled_and_comes_back_equal():
     """A ``str`` subclass (or any object) in a batch: the whole frame is pickled."""
-    odd = request(snapshot(ROOT_ID, (Tag("wf"),), offset=2))
+    odd = request(snapshot(ROOT_ID, (Tag("wf"),), offset=2)._replace(
+        nthreads_history=MIRRORED_HISTORY
+    ))
     batch = [("emits", [odd]), ("metric", "span_opened", ((Tag("wf"),),))]
     frame, back = _sent(batch)
-    assert frame[4:5] == b"P"
+    assert frame[4:5] == b"B"
     assert back == batch
     assert type(back[0][1][0]) is EmitRequest
 
