@@ -106,6 +106,33 @@ def test_export_process_exports_spans_and_metrics(tmp_path):
     assert cpu and sum(p["value"] for p in cpu) > 0
 
 
+def test_span_code_reaches_the_export_process_in_a_pickled_batch(tmp_path):
+    """With ``include-code``, a span's code (distributed's ``SourceCode`` named
+    tuples, which marshal cannot take) crosses in a pickled batch and is exported."""
+    state = {}
+
+    @gen_cluster(
+        client=True, timeout=120,
+        config={"distributed.diagnostics.computations.nframes": 2},
+    )
+    async def run(c, s, a, b):
+        plugin = await install_process_plugin(
+            c, tmp_path, include_code=True, max_code_length=200
+        )
+        await export_one_span(c, plugin, "coded")
+        state["lost"] = plugin.export_process.lost
+        await plugin.close()
+
+    run()
+    [coded] = [
+        sp for sp in exported_spans(tmp_path)
+        if sp["name"] == "coded" and names.SPAN_ID in sp["attributes"]  # (no prefix)
+    ]
+    code = coded["attributes"][names.SPAN_CODE]
+    assert 0 < len(code) <= 200 and code.startswith("# ")
+    assert state["lost"] == 0
+
+
 def test_flush_returns_once_the_export_process_exported(tmp_path):
     state = {}
 

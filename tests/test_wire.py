@@ -306,6 +306,31 @@ def test_a_request_in_its_plain_form_is_marshalled_as_it_is():
     assert received.snapshot.nthreads_history is MIRRORED_HISTORY
 
 
+def test_a_plain_request_marshal_cannot_take_is_pickled_as_it_is_and_read_back_named():
+    """Span code (distributed's ``SourceCode`` named tuples, with ``include-code``)
+    in a plain request: the batch is pickled in its plain form, with the carried
+    headers made strings as for marshal, and read back as the named view."""
+    from distributed.client import SourceCode
+
+    code = ((SourceCode("x = 1", 1, 1, "<cell>"),),)
+    headers = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01", "x": "y"}
+    plain = (
+        ("wf",), (ROOT_ID,), {ROOT_ID: headers},
+        (ROOT_ID, ("wf",), 4.0, (("inc", 4.0, 8.5, 100, 0.5, 3, 0),), {}, (), code,
+         None, 2),
+        9.0, True, "client", None, None, False, True,
+    )
+    frame, back = _sent([("emits", [plain])])
+    assert frame[4:5] == b"B"
+    [received] = back[0][1]
+    assert type(received) is EmitRequest and type(received.snapshot) is SpanSnapshot
+    assert received.carried == {ROOT_ID: {"traceparent": headers["traceparent"]}}
+    assert received.snapshot.code == code
+    assert received.snapshot.groups == (GroupSnapshot("inc", 4.0, 8.5, 100, 0.5, 3, 0),)
+    assert received.snapshot.nthreads_history is MIRRORED_HISTORY
+    assert received.counted is True and received.keep_summary is False
+
+
 def test_a_batch_with_a_value_marshal_cannot_take_is_pickled_and_comes_back_equal():
     """A ``str`` subclass (or any object) in a batch: the whole frame is pickled."""
     odd = request(snapshot(ROOT_ID, (Tag("wf"),), offset=2)._replace(
