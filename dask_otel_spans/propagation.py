@@ -163,25 +163,32 @@ def carried_headers(annotation: Any) -> dict[Any, Any] | None:
     """An ``otel`` annotation ``{dask span id: W3C headers}`` as the scheduler keeps
     it: the headers as the client sent them, unparsed (they are parsed where the
     span is translated, :func:`parse_carried`: off the scheduler's event loop);
-    None when it is not a mapping at all. A plain dict is returned as is, not
-    copied: callers only read it."""
+    None when it is not a mapping at all, or one that fails to be read (a client's
+    own class). A plain dict is returned as is, not copied: callers only read it."""
     if type(annotation) is dict:
         return annotation
     if isinstance(annotation, Mapping):
-        return dict(annotation)
+        try:
+            return dict(annotation)
+        except Exception:
+            return None
     return None
 
 
 def w3c_headers(carrier: Any) -> dict[str, str] | None:
     """The ``traceparent`` (and ``tracestate``) of a carrier as a new dict of
     strings of at most W3C's size, or None when it has no such ``traceparent``:
-    what may cross to another process of whatever a client carried."""
+    what may cross to another process of whatever a client carried (a mapping that
+    fails to be read has none)."""
     if type(carrier) is not dict and not isinstance(carrier, Mapping):
         return None
-    traceparent = carrier.get("traceparent")
-    if not _is_carrier_value(traceparent):
+    try:
+        traceparent = carrier.get("traceparent")
+        if not _is_carrier_value(traceparent):
+            return None
+        tracestate = carrier.get("tracestate")
+    except Exception:  # (a client's own Mapping class)
         return None
-    tracestate = carrier.get("tracestate")
     if _is_carrier_value(tracestate):
         return {"traceparent": traceparent, "tracestate": tracestate}
     return {"traceparent": traceparent}

@@ -12,7 +12,6 @@ import struct
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import IO, Any
 
-
 from dask_otel_spans.emitter import EmitRequest, restore_request
 from dask_otel_spans.propagation import w3c_headers
 from dask_otel_spans.snapshot import MIRRORED_HISTORY, GroupSnapshot, SpanSnapshot
@@ -34,6 +33,7 @@ _HEADER = struct.Struct("!I")
 #: messages is marshalled, or else pickled; any other object is pickled)
 _PICKLED, _MARSHALLED, _PICKLED_BATCH = 0x50, 0x4D, 0x42  # "P", "M", "B"
 _MARSHAL_VERSION = 4
+
 
 def _reduce_named_tuple(obj: tuple[Any, ...]) -> tuple[Any, ...]:
     """A request, a snapshot or a task group's figures as a plain tuple and the
@@ -69,8 +69,8 @@ def encode_batch(batch: list[tuple[Any, ...]]) -> bytes:
     """A batch of the sender's messages as one frame: marshalled as they are (the
     plugin's requests come in their plain form: tuples of built-ins; the carried
     W3C headers of each are made dicts of their strings, in place), or pickled when
-    some value is not a plain built-in (a ``str`` subclass in a metric key, code
-    objects of ``include-code``...). :func:`read_frame` gives back each request's
+    some value is not a plain built-in (a ``str`` subclass in a metric key, the
+    ``SourceCode`` named tuples of ``include-code``...). :func:`read_frame` gives back each request's
     named view (:class:`~dask_otel_spans.emitter.EmitRequest`), with only the
     ``traceparent`` and ``tracestate`` strings of each carried header (None for a
     carrier without a valid one), either way.
@@ -152,8 +152,7 @@ def _plain_carried(
     for dask_id in (ids[0], ids[-1]) if ids else ():
         carrier = carried.get(dask_id, _ABSENT)
         if carrier is not _ABSENT:
-            # (most roots carry no context: an empty dict)
-            out[dask_id] = w3c_headers(carrier) if carrier else None
+            out[dask_id] = w3c_headers(carrier)
     return out
 
 
@@ -169,8 +168,8 @@ def _plain_request(request: tuple[Any, ...]) -> tuple[Any, ...]:
         carried = request[2]
         if type(carried) is dict:
             for dask_id, carrier in carried.items():
-                # (most roots carry no context: an empty dict)
-                carried[dask_id] = w3c_headers(carrier) if carrier else None
+                # (never fails: whatever a client carried crosses as None at worst)
+                carried[dask_id] = w3c_headers(carrier)
             return request
         return request[:2] + (_plain_carried(request[1], carried or {}),) + request[3:]
     tags, ids, carried, snap = request[:4]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 
 import pytest
 from opentelemetry import trace
@@ -200,3 +201,25 @@ def test_carried_headers_are_kept_as_sent_and_no_mapping_is_refused():
     assert carried_headers(MappingProxyType(annotation)) == annotation
     assert carried_headers(["a", "b"]) is None
     assert carried_headers(None) is None
+
+
+class UnreadableMapping(Mapping):
+    """A client's own mapping class that fails whenever it is read."""
+
+    def __getitem__(self, key):
+        raise RuntimeError("unreadable")
+
+    def __iter__(self):
+        raise RuntimeError("unreadable")
+
+    def __len__(self):
+        raise RuntimeError("unreadable")
+
+
+def test_a_mapping_that_fails_to_be_read_carries_nothing_and_raises_nothing():
+    """On the event loop (an annotation) and on the sender (a carrier), a client's
+    mapping that raises when read is taken as no mapping: never an exception."""
+    from dask_otel_spans.propagation import carried_headers, w3c_headers
+
+    assert carried_headers(UnreadableMapping()) is None
+    assert w3c_headers(UnreadableMapping()) is None

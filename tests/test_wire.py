@@ -151,6 +151,20 @@ def test_a_carrier_without_valid_w3c_headers_crosses_as_none(odd):
     assert back[0][1][0].carried == {ROOT_ID: headers, CHILD_ID: None}
 
 
+def test_a_carrier_that_fails_to_be_read_crosses_as_none_with_its_span():
+    """A client's mapping that raises when read, as a plain request's carrier: the
+    batch still marshals, the span crosses with no context for it."""
+    from test_propagation import UnreadableMapping
+
+    named = request(snapshot(ROOT_ID, ("wf",), offset=2)._replace(
+        nthreads_history=MIRRORED_HISTORY
+    ))
+    plain = tuple(named)[:2] + ({ROOT_ID: UnreadableMapping()}, None) + tuple(named)[4:]
+    frame, back = _sent([("emits", [plain])])
+    assert frame[4:5] == b"M"
+    assert back[0][1][0].carried == {ROOT_ID: None}
+
+
 def test_only_the_headers_the_translation_reads_cross():
     """A span's OTel ids come from its root's and its own carried contexts: the
     middle levels' headers stay behind."""
