@@ -15,6 +15,7 @@ import dask
 import distributed
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.trace import SpanContext
 
 from dask_otel_spans import names
 from dask_otel_spans.propagation import (
@@ -37,12 +38,15 @@ _BATCHES: weakref.WeakKeyDictionary[Any, list[dict[str, Any]]] = (
 
 
 class _Block:
-    """A ``span()`` block being run: whether it, or a block inside it, left lazy
-    collections behind."""
+    """A ``span()`` block being run: its dask span and that span's reserved OTel span
+    context (current inside the block), and whether it, or a block inside it, left
+    lazy collections behind."""
 
-    __slots__ = ("lazy",)
+    __slots__ = ("dask_id", "span_context", "lazy")
 
-    def __init__(self) -> None:
+    def __init__(self, dask_id: str, span_context: SpanContext) -> None:
+        self.dask_id = dask_id
+        self.span_context = span_context
         self.lazy = False
 
 
@@ -92,6 +96,7 @@ def span(*tags: str) -> Iterator[str]:
     outer = dask.get_annotations().get(names.ANNOTATION_KEY)
     carried_out: dict[str, Any] = dict(outer) if isinstance(outer, Mapping) else {}
 
+    parent_block = _CURRENT_BLOCK.get()
     with distributed.span(*tags) as dask_id:
         annotation = dask.get_annotations()["span"]
         ids = tuple(annotation["ids"])
@@ -101,14 +106,16 @@ def span(*tags: str) -> Iterator[str]:
         for level, opened_id in enumerate(opened):
             # The first opened level hangs under the client's current span; further
             # levels of span("a", "b") hang under the previous level.
-            carried[opened_id] = carrier_from_context(client_ctx) if level == 0 else {}
+            carried[opened_id] = (
+                _carrier_under(client_ctx, parent_block, ids[: -len(opened)])
+                if level == 0 else {}
+            )
         chain = resolve_chain(ids, parse_carried(carried) or {})
         own_ctx = trace.set_span_in_context(
             trace.NonRecordingSpan(chain.span_context), client_ctx
         )
         token = otel_context.attach(own_ctx)
-        parent_block = _CURRENT_BLOCK.get()
-        block = _Block()
+        block = _Block(dask_id, chain.span_context)
         block_token = _CURRENT_BLOCK.set(block)
         # Collections built in the block copy the annotations, and so reference
         # ``carried``: more references after the block than before it means lazy
@@ -139,6 +146,29 @@ def span(*tags: str) -> Iterator[str]:
                     "lazy": block.lazy,
                 }
             )
+
+
+def _carrier_under(
+    client_ctx: Any, parent_block: _Block | None, enclosing_ids: tuple[str, ...]
+) -> dict[str, str]:
+    """The W3C headers to carry for a block entered with ``client_ctx`` current,
+    inside the dask spans ``enclosing_ids``: none (an empty carrier) when the current
+    OTel span is the enclosing ``span()`` block's own reserved span, which the
+    scheduler derives from the chain anyway (the parent dask span's OTel span, in the
+    root's trace, with its flags and state); else the current span's headers.
+
+    Most nested blocks are entered so: their chains then cross the graph, the close
+    notice and the export pipe without a header to parse for their own level.
+    """
+    if (
+        parent_block is not None
+        and enclosing_ids
+        and parent_block.dask_id == enclosing_ids[-1]
+        and trace.get_current_span(client_ctx).get_span_context()
+        == parent_block.span_context
+    ):
+        return {}
+    return carrier_from_context(client_ctx)
 
 
 def _notify_closed(msg: dict[str, Any]) -> None:

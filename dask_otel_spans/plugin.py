@@ -1670,18 +1670,23 @@ class OTelSpansPlugin(SchedulerPlugin):
             # ids, carried, snapshot, now, complete, close_reason, enter, exit,
             # keep_summary, counted), which the export process's sender marshals as
             # it is; with a dict of its own of the carried headers the translation
-            # reads (the root's, which an open root may hold alone, and its own)
+            # reads (the root's, which an open root may hold alone, and its own),
+            # empty carriers left out: they say what no carrier says
             ids, carried = rec.ids, rec.carried
             root_id, own_id = ids[0], rec.id
             sent = {}
-            if own_id in carried:
-                sent[own_id] = carried[own_id]
-            if root_id in carried:
-                sent[root_id] = carried[root_id]
-            elif root_id != own_id:
-                root = self._open.get(root_id)
-                if root is not None and root_id in root.carried:
-                    sent[root_id] = root.carried[root_id]
+            carrier = carried.get(own_id)
+            # (a client's own Mapping class is sent as it is: the sender reads it)
+            if carrier is not None and (type(carrier) is not dict or carrier):
+                sent[own_id] = carrier
+            if root_id != own_id:
+                carrier = carried.get(root_id)
+                if carrier is None:
+                    root = self._open.get(root_id)
+                    if root is not None:
+                        carrier = root.carried.get(root_id)
+                if carrier is not None and (type(carrier) is not dict or carrier):
+                    sent[root_id] = carrier
             self._emitted.append((
                 rec.tags, ids, sent, snapshot, now, complete, rec.close_reason,
                 rec.enter, rec.exit, keep_summary, rec.counted,

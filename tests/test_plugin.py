@@ -10,7 +10,14 @@ import pytest
 from distributed import Client, Event, Scheduler, default_client, span as dask_span, wait
 from distributed.scheduler import ALL_TASK_STATES
 from distributed.utils_test import gen_cluster, inc, slowinc
-from opentelemetry.trace import StatusCode
+from opentelemetry import trace
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    SpanContext,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+)
 
 from dask_otel_spans import OTelSpansPlugin, names, span
 from dask_otel_spans.emitter import restore_request
@@ -81,6 +88,34 @@ async def test_client_otel_span_is_the_parent_and_inner_client_spans_nest(c, s, 
     assert wf.parent.span_id == ctx.span_id
     assert http.context.trace_id == ctx.trace_id
     assert http.parent.span_id == otel_span_id(wf_id) == wf.context.span_id
+
+
+@gen_cluster(client=True)
+async def test_a_nested_block_hangs_under_its_parent_in_the_clients_trace_and_state(
+    c, s, a, b
+):
+    """The inner block carries no header of its own (its parent block's span was
+    current): its parent, trace and trace state are derived from the chain and the
+    root's carried context."""
+    memory = MemoryProviders()
+    await install(c, memory)
+    client_ctx = SpanContext(
+        trace_id=0x0AF7651916CD43DD8448EB211C80319C, span_id=0xB7AD6B7169203331,
+        is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED),
+        trace_state=TraceState([("vendor", "opaque")]),
+    )
+    with trace.use_span(NonRecordingSpan(client_ctx)):
+        with span("wf") as wf_id:
+            with span("load") as load_id:
+                await c.submit(inc, 1, key="inc-1")
+    await async_wait_for(lambda: len(memory.dask_spans()) == 2)
+    spans = {sp.name: sp for sp in memory.dask_spans()}
+    wf, load = spans["wf"], spans["load"]
+    assert wf.context.trace_id == load.context.trace_id == client_ctx.trace_id
+    assert wf.parent.span_id == client_ctx.span_id
+    assert load.parent.span_id == wf.context.span_id == otel_span_id(wf_id)
+    assert load.context.span_id == otel_span_id(load_id)
+    assert load.context.trace_state == client_ctx.trace_state
 
 
 @gen_cluster(client=True)
@@ -1003,6 +1038,7 @@ async def test_the_request_handed_over_holds_each_field_of_the_record_by_name(
     plugin._emit(rec, 42.0, complete=False)
     [plain] = handed
     assert type(plain) is tuple  # (the sender marshals it as it is)
+    assert plain[2] == {}  # (no client context: its empty carriers are left out)
     request = restore_request(plain)
     assert (request.tags, request.ids) == (("parent", "leaf"), (parent_id, leaf_id))
     assert request.carried is not rec.carried and request.snapshot.id == leaf_id
