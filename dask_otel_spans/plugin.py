@@ -331,6 +331,9 @@ class OTelSpansPlugin(SchedulerPlugin):
         #: that the graph (which comes, in most cases) drops the wait, and no
         #: long-stale wake-up outlives the span
         self._awaiting_graph: OrderedDict[str, float] = OrderedDict()
+        #: the latest time put in ``_awaiting_graph`` since it was last empty: at
+        #: or after every time in it (one taken out may have been that latest)
+        self._awaiting_until = -math.inf
         #: span ids of TaskGroups whose tasks settled since the last pass (the
         #: ``transition`` hook)
         self._settled: set[str] = set()
@@ -825,6 +828,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         pending = self._pending
         notices = 0  # handled in this step
         grace = self.grace  # (for the notices of this step)
+        lazy_wait = max(self.config.lazy_timeout, grace)
         while pending:
             event = pending.popleft()
             kind, n_spans, now = event[:3]
@@ -848,7 +852,7 @@ class OTelSpansPlugin(SchedulerPlugin):
                     if len(spans) > self._n_known:
                         yield from self._register_new_spans(len(spans))
                     try:
-                        self._on_close_notice(notice, now, grace)
+                        self._on_close_notice(notice, now, grace, lazy_wait)
                     except Exception:
                         self._log_failure("close-notice")
                     notices += 1
@@ -856,6 +860,7 @@ class OTelSpansPlugin(SchedulerPlugin):
                         notices = 0
                         yield
                         grace = self.grace
+                        lazy_wait = max(self.config.lazy_timeout, grace)
                 # (the next events go on in this step: a burst of notices, one
                 # event each from a synchronous client, runs a few to a step)
                 continue
@@ -864,6 +869,7 @@ class OTelSpansPlugin(SchedulerPlugin):
             notices = 0
             yield  # a burst of small events must not run as one step
             grace = self.grace
+            lazy_wait = max(self.config.lazy_timeout, grace)
         # spans created other than by a graph submission
         yield from self._register_new_spans(len(self._ext.spans))
 
@@ -1069,9 +1075,11 @@ class OTelSpansPlugin(SchedulerPlugin):
                         rec.clients.add(client)
                 node = node.parent
 
-    def _on_close_notice(self, msg: Any, now: float, grace: float) -> None:
+    def _on_close_notice(self, msg: Any, now: float, grace: float,
+                         lazy_wait: float | None = None) -> None:
         """The client helper's block exited: mark the spans it opened as closed
-        (``grace``: the grace period now)."""
+        (``grace``: the grace period now; ``lazy_wait``: the wait for a graph,
+        lazy-timeout or grace if longer, worked out once by the caller)."""
         try:
             ids = tuple(msg["ids"])
             tags = tuple(map(str, msg["name"]))
@@ -1113,13 +1121,19 @@ class OTelSpansPlugin(SchedulerPlugin):
             rec.closed_at = now
             rec.close_reason = names.CLOSE_REASON_CLIENT
             rec.enter, rec.exit = enter, exit_
-            if rec.span is None:
+            if rec.span is not None:
+                self._look_again(rec)
+            elif rec.awaiting_graph and not (rec.submitted or rec.client_gone):
+                # not seen by the scheduler, and its graph is to come (the blocks
+                # of most lazy collections): the wait :meth:`_ready_at` would set
+                if lazy_wait is None:
+                    lazy_wait = max(self.config.lazy_timeout, grace)
+                self._wake_up_at(rec, now + lazy_wait)
+            else:
                 # not seen by the scheduler: nothing to check, only a wait to set
                 wait_until = self._ready_at(rec, now, grace)
                 if wait_until is not None:
                     self._wake_up_at(rec, wait_until)
-            else:
-                self._look_again(rec)
 
     def _on_client_gone(self, client: str, now: float) -> Iterator[None]:
         for i, rec in enumerate(list(self._open.values()), 1):
@@ -1288,8 +1302,8 @@ class OTelSpansPlugin(SchedulerPlugin):
                 return
             # (the same wait for all, from the notice's time: in order, unless the
             # grace period grew past lazy-timeout; such a wait goes to the heap)
-            if not awaiting or when >= next(reversed(awaiting.values())):
-                awaiting[rec.id] = when
+            if not awaiting or when >= self._awaiting_until:
+                awaiting[rec.id] = self._awaiting_until = when
                 return
         if rec.wake_at is None or when < rec.wake_at:
             rec.wake_at = when

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from types import SimpleNamespace
 from time import time
 
 import dask
@@ -869,6 +870,37 @@ def _tree_of_records(plugin: OTelSpansPlugin, children_done: list[bool]):
         children.append(child)
         groups.append(group)
     return parent, children, groups
+
+
+def test_waits_for_a_graph_fire_in_time_when_the_latest_one_was_taken_out():
+    """Spans closed before their graph wait in order of their wait's end; a wait
+    that ends before the latest one put there (taken out since: its graph came)
+    goes to the heap instead, and every wait is due at its own time."""
+    from dask_otel_spans.plugin import _OpenSpan
+
+    plugin = OTelSpansPlugin()
+    plugin._ext = SimpleNamespace(spans={})
+
+    def closed_before_its_graph(dask_id: str, until: float) -> _OpenSpan:
+        rec = _OpenSpan(dask_id, (dask_id,), (dask_id,))
+        rec.awaiting_graph = True
+        plugin._open[dask_id] = rec
+        plugin._wake_up_at(rec, until)
+        return rec
+
+    closed_before_its_graph("a", 10.0)
+    closed_before_its_graph("b", 30.0)
+    del plugin._open["b"]
+    plugin._awaiting_graph.pop("b")  # (its graph came: no wait is left)
+    closed_before_its_graph("c", 20.0)  # (grace grew, then shrank)
+    assert list(plugin._awaiting_graph) == ["a"]
+    assert plugin._wakeups == [(20.0, "c")]
+    due = []
+    for now in (9.0, 10.0, 19.0, 20.0):
+        for _ in plugin._wake_due(now):
+            pass
+        due.append(sorted(plugin._queued))
+    assert due == [[], ["a"], ["a"], ["a", "c"]]
 
 
 def test_checking_a_parent_of_a_running_child_looks_at_that_child_first():
