@@ -28,15 +28,14 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+from bench_trees import alternate, run_in_tree
 
 PHASES = ("notices", "graph", "settle", "emit")
 HERE = Path(__file__).resolve().parent
@@ -231,14 +230,8 @@ def measure(a: int, b: int, c: int, replays: int) -> dict[str, Any]:
 
 def run_tree(tree: str, a: int, b: int, c: int, replays: int) -> dict[str, Any]:
     """:func:`measure` in a fresh interpreter with ``tree`` first on ``sys.path``."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [tree, str(HERE)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                             if p]))
-    code = ("import json, sys, bench_pass; "
-            f"print(json.dumps(bench_pass.measure({a}, {b}, {c}, {replays})))")
-    out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
-                         capture_output=True, text=True, cwd=tree).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return run_in_tree(tree, "import json, sys, bench_pass; print(json.dumps("
+                             f"bench_pass.measure({a}, {b}, {c}, {replays})))")
 
 
 def report(label: str, results: list[dict[str, Any]]) -> None:
@@ -269,10 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         report(here, [run_tree(here, a, b, c, args.replays)])
         return 0
     trees = [here, str(Path(args.against).resolve())]
-    results: dict[str, list] = {tree: [] for tree in trees}
-    for i in range(args.rounds):
-        for tree in trees if i % 2 == 0 else trees[::-1]:
-            results[tree].append(run_tree(tree, a, b, c, args.replays))
+    results = alternate(trees, args.rounds,
+                        lambda tree: run_tree(tree, a, b, c, args.replays))
     for tree in trees:
         report(tree, results[tree])
     ratio = statistics.median(

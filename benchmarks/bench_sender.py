@@ -24,14 +24,13 @@ spans as in ``bench_scheduler.py``) and reports, per span handed over:
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from bench_trees import alternate, run_in_tree
 
 HERE = Path(__file__).resolve().parent
 FIGURES = ("cpu", "handle", "encode", "dumps", "write", "bytes", "frames")
@@ -151,14 +150,8 @@ def measure(runs: int, a: int, b: int, c: int,
 def run_tree(tree: str, runs: int, a: int, b: int, c: int) -> list[dict[str, float]]:
     """:func:`measure` in a fresh interpreter with ``tree`` first on ``sys.path`` (the
     client helper), and as the cluster's plugin tree."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [tree, str(HERE)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                             if p]))
-    code = ("import json, bench_sender; "
-            f"print(json.dumps(bench_sender.measure({runs}, {a}, {b}, {c}, {tree!r})))")
-    out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
-                         capture_output=True, text=True, cwd=str(HERE)).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return run_in_tree(tree, "import json, bench_sender; print(json.dumps("
+                             f"bench_sender.measure({runs}, {a}, {b}, {c}, {tree!r})))")
 
 
 def report(label: str, results: list[dict[str, float]]) -> None:
@@ -191,10 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         report(here, run_tree(here, args.runs, a, b, c))
         return 0
     trees = [here, str(Path(args.against).resolve())]
-    results: dict[str, list] = {tree: [] for tree in trees}
-    for i in range(args.rounds):
-        for tree in trees if i % 2 == 0 else trees[::-1]:
-            results[tree] += run_tree(tree, args.runs, a, b, c)
+    by_round = alternate(trees, args.rounds,
+                         lambda tree: run_tree(tree, args.runs, a, b, c))
+    results = {tree: [run for runs in by_round[tree] for run in runs] for tree in trees}
     for tree in trees:
         report(tree, results[tree])
     ratio = statistics.median(results[trees[0]][i]["cpu"] / results[trees[1]][i]["cpu"]
