@@ -35,7 +35,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench_trees import alternate, run_in_tree
+from bench_trees import add_tree_arguments, alternate, run_in_tree, scale_of
 
 PHASES = ("notices", "graph", "settle", "emit")
 HERE = Path(__file__).resolve().parent
@@ -246,17 +246,11 @@ def report(label: str, results: list[dict[str, Any]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scale", default="10,10,20",
-                        help="a,b,c: a x b x c leaf spans (default 10,10,20)")
+    add_tree_arguments(parser, rounds=5)
     parser.add_argument("--replays", type=int, default=7,
                         help="replays per round (each in the same interpreter)")
-    parser.add_argument("--against", metavar="TREE",
-                        help="source tree of another version of the plugin (a git "
-                        "worktree): both run in alternating rounds")
-    parser.add_argument("--rounds", type=int, default=5,
-                        help="rounds with --against (each tree once per round)")
     args = parser.parse_args(argv)
-    a, b, c = (int(x) for x in args.scale.split(","))
+    a, b, c = scale_of(args)
     here = str(HERE.parent)
     if args.against is None:
         report(here, [run_tree(here, a, b, c, args.replays)])

@@ -2,6 +2,7 @@
 of the package), each in a fresh interpreter, in alternating rounds."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -33,3 +34,21 @@ def alternate(trees: list[str], rounds: int,
         for tree in trees if i % 2 == 0 else trees[::-1]:
             results[tree].append(run(tree))
     return results
+
+
+def add_tree_arguments(parser: argparse.ArgumentParser, rounds: int) -> None:
+    """The options both tree benchmarks take: the nested tree's scale, another tree
+    to run against, and how many alternating rounds."""
+    parser.add_argument("--scale", default="10,10,20",
+                        help="a,b,c: a x b x c leaf spans (default 10,10,20)")
+    parser.add_argument("--against", metavar="TREE",
+                        help="source tree of another version of the package (a git "
+                        "worktree): both run in alternating rounds")
+    parser.add_argument("--rounds", type=int, default=rounds,
+                        help="rounds with --against (each tree once per round)")
+
+
+def scale_of(args: argparse.Namespace) -> tuple[int, int, int]:
+    """``--scale`` as its three numbers."""
+    a, b, c = (int(x) for x in args.scale.split(","))
+    return a, b, c
