@@ -99,9 +99,11 @@ class Cluster:
 
     def __init__(self, with_plugin: bool, workers: int, threads: int,
                  export_process: bool = False, plugin_tree: str | None = None,
-                 inert: bool = False):
+                 inert: bool = False, preload: str | None = None):
         self.with_plugin = with_plugin
         self.inert = inert
+        #: a module to preload instead of a plugin (e.g. ``bench_floor``)
+        self.preload = "bench_inert" if inert else preload
         # the plugin of this source tree, or of another one (plugin_tree); the
         # processes run in HERE, so that no package in the working directory
         # (``python -m`` puts it first on sys.path) shadows it
@@ -118,8 +120,8 @@ class Cluster:
                "--preload", "bench_clock"]  # both sides: the latencies' reference
         if with_plugin:
             cmd += ["--preload", "bench_preload"]
-        elif inert:
-            cmd += ["--preload", "bench_inert"]
+        elif self.preload:
+            cmd += ["--preload", self.preload]
         self.procs = [subprocess.Popen(cmd, env=env, cwd=HERE, stdout=subprocess.DEVNULL,
                                        stderr=subprocess.DEVNULL)]
         for _ in range(workers):
@@ -133,7 +135,7 @@ class Cluster:
         self.scheduler = psutil.Process(self.procs[0].pid)
 
     def _file(self) -> str:
-        side = "inert" if self.inert else int(self.with_plugin)
+        side = self.preload or int(self.with_plugin)
         return os.path.join(HERE, f".scheduler-{os.getpid()}-{side}.json")
 
     def cpu(self) -> float:
