@@ -26,6 +26,12 @@ of it, with no state machine, and writes it to a child process that discards it:
 - a sender thread that marshals the batches as the export process's sender does and
   writes them to a pipe.
 
+That this is enough, and not only less: with ``BENCH_FLOOR_RECORD`` set to a file, the
+child writes the frames there, and :func:`rebuild_spans` makes of them what an export
+process would know of each span (name, parent, when queued, its task groups' figures,
+its metrics summed from the deltas); a test checks that this equals what the
+scheduler's ``Span`` objects hold (:func:`spans_on_scheduler`), span for span.
+
 What it leaves out, which the redesign would need as well: spans whose snapshot the
 export process must ask for (``include-code``, adoption, a restart of the export
 process), the nthreads history, the metrics' span names. So its figures are a lower
@@ -40,6 +46,7 @@ from __future__ import annotations
 import argparse
 import functools
 import marshal
+import os
 import statistics
 import struct
 import subprocess
@@ -65,9 +72,14 @@ VARIANTS = ("plugin", "floor")
 FIGURES = ("own", "loop", "sender", "bytes")
 
 _GRAPH, _NOTICE, _CLIENT_GONE = range(3)
-#: what the child process runs: read frames and drop them
-_DISCARD = ("import sys\nread = sys.stdin.buffer.raw.read\n"
-            "while read(1 << 16):\n    pass\n")
+#: what the child process runs: read frames and drop them, or (with a file name as
+#: its argument) write them to that file
+_CHILD = ("import sys\nread = sys.stdin.buffer.raw.read\n"
+          "out = open(sys.argv[1], 'wb', buffering=0) if len(sys.argv) > 1 else None\n"
+          "while chunk := read(1 << 16):\n"
+          "    if out is not None:\n        out.write(chunk)\n")
+#: environment variable: a file to record the forwarded frames in (tests)
+RECORD_VARIABLE = "BENCH_FLOOR_RECORD"
 _HEADER = struct.Struct("<I")
 _BATCH_SIZE = 256  # (as the export process's sender)
 
@@ -76,10 +88,11 @@ class Forwarder(BackgroundQueue):
     """The sender thread: batches the items, marshals each batch as one frame and
     writes it to a child process that discards it."""
 
-    def __init__(self) -> None:
+    def __init__(self, record_to: str | None = None) -> None:
         super().__init__("bench-floor-sender", what="forwarded events")
         self._child = subprocess.Popen(
-            [sys.executable, "-c", _DISCARD], stdin=subprocess.PIPE
+            [sys.executable, "-c", _CHILD, *([record_to] if record_to else [])],
+            stdin=subprocess.PIPE,
         )
         self._batch: list[Any] = []
         self.bytes = 0
@@ -117,8 +130,9 @@ class ForwardingPlugin(SchedulerPlugin):
 
     name = "bench-floor"
 
-    def __init__(self, tick_interval: float = 0.1):
+    def __init__(self, tick_interval: float = 0.1, record_to: str | None = None):
         self.tick_interval = tick_interval
+        self.record_to = record_to
         self.total_call_cpu_seconds = 0.0
         self.forwarded_spans = 0
         self.forwarded_groups = 0
@@ -135,7 +149,7 @@ class ForwardingPlugin(SchedulerPlugin):
         self._ext = scheduler.extensions["spans"]
         self._tasks = scheduler.tasks
         self._n_known = len(self._ext.spans)
-        self.sender = Forwarder()
+        self.sender = Forwarder(self.record_to)
         self.sender.start()
         self._wrap_heartbeats()
         self._pc = PeriodicCallback(self._tick, self.tick_interval * 1000)
@@ -284,12 +298,74 @@ class ForwardingPlugin(SchedulerPlugin):
         settled, self._settled = self._settled, set()
         for tg in settled:
             if _group_done(tg):
-                out.append(("group", tg.span_id, snapshot_group(tg)))
+                out.append(("group", tg.span_id, tg.name, snapshot_group(tg)))
                 self.forwarded_groups += 1
 
 
 def dask_setup(scheduler: Any) -> None:
-    scheduler.add_plugin(ForwardingPlugin())
+    scheduler.add_plugin(ForwardingPlugin(record_to=os.environ.get(RECORD_VARIABLE)))
+
+
+# -- what the forwarded events hold ---------------------------------------------------
+
+def read_recording(path: str) -> list[tuple[Any, ...]]:
+    """The items of the frames a recording forwarder wrote to ``path``, in order."""
+    with open(path, "rb") as f:
+        data = f.read()
+    items: list[tuple[Any, ...]] = []
+    at = 0
+    while at + _HEADER.size <= len(data):
+        (size,) = _HEADER.unpack_from(data, at)
+        at += _HEADER.size
+        if at + size > len(data):
+            break  # (a frame still being written)
+        items += marshal.loads(data[at + 1 : at + size])
+        at += size
+    return items
+
+
+def rebuild_spans(items: list[tuple[Any, ...]]) -> dict[str, dict[str, Any]]:
+    """What an export process could know of each span from the forwarded events alone:
+    its name, parent, when it was queued, its task groups' figures as last forwarded
+    done, and its own metrics summed from the heartbeat deltas (as
+    ``SpansSchedulerExtension.heartbeat`` sums them into ``Span``)."""
+    spans: dict[str, dict[str, Any]] = {}
+
+    def record(span_id: str) -> dict[str, Any]:
+        # (a heartbeat's deltas may come before the tick that forwards their span)
+        return spans.setdefault(span_id, {"groups": {}, "metrics": {}})
+
+    for item in items:
+        if item[0] == "events":
+            for event in item[1]:
+                if event[0] == "span":
+                    _, span_id, parent, name, enqueued = event
+                    record(span_id).update(name=tuple(name), parent=parent,
+                                           enqueued=enqueued)
+                elif event[0] == "group":
+                    _, span_id, group, figures = event
+                    record(span_id)["groups"][group] = tuple(figures)
+        elif item[0] == "deltas":
+            for (context, span_id, *other), value in item[1].items():
+                metrics = record(span_id)["metrics"]
+                key = (context, *other)
+                metrics[key] = metrics.get(key, 0.0) + value
+    return spans
+
+
+def spans_on_scheduler(dask_scheduler: Any = None) -> dict[str, dict[str, Any]]:
+    """The same figures, read from the scheduler's ``Span`` objects (run on the
+    scheduler)."""
+    return {
+        span.id: {
+            "name": tuple(span.name),
+            "parent": span.parent.id if span.parent is not None else None,
+            "enqueued": span.enqueued,
+            "groups": {tg.name: snapshot_group(tg) for tg in span.groups},
+            "metrics": dict(span._cumulative_worker_metrics),
+        }
+        for span in dask_scheduler.extensions["spans"].spans.values()
+    }
 
 
 # -- what the benchmark reads on the scheduler ---------------------------------------

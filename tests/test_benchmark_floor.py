@@ -3,6 +3,7 @@ and reports both per span."""
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,36 @@ def test_the_floor_forwards_every_done_task_group_once(one_run):
 def test_an_unknown_variant_is_refused():
     with pytest.raises(ValueError, match="variant"):
         bench_floor.measure("inert", 1, 1, 1, 1)
+
+
+def test_the_forwarded_events_hold_what_the_scheduler_knows_of_every_span(
+    tmp_path, monkeypatch
+):
+    """What the floor forwards is enough for an export process to rebuild every span's
+    snapshot (name, parent, groups' figures, metrics summed from the deltas): the
+    floor forwards what the redesign needs, not only less."""
+    import bench_scheduler as bench
+
+    recording = tmp_path / "forwarded.bin"
+    monkeypatch.setenv(bench_floor.RECORD_VARIABLE, str(recording))
+    cluster = bench.Cluster(False, 2, 2, preload="bench_floor")
+    try:
+        client = cluster.client
+        bench.futures_workload(client, 2, 3)
+        bench.nested_workload(client, 1, 2, 3)
+        deadline = time.monotonic() + 30
+        while True:
+            on_scheduler = client.run_on_scheduler(bench_floor.spans_on_scheduler)
+            rebuilt = bench_floor.rebuild_spans(bench_floor.read_recording(str(recording)))
+            # (every span with tasks has its metrics once the workers' heartbeats
+            # with them are in)
+            metered = all(s["metrics"] for s in on_scheduler.values() if s["groups"])
+            if (metered and rebuilt == on_scheduler) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    finally:
+        cluster.close()
+    # the futures' 2 spans, nested's 6 leaves, 3 ancestors and its gather's span
+    assert len(on_scheduler) == 12
+    assert all(s["metrics"] for s in on_scheduler.values() if s["groups"])
+    assert rebuilt == on_scheduler
