@@ -86,7 +86,7 @@ _BATCH_SIZE = 256  # (as the export process's sender)
 
 class Forwarder(BackgroundQueue):
     """The sender thread: batches the items, marshals each batch as one frame and
-    writes it to a child process that discards it."""
+    writes it to a child process that discards it (or records it in ``record_to``)."""
 
     def __init__(self, record_to: str | None = None) -> None:
         super().__init__("bench-floor-sender", what="forwarded events")
