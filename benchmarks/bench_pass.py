@@ -35,7 +35,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench_trees import add_tree_arguments, alternate, run_in_tree, scale_of
+from bench_trees import add_tree_arguments, run_in_tree, runs_by_tree, scale_of
 
 PHASES = ("notices", "graph", "settle", "emit")
 HERE = Path(__file__).resolve().parent
@@ -251,15 +251,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="replays per round (each in the same interpreter)")
     args = parser.parse_args(argv)
     a, b, c = scale_of(args)
-    here = str(HERE.parent)
-    if args.against is None:
-        report(here, [run_tree(here, a, b, c, args.replays)])
-        return 0
-    trees = [here, str(Path(args.against).resolve())]
-    results = alternate(trees, args.rounds,
-                        lambda tree: run_tree(tree, a, b, c, args.replays))
+    results = runs_by_tree(args, str(HERE.parent),
+                           lambda tree: run_tree(tree, a, b, c, args.replays))
+    trees = list(results)
     for tree in trees:
         report(tree, results[tree])
+    if len(trees) == 1:
+        return 0
     ratio = statistics.median(
         x["median"] / y["median"] for x, y in zip(results[trees[0]], results[trees[1]]))
     print(f"median per round, this tree / {trees[1]}: {ratio:.3f}")

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_trees import add_tree_arguments, alternate, run_in_tree, scale_of
+from bench_trees import add_tree_arguments, run_in_tree, runs_by_tree, scale_of
 
 HERE = Path(__file__).resolve().parent
 FIGURES = ("cpu", "handle", "encode", "dumps", "write", "bytes", "frames")
@@ -173,16 +173,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="nested workloads per round, on one cluster")
     args = parser.parse_args(argv)
     a, b, c = scale_of(args)
-    here = str(HERE.parent)
-    if args.against is None:
-        report(here, run_tree(here, args.runs, a, b, c))
-        return 0
-    trees = [here, str(Path(args.against).resolve())]
-    by_round = alternate(trees, args.rounds,
-                         lambda tree: run_tree(tree, args.runs, a, b, c))
+    by_round = runs_by_tree(args, str(HERE.parent),
+                            lambda tree: run_tree(tree, args.runs, a, b, c))
+    trees = list(by_round)
     results = {tree: [run for runs in by_round[tree] for run in runs] for tree in trees}
     for tree in trees:
         report(tree, results[tree])
+    if len(trees) == 1:
+        return 0
     ratio = statistics.median(results[trees[0]][i]["cpu"] / results[trees[1]][i]["cpu"]
                               for i in range(len(results[trees[0]])))
     print(f"sender CPU per span, median of the paired runs, this tree / {trees[1]}: "

@@ -36,6 +36,17 @@ def alternate(trees: list[str], rounds: int,
     return results
 
 
+def runs_by_tree(args: argparse.Namespace, here: str,
+                 run: Callable[[str], Any]) -> dict[str, list[Any]]:
+    """``run(here)`` once, without ``--against``; with it, ``run`` on this tree and on
+    that one in ``--rounds`` alternating rounds. The results by tree, in round order
+    (this tree first)."""
+    if args.against is None:
+        return {here: [run(here)]}
+    trees = [here, str(Path(args.against).resolve())]
+    return alternate(trees, args.rounds, run)
+
+
 def add_tree_arguments(parser: argparse.ArgumentParser, rounds: int) -> None:
     """The options both tree benchmarks take: the nested tree's scale, another tree
     to run against, and how many alternating rounds."""
