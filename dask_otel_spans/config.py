@@ -66,6 +66,13 @@ def parse_export_process(value: Any) -> ExportProcessSetting:
     return EXPORT_PROCESS_AUTO
 
 
+def _boolean(value: Any) -> bool:
+    """A boolean setting, from a boolean or the words an environment variable gives."""
+    if isinstance(value, str):
+        return value.strip().lower() not in _FALSE_WORDS
+    return bool(value)
+
+
 @dataclass(frozen=True)
 class PluginConfig:
     """Typed settings of :class:`~dask_otel_spans.OTelSpansPlugin`.
@@ -91,6 +98,7 @@ class PluginConfig:
     output_dir: str = "dask-otel-spans"
     export_process: ExportProcessSetting = EXPORT_PROCESS_AUTO
     export_process_nice: int = 10
+    track_in_export_process: bool = True
     providers: str | None = None
 
     @classmethod
@@ -124,6 +132,7 @@ class PluginConfig:
             output_dir=str(get("output-dir")),
             export_process=parse_export_process(get("export-process")),
             export_process_nice=int(get("export-process-nice")),
+            track_in_export_process=_boolean(get("track-in-export-process")),
             providers=str(factory) if factory not in (None, "", "null") else None,
         )
         known = {f.name for f in fields(cls)}

@@ -9,7 +9,10 @@ Started by :class:`~dask_otel_spans.export_process.ExportProcess` as
   ``("metric", method, args)``, ``("metrics", [(method, args), ...])``,
   ``("history", start, entries)`` (the scheduler's ``total_nthreads_history`` from
   ``start`` on, which snapshots with ``MIRRORED_HISTORY`` read) and
-  ``("flush", token, timeout)``. End of stdin: finish, shut down, exit.
+  ``("flush", token, timeout)``; when it tracks the spans
+  (:mod:`~dask_otel_spans.mirror`), ``("fwd", messages)``, ``("events", events)``
+  (:mod:`~dask_otel_spans.forwarding`) and ``("deltas", deltas)``. End of stdin:
+  emit the spans still open, finish, shut down, exit.
 - stdout: ``("ready", info)`` or ``("failed", reason)``; ``("stats", stats)`` when
   the figures changed; ``("flushed", token, ok, stats)``; ``("stopped", stats)``.
 
@@ -25,11 +28,15 @@ import sys
 import threading
 import time
 import tracemalloc
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import psutil
 
+from dask_otel_spans.config import PluginConfig
 from dask_otel_spans.pipeline import ExportPipeline, PipelineSpec
+
+if TYPE_CHECKING:
+    from dask_otel_spans.mirror import SpanMirror
 from dask_otel_spans.wire import (
     mirror_history,
     read_frame,
@@ -61,11 +68,70 @@ class _Outbox:
                 pass
 
 
-def _stats(pipeline: ExportPipeline) -> dict[str, Any]:
-    """The pipeline's figures and this process's CPU seconds and memory: resident
-    set size, and Python's allocations still alive when ``tracemalloc`` traces
-    (``PYTHONTRACEMALLOC=1`` in the scheduler's environment)."""
+class _Tracking:
+    """The copy of the span tree (:class:`~dask_otel_spans.mirror.SpanMirror`), made
+    when the first forwarded message comes, and the thread that runs its passes
+    every ``tick-interval``; one lock keeps the passes and the messages apart."""
+
+    def __init__(self, pipeline: ExportPipeline, history: list[tuple[float, int]],
+                 config: PluginConfig):
+        self.pipeline = pipeline
+        self.history = history
+        self.config = config
+        self.mirror: SpanMirror | None = None
+        self.lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._ticker: threading.Thread | None = None
+
+    def get(self) -> SpanMirror:
+        if self.mirror is None:
+            from dask_otel_spans.mirror import SpanMirror
+
+            pipeline = self.pipeline
+            self.mirror = SpanMirror(
+                pipeline.emitter, pipeline.pump, self.history, self.config
+            )
+            self._ticker = threading.Thread(
+                target=self._tick, name="dask-otel-spans-export-tracker", daemon=True
+            )
+            self._ticker.start()
+        return self.mirror
+
+    def _tick(self) -> None:
+        interval = self.config.tick_interval
+        while not self._stopped.wait(interval):
+            with self.lock:
+                self.mirror.run_pass()
+
+    def run_passes(self) -> None:
+        """Emit what is ready now (before a flush)."""
+        if self.mirror is not None:
+            with self.lock:
+                for _ in range(2):
+                    self.mirror.run_pass()
+
+    def stats(self) -> dict[str, Any]:
+        return self.mirror.stats() if self.mirror is not None else {}
+
+    def close(self) -> None:
+        """Stop the passes; emit every span still open."""
+        self._stopped.set()
+        if self._ticker is not None:
+            self._ticker.join()
+        if self.mirror is not None:
+            with self.lock:
+                self.mirror.close()
+
+
+def _stats(pipeline: ExportPipeline, tracking: _Tracking | None = None
+           ) -> dict[str, Any]:
+    """The pipeline's figures, those of the copy of the span tree, and this
+    process's CPU seconds and memory: resident set size, and Python's allocations
+    still alive when ``tracemalloc`` traces (``PYTHONTRACEMALLOC=1`` in the
+    scheduler's environment)."""
     out = {**pipeline.stats(), "process_cpu_s": time.process_time()}
+    if tracking is not None:
+        out.update(tracking.stats())
     try:
         out["rss_bytes"] = psutil.Process().memory_info().rss
     except psutil.Error:  # pragma: no cover - /proc unreadable
@@ -76,14 +142,15 @@ def _stats(pipeline: ExportPipeline) -> dict[str, Any]:
 
 
 def _report_stats(
-    pipeline: ExportPipeline, outbox: _Outbox, stopped: threading.Event
+    pipeline: ExportPipeline, tracking: _Tracking, outbox: _Outbox,
+    stopped: threading.Event,
 ) -> None:
     last: dict[str, Any] = {}
     while not stopped.wait(_STATS_INTERVAL):
-        stats = pipeline.stats()
+        stats = {**pipeline.stats(), **tracking.stats()}
         if stats != last:  # CPU and memory always change: not compared
             last = stats
-            outbox.send(("stats", _stats(pipeline)))
+            outbox.send(("stats", _stats(pipeline, tracking)))
 
 
 def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
@@ -105,15 +172,16 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
             "pid": os.getpid(),
         },
     ))
+    #: copy of the scheduler's total_nthreads_history ("history" messages)
+    history: list[tuple[float, int]] = []
+    tracking = _Tracking(pipeline, history, spec.config)
     stopped = threading.Event()
     reporter = threading.Thread(
-        target=_report_stats, args=(pipeline, outbox, stopped),
+        target=_report_stats, args=(pipeline, tracking, outbox, stopped),
         name="dask-otel-spans-export-stats", daemon=True,
     )
     reporter.start()
     bad_frames = 0
-    #: copy of the scheduler's total_nthreads_history ("history" messages)
-    history: list[tuple[float, int]] = []
     while True:
         try:
             batch = read_frame(inbox)
@@ -127,7 +195,21 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
             continue
         for message in batch:
             kind = message[0]
-            if kind == "emit":
+            if kind == "fwd":
+                mirror = tracking.get()
+                with tracking.lock:
+                    mirror.apply(message[1])
+            elif kind == "events":
+                mirror = tracking.get()
+                with tracking.lock:
+                    mirror.apply_events(message[1])
+            elif kind == "deltas":
+                mirror = tracking.get()
+                with tracking.lock:
+                    update = mirror.add_deltas(message[1])
+                if pipeline.pump is not None:
+                    pipeline.pump.submit(update[0], *update[1])
+            elif kind == "emit":
                 pipeline.emitter.emit(restored_request(message[1], history))
             elif kind == "emits":
                 pipeline.emitter.emit_many(
@@ -143,12 +225,14 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
                     pipeline.pump.submit_many(message[1])
             elif kind == "flush":
                 _, token, timeout = message
+                tracking.run_passes()
                 ok = pipeline.flush(timeout)
-                outbox.send(("flushed", token, ok, _stats(pipeline)))
+                outbox.send(("flushed", token, ok, _stats(pipeline, tracking)))
+    tracking.close()
     stopped.set()
     pipeline.stop_threads(_STOP_TIMEOUT)
     pipeline.close_providers(_STOP_TIMEOUT)
-    outbox.send(("stopped", _stats(pipeline)))
+    outbox.send(("stopped", _stats(pipeline, tracking)))
     return 0
 
 

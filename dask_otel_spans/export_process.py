@@ -100,6 +100,9 @@ class ExportProcess(BackgroundQueue):
         self.max_restarts = max_restarts
         self.nice = max(0, int(nice))
         self.restarts = 0
+        #: children started so far (a new one knows nothing of the spans forwarded
+        #: to the one before)
+        self.launches = 0
         #: items that could not reach a live export process
         self.lost = 0
         #: the child's figures (:meth:`ExportPipeline.stats`), as last reported
@@ -120,8 +123,10 @@ class ExportProcess(BackgroundQueue):
         self._unpicklable_logged = False
         #: the child whose figures ``child_stats`` holds
         self._stats_pid: int | None = None
-        #: spans exported by children that died
+        #: spans exported, and handed to the exporters by their copy of the span
+        #: tree, by children that died
         self._exported_by_dead = 0
+        self._handed_over_by_dead = 0
         #: the scheduler's ``total_nthreads_history``, which the child keeps a copy
         #: of (snapshots with ``MIRRORED_HISTORY`` read that copy); None: no copy
         self.nthreads_history: list[tuple[float, int]] | None = None
@@ -139,6 +144,12 @@ class ExportProcess(BackgroundQueue):
         """Spans the export processes handed to their tracer provider (as last
         reported; a replaced child's count is kept)."""
         return self._exported_by_dead + int(self.child_stats.get("exported", 0))
+
+    @property
+    def handed_over_count(self) -> int:
+        """Spans the export processes' copies of the span tree handed to their
+        exporters (as last reported; a replaced child's count is kept)."""
+        return self._handed_over_by_dead + int(self.child_stats.get("handed_over", 0))
 
     def launch(self) -> dict[str, Any]:
         """Start a child and wait until it is ready; its ``info``."""
@@ -173,8 +184,10 @@ class ExportProcess(BackgroundQueue):
             self._end(proc, reader, timeout=1.0)
             raise ExportProcessError(reason)
         self._proc, self._reader = proc, reader
+        self.launches += 1
         self._history_sent = 0  # a new child has none of it
         self._exported_by_dead += int(self.child_stats.get("exported", 0))
+        self._handed_over_by_dead += int(self.child_stats.get("handed_over", 0))
         self.child_stats = {}
         self._stats_pid = proc.pid
         self.info = answer["ready"]
@@ -292,6 +305,23 @@ class ExportProcess(BackgroundQueue):
         if requests:
             self.put(("emits", requests))
 
+    def forward(self, items: list[tuple[Any, ...]]) -> None:
+        """Forward span, task group and worker messages
+        (:mod:`~dask_otel_spans.forwarding`) to the export process's copy of the
+        span tree; never dropped."""
+        self.put(("fwd", items))
+
+    def forward_events(self, events: list[tuple[Any, ...]]) -> None:
+        """Forward hook events (graphs, close notices, departed clients); one that
+        cannot cross is left out alone."""
+        self.put(("events", events))
+
+    def forward_deltas(self, deltas: Mapping[Any, float]) -> None:
+        """Forward a heartbeat's span metric deltas: the export process sums them
+        into its copy of the spans and into the span metrics; never dropped (the
+        spans' figures need them)."""
+        self.put(("deltas", deltas))
+
     def submit(self, method: str, *args: Any) -> None:
         """Call ``DaskInstruments.<method>(*args)`` in the export process."""
         if not self._metric_backlog_full(1):
@@ -361,6 +391,8 @@ class ExportProcess(BackgroundQueue):
                 if args is not None:
                     calls.append((method, args))
             item = ("metrics", calls)
+        elif kind == "deltas":
+            item = ("deltas", dict(item[1]))
         self._batch.append(item)
         if kind == "flush" or len(self._batch) >= _BATCH_SIZE:
             self.settle()
@@ -454,5 +486,8 @@ def _one_by_one(batch: list[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
         elif item[0] == "metrics":
             for method, args in item[1]:
                 yield ("metric", method, args)
+        elif item[0] == "events":
+            for event in item[1]:
+                yield ("events", [event])
         else:
             yield item

@@ -44,6 +44,13 @@ from dask_otel_spans.config import PluginConfig
 from dask_otel_spans.emitter import SpanEmitter
 from dask_otel_spans.export_process import ExportProcess, ExportProcessError
 from dask_otel_spans.export_share import ExportShareWatch
+from dask_otel_spans.forwarding import (
+    CLIENT_GONE,
+    GRAPH,
+    NOTICE,
+    SpanForwarder,
+    chain_ids,
+)
 from dask_otel_spans.metrics import DaskInstruments, MetricsPump
 from dask_otel_spans.pipeline import ExportPipeline, PipelineSpec
 from dask_otel_spans.propagation import carried_headers
@@ -92,8 +99,10 @@ _VERDICTS_PER_STEP = 128
 #: Task groups looked at per verdict counted (a group's ``done`` reads its states)
 _GROUPS_PER_VERDICT = 8
 
-#: Kinds of queued hook events
-_GRAPH, _NOTICE, _CLIENT_GONE = "graph", "notice", "client-gone"
+#: Kinds of queued hook events; and a graph given as the ids of its tasks' spans (as
+#: the export process's copy of the span tree has it)
+_GRAPH, _NOTICE, _CLIENT_GONE = GRAPH, NOTICE, CLIENT_GONE
+_SPANS_GRAPH = "graph-spans"
 
 #: Task states a transition can leave a TaskGroup done in (``TaskGroup.done``)
 _SETTLED_STATES = frozenset({"memory", "erred", "released", "forgotten"})
@@ -205,15 +214,6 @@ class _SpanTags(Mapping):
         return len(self._spans)
 
 
-def _chain_ids(span: Span) -> tuple[str, ...]:
-    ids = []
-    node: Span | None = span
-    while node is not None:
-        ids.append(node.id)
-        node = node.parent
-    return tuple(reversed(ids))
-
-
 class OTelSpansPlugin(SchedulerPlugin):
     """Export the scheduler's dask spans as OTel traces and its fine performance
     metrics as OTel metrics.
@@ -282,6 +282,11 @@ class OTelSpansPlugin(SchedulerPlugin):
         self._pc: PeriodicCallback | None = None
         self._closed = False
         self._started = False
+        #: with the export process (``track-in-export-process``): what forwards the
+        #: span events there; the state machine below then runs in that process
+        self._forwarder: SpanForwarder | None = None
+        #: the export process's launches that the forwarder re-sent the spans to
+        self._launches_seen = 0
 
         self._open: dict[str, _OpenSpan] = {}
         #: emitted spans whose parent is still open: the emitter holds their summary
@@ -342,7 +347,9 @@ class OTelSpansPlugin(SchedulerPlugin):
         self._undo: list[Any] = []
         #: figures for tests and benchmarks
         #: spans handed to the emitter
-        self.handed_over_count = 0
+        self._handed_over = 0
+        #: the export process's count when ``handed_over_count`` was last set
+        self._handed_over_offset = 0
         #: readiness checks made by the passes (one per changed or due open span)
         self.readiness_checks = 0
         self.max_call_seconds = 0.0
@@ -433,7 +440,33 @@ class OTelSpansPlugin(SchedulerPlugin):
 
     @property
     def open_span_count(self) -> int:
+        """Spans not emitted yet (as the export process last reported, when it
+        tracks them)."""
+        if self._forwarder is not None and self.export_process is not None:
+            return int(self.export_process.child_stats.get("open", 0))
         return len(self._open)
+
+    @property
+    def handed_over_count(self) -> int:
+        """Spans handed to the emitter (by the export process, as it last reported,
+        when it tracks them)."""
+        return self._handed_over + self._child_handed_over() - self._handed_over_offset
+
+    @handed_over_count.setter
+    def handed_over_count(self, value: int) -> None:
+        self._handed_over = value
+        self._handed_over_offset = self._child_handed_over()
+
+    def _child_handed_over(self) -> int:
+        if self._forwarder is None or self.export_process is None:
+            return 0
+        return self.export_process.handed_over_count
+
+    @property
+    def tracks_in_export_process(self) -> bool:
+        """Whether the export process tracks the spans (this plugin forwards what
+        happens to them)."""
+        return self._forwarder is not None
 
     @property
     def emitted_count(self) -> int:
@@ -509,10 +542,24 @@ class OTelSpansPlugin(SchedulerPlugin):
         self._ext = ext
         self._tasks = scheduler.tasks
         self._span_tags = _SpanTags(ext.spans)
+        if self.export_process is not None and self.config.track_in_export_process:
+            if self.config.include_code:
+                logger.info(
+                    "dask_otel_spans: include-code: spans are tracked in the scheduler "
+                    "process (their code is there)"
+                )
+            else:
+                self._forwarder = SpanForwarder(
+                    ext.spans, scheduler.tasks, self.export_process, _RUNNING_STATES
+                )
+                self._launches_seen = self.export_process.launches
 
         previous = scheduler.plugins.get(self.name)
         if isinstance(previous, OTelSpansPlugin) and previous is not self:
             await self._take_over(previous)
+        elif self._forwarder is not None:
+            # spans from before the plugin: forwarded first, in slices
+            self._adopt()
         else:
             # Spans from before the plugin: looked at in the first passes, in slices
             self._adopting = iter(list(ext.spans.values()))
@@ -621,6 +668,9 @@ class OTelSpansPlugin(SchedulerPlugin):
     async def _take_over(self, previous: OTelSpansPlugin) -> None:
         """Registered again (same name): continue where the previous instance was,
         so that no span is lost or emitted twice."""
+        if previous._forwarder is not None or self._forwarder is not None:
+            await self._take_over_forwarding(previous)
+            return
         for name, value in previous._hand_over().items():
             setattr(self, name, value)
         process = self.export_process
@@ -639,6 +689,29 @@ class OTelSpansPlugin(SchedulerPlugin):
         if previous.emitter is not None and self.emitter is not None:
             # previous.close() drained its emitter: its summaries are final
             self.emitter.summaries.update(previous.emitter.summaries)
+
+    async def _take_over_forwarding(self, previous: OTelSpansPlugin) -> None:
+        """:meth:`_take_over` where either instance forwards to the export process.
+        With the same export process kept, the forwarding goes on from where the
+        previous instance was. Otherwise the spans still running are taken up as at
+        start; the previous instance ends its own (as incomplete spans)."""
+        process = self.export_process
+        kept = process is not None and previous.export_process is process
+        if kept and previous._forwarder is not None and self._forwarder is not None:
+            previous._forward_all()
+            self._forwarder.n_known = previous._forwarder.n_known
+            self._forwarder.touched = previous._forwarder.touched
+            self._forwarder.workers = previous._forwarder.workers
+            previous._forwarder = None
+        elif self._forwarder is not None:
+            self._adopt()
+        else:
+            self._adopting = iter(list(self._ext.spans.values()))
+            self._n_known = len(self._ext.spans)
+        if kept:
+            # it carries on for this instance: the previous one must not stop it
+            previous.export_process = previous.emitter = previous.pump = None
+        await previous.close()
 
     def _hand_over(self) -> dict[str, Any]:
         """The bookkeeping, after processing every queued event; this instance keeps
@@ -664,7 +737,11 @@ class OTelSpansPlugin(SchedulerPlugin):
             self._pc.stop()
             if self.scheduler is not None:
                 self.scheduler.periodic_callbacks.pop(f"{self.name}-tick", None)
-        if self._ext is not None:
+        if self._forwarder is not None:
+            with self._guard("close"):
+                # (the export process emits what is open when its input ends)
+                self._forward_all()
+        elif self._ext is not None:
             with self._guard("close"):
                 self._emit_all_at_shutdown()
         for undo in reversed(self._undo):
@@ -739,6 +816,13 @@ class OTelSpansPlugin(SchedulerPlugin):
     def _on_span_heartbeat(self, data: Mapping[Hashable, float]) -> None:
         if not data or self.pump is None:
             return
+        forwarder = self._forwarder
+        if forwarder is not None:
+            with self._guard("heartbeat"):
+                # (their spans first: the export process sums the deltas into them)
+                forwarder.forward_new_spans()
+                self.export_process.forward_deltas(data)
+            return
         with self._guard("heartbeat"):
             # O(1) here: the metrics thread looks the span names up
             self.pump.submit("add_span_deltas", data, self._span_tags)
@@ -804,6 +888,22 @@ class OTelSpansPlugin(SchedulerPlugin):
         # From one settled state to another (memory -> released -> forgotten, as the
         # client lets its results go) the group's ``done`` cannot change: nothing.
         # Not timed by _guard: the clock reads would cost more than the work.
+        forwarder = self._forwarder
+        if forwarder is not None:
+            # Forwarded: the group of a task that settles or starts (again), once
+            # per tick
+            if (finish in _SETTLED_STATES) is (start in _SETTLED_STATES):
+                return
+            tasks = self._tasks
+            if tasks is None:
+                return
+            try:
+                ts = tasks.get(key)
+                if ts is not None:
+                    forwarder.touched.add(ts.group)
+            except Exception:
+                self._log_failure("transition")
+            return
         if finish not in _SETTLED_STATES or start in _SETTLED_STATES:
             return
         tasks = self._tasks
@@ -839,6 +939,11 @@ class OTelSpansPlugin(SchedulerPlugin):
                 if otel:
                     yield from self._absorb_annotations(otel)
                 yield from self._mark_activity(tasks, span_of_key, now, client)
+            elif kind == _SPANS_GRAPH:
+                _, _, _, client, span_ids, otel = event
+                if otel:
+                    yield from self._absorb_annotations(otel)
+                yield from self._mark_spans_active(span_ids, now, client)
             elif kind == _NOTICE:
                 # The notice may have overtaken the graph event that made its spans
                 # (different connections): register every span that exists now, so
@@ -913,7 +1018,7 @@ class OTelSpansPlugin(SchedulerPlugin):
             return
         rec = self._open.get(span.id)
         if rec is None:
-            rec = _OpenSpan(span.id, tuple(span.name), _chain_ids(span))
+            rec = _OpenSpan(span.id, tuple(span.name), self._chain_of(span))
             self._open[span.id] = rec
             parent = span.parent
             parent_rec = self._open.get(parent.id) if parent is not None else None
@@ -941,6 +1046,10 @@ class OTelSpansPlugin(SchedulerPlugin):
         if not rec.counted and self.pump is not None:
             rec.counted = True
             self._metric_calls.append(("span_opened", (rec.tags,)))
+
+    def _chain_of(self, span: Span) -> tuple[str, ...]:
+        """The ids of ``span`` and its ancestors, root first."""
+        return chain_ids(span)
 
     def _absorb_annotations(self, otel: Any) -> Iterator[None]:
         """Apply the W3C contexts of an ``otel`` annotation ({key: {dask id: headers}},
@@ -1044,6 +1153,13 @@ class OTelSpansPlugin(SchedulerPlugin):
                 continue
             last_group = tg
             span_ids.add(tg.span_id)
+        yield from self._mark_spans_active(span_ids, now, client)
+
+    def _mark_spans_active(
+        self, span_ids: Iterable[str], now: float, client: str | None
+    ) -> Iterator[None]:
+        """These spans (of new or changed tasks), and their ancestors, saw activity:
+        they are not idle."""
         spans = self._ext.spans
         marked: set[str] = set()
         for i, span_id in enumerate(span_ids, 1):
@@ -1162,8 +1278,42 @@ class OTelSpansPlugin(SchedulerPlugin):
             self._watch_export_share()
         if self._work is not None:
             return
+        if self._forwarder is not None:
+            self._forward_tick()
+            return
         self._work = self._one_pass()
         self._run_slice()
+
+    def _forward_tick(self) -> None:
+        """Forward what happened since the last tick to the export process; first
+        the spans still running to a new export process (in slices)."""
+        process = self.export_process
+        if process is not None and process.launches != self._launches_seen:
+            # a new export process (the previous one died): it knows no span
+            self._launches_seen = process.launches
+            self._adopt()
+            return
+        with self._guard("tick"):
+            self._forwarder.tick(self._pending, len(self.scheduler.workers))
+
+    def _adopt(self) -> None:
+        """Forward the spans that exist and still run, in slices of the event loop
+        (the ticks wait for it)."""
+        self._work = self._forwarder.adopt()
+        IOLoop.current().add_callback(self._run_slice)
+
+    def _forward_all(self) -> None:
+        """Forward everything now, a span adoption in progress included (close,
+        flush, hand-over)."""
+        forwarder = self._forwarder
+        if forwarder is None:
+            return
+        try:
+            for _ in self._work or ():
+                pass
+        finally:
+            self._work = None
+        forwarder.tick(self._pending, len(self.scheduler.workers))
 
     def _watch_export_share(self) -> None:
         """Say once when exporting takes a noticeable share of the scheduler
@@ -1203,6 +1353,8 @@ class OTelSpansPlugin(SchedulerPlugin):
             IOLoop.current().add_callback(self._run_slice)
         else:
             self._work = None
+            if self._forwarder is not None:
+                self._forward_tick()  # (what waited for the adoption)
 
     def _finish_work(self) -> None:
         """Run what is left of the pass in progress and of the queued events, in one
@@ -1678,7 +1830,7 @@ class OTelSpansPlugin(SchedulerPlugin):
                     # runs out: its children's emissions change nothing for it)
                     self._look_again(parent_rec)
                 self._summarized.add(span.id)
-        self.handed_over_count += 1
+        self._handed_over += 1
         if self.emitter is not None:
             # The request in its plain form (EmitRequest's fields in order: tags,
             # ids, carried, snapshot, now, complete, close_reason, enter, exit,
@@ -1722,7 +1874,10 @@ class OTelSpansPlugin(SchedulerPlugin):
     async def flush(self, timeout: float = 10.0) -> None:
         """Emit whatever is ready now, then flush the emitter, metrics and
         providers."""
-        if self._ext is not None and not self._closed:
+        if self._forwarder is not None and not self._closed:
+            with self._guard("flush"):
+                self._forward_all()
+        elif self._ext is not None and not self._closed:
             for _ in range(2):  # a pass already in progress, then a fresh one
                 while self._work is not None:
                     await asyncio.sleep(0.001)

@@ -1,0 +1,243 @@
+"""The scheduler's side of tracking spans in the export process: forward what happens
+to dask spans (new spans, graphs, close notices, departed clients, task groups that
+start or settle) as plain messages, with no state of the spans kept here.
+
+The export process rebuilds the span tree from these messages
+(:mod:`~dask_otel_spans.mirror`) and decides there when a span is ready; the scheduler's
+event loop only reads what changed since the last tick and queues it for the sender
+thread of :class:`~dask_otel_spans.export_process.ExportProcess`.
+
+Messages (tuples of built-ins, in the order they are to be applied):
+
+- ``("span", ids, name, enqueued, nthreads_offset)``: a new dask span; ``ids`` is its
+  chain of span ids, root first (its own last);
+- ``("run", span_id, group_name, prefix)``: a task group of the span has a task in a
+  running state (new tasks, or tasks to compute again);
+- ``("done", span_id, group_name, figures)``: every task of the group settled;
+  ``figures`` as :func:`~dask_otel_spans.snapshot.snapshot_group`;
+- ``("metrics", span_id, metrics)``: the span's cumulative metrics so far (adopted
+  spans only: later ones come as heartbeat deltas);
+- ``("workers", n)``: the number of workers changed (the grace period follows it);
+- events, each its own item so that one that cannot cross is left out alone:
+  ``("graph", time, client, span_ids, chains)``, ``("notice", time, msg)``,
+  ``("client-gone", time, client)``.
+"""
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator, Mapping
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+from dask_otel_spans.snapshot import snapshot_group
+
+if TYPE_CHECKING:
+    from distributed.spans import Span
+
+#: Kinds of queued hook events (as the plugin queues them)
+GRAPH, NOTICE, CLIENT_GONE = "graph", "notice", "client-gone"
+#: Spans looked at between two pauses of an adoption (~1 µs each)
+SPANS_PER_STEP = 256
+
+
+def group_done(tg: Any, running_states: tuple[str, ...]) -> bool:
+    """``TaskGroup.done`` from its state counts, without its generator."""
+    states = tg.states
+    for state in running_states:
+        if states.get(state):
+            return False
+    return True
+
+
+def chain_ids(span: Span) -> tuple[str, ...]:
+    """The ids of ``span`` and its ancestors, root first."""
+    ids = []
+    node: Span | None = span
+    while node is not None:
+        ids.append(node.id)
+        node = node.parent
+    return tuple(reversed(ids))
+
+
+def span_message(span: Span) -> tuple[Any, ...]:
+    return (
+        "span", chain_ids(span), tuple(span.name), span.enqueued,
+        getattr(span, "_total_nthreads_offset", 0),
+    )
+
+
+class SpanForwarder:
+    """Forward the scheduler's span events to the export process.
+
+    Parameters
+    ----------
+    spans:
+        The ``SpansSchedulerExtension``'s span dict (insertion-ordered, never
+        forgets a span)
+    tasks:
+        The scheduler's task dict
+    sink:
+        Where messages go: its ``forward(items)`` queues structural messages, its
+        ``forward_events(items)`` events (the export process's sender)
+    running_states:
+        Task states in which a task group is not done
+    """
+
+    def __init__(
+        self,
+        spans: Mapping[str, Span],
+        tasks: Mapping[Any, Any],
+        sink: Any,
+        running_states: tuple[str, ...],
+    ):
+        self.spans = spans
+        self.tasks = tasks
+        self.sink = sink
+        self.running_states = running_states
+        #: spans of ``spans`` (in insertion order) forwarded so far
+        self.n_known = len(spans)
+        #: task groups whose tasks started or settled since the last tick (the
+        #: plugin's ``transition`` hook adds them)
+        self.touched: set[Any] = set()
+        self.workers = -1
+        #: figures for tests and benchmarks
+        self.forwarded_spans = 0
+        self.forwarded_groups = 0
+
+    def forward_new_spans(self) -> None:
+        """Forward the spans created since the last call (O(new)); before metric
+        deltas, so that the export process knows every span they name."""
+        out: list[tuple[Any, ...]] = []
+        self._new_spans(out)
+        if out:
+            self.sink.forward(out)
+
+    def _new_spans(self, out: list[tuple[Any, ...]]) -> None:
+        spans = self.spans
+        n = len(spans)
+        start = self.n_known
+        if n <= start:
+            return
+        fresh = list(islice(reversed(spans.values()), 0, n - start))
+        self.n_known = n
+        out.extend(map(span_message, reversed(fresh)))
+        self.forwarded_spans += len(fresh)
+
+    def tick(self, pending: deque[tuple[Any, ...]], n_workers: int) -> None:
+        """Forward what came since the last tick: new spans, the task groups touched,
+        then the queued hook events, in the order they came."""
+        out: list[tuple[Any, ...]] = []
+        if n_workers != self.workers:
+            self.workers = n_workers
+            out.append(("workers", n_workers))
+        self._new_spans(out)
+        events: list[tuple[Any, ...]] = []
+        while pending:
+            event = pending.popleft()
+            kind = event[0]
+            if kind == GRAPH:
+                _, _, now, client, keys, otel, span_of_key = event
+                events.append(
+                    ("graph", now, client, self._span_ids(keys, span_of_key),
+                     _chains(otel))
+                )
+            elif kind == NOTICE:
+                events.append(("notice", event[2], event[3]))
+            elif kind == CLIENT_GONE:
+                events.append(("client-gone", event[2], event[3]))
+        # (after the graphs: their new tasks' groups are touched by then)
+        self._touched_groups(out)
+        if out:
+            self.sink.forward(out)
+        if events:
+            self.sink.forward_events(events)
+
+    def _span_ids(self, keys: Any, span_of_key: Any) -> list[str]:
+        """The ids of the spans a graph's tasks are in: from the ``span`` annotation
+        the scheduler passed (the task may be forgotten by now), else the task's
+        group."""
+        if not isinstance(span_of_key, Mapping):
+            span_of_key = {}
+        tasks = self.tasks
+        span_ids: set[str] = set()
+        last_group = None
+        for key in keys:
+            ann = span_of_key.get(key)
+            if ann:
+                try:
+                    span_ids.add(ann["ids"][-1])
+                    continue
+                except (KeyError, IndexError, TypeError):
+                    pass  # not distributed's shape: the task's group says
+            ts = tasks.get(key)
+            if ts is None:
+                continue
+            tg = ts.group
+            if tg is not last_group:
+                last_group = tg
+                if tg.span_id is not None:
+                    span_ids.add(tg.span_id)
+        return [s for s in span_ids if type(s) is str]
+
+    def _touched_groups(self, out: list[tuple[Any, ...]]) -> None:
+        touched, self.touched = self.touched, set()
+        running = self.running_states
+        for tg in touched:
+            span_id = tg.span_id
+            if span_id is None:
+                continue
+            out.append(_group_message(tg, span_id, running))
+        self.forwarded_groups += len(touched)
+
+    def adopt(self) -> Iterator[None]:
+        """Forward the spans that exist already and still run (a task group not
+        done), with their ancestors, task groups and metrics so far: at start, and
+        for a new export process. Pauses (yields) every ``SPANS_PER_STEP`` spans;
+        spans created meanwhile are forwarded by the ticks."""
+        upto = self.n_known
+        running = self.running_states
+        sent: set[str] = set()
+        out: list[tuple[Any, ...]] = []
+        for i, span in enumerate(islice(list(self.spans.values()), upto), 1):
+            if i % SPANS_PER_STEP == 0:
+                if out:
+                    self.sink.forward(out)
+                    out = []
+                yield
+            if span.id in sent or all(
+                group_done(tg, running) for tg in list(span.groups)
+            ):
+                continue
+            chain = []
+            node: Span | None = span
+            while node is not None and node.id not in sent:
+                chain.append(node)
+                node = node.parent
+            for node in reversed(chain):
+                sent.add(node.id)
+                out.append(span_message(node))
+                for tg in list(node.groups):
+                    out.append(_group_message(tg, node.id, running))
+                metrics = getattr(node, "_cumulative_worker_metrics", None)
+                if metrics:
+                    out.append(("metrics", node.id, dict(metrics)))
+        if out:
+            self.sink.forward(out)
+
+
+def _group_message(tg: Any, span_id: str, running: tuple[str, ...]) -> tuple[Any, ...]:
+    if group_done(tg, running):
+        return ("done", span_id, tg.name, snapshot_group(tg))
+    return ("run", span_id, tg.name, str(tg.prefix.name))
+
+
+def _chains(otel: Any) -> list[Any]:
+    """The distinct chains of an ``otel`` annotation (one value object per chain of
+    spans; a graph of many tasks of one chain carries it once): the annotation as
+    it came when it is not a mapping (the export process says it is malformed)."""
+    if not isinstance(otel, Mapping):
+        return otel
+    seen: dict[int, Any] = {}
+    for value in otel.values():
+        seen.setdefault(id(value), value)
+    return list(seen.values())
