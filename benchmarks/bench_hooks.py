@@ -55,6 +55,7 @@ def isolated_plugin() -> OTelSpansPlugin:
     plugin = OTelSpansPlugin.__new__(OTelSpansPlugin)
     plugin._tasks = {"key": _Task()}
     plugin._settled = set()
+    plugin._forwarder = None
     return plugin
 
 

@@ -27,6 +27,8 @@ logger = logging.getLogger(__name__)
 
 #: Items per frame at most; a frame also goes out whenever the queue runs empty
 _BATCH_SIZE = 256
+#: Counts of a child's figures that go on over a restart (:meth:`child_total`)
+_CUMULATIVE = ("handed_over", "received")
 
 
 class ExportProcessError(RuntimeError):
@@ -123,10 +125,10 @@ class ExportProcess(BackgroundQueue):
         self._unpicklable_logged = False
         #: the child whose figures ``child_stats`` holds
         self._stats_pid: int | None = None
-        #: spans exported, and handed to the exporters by their copy of the span
-        #: tree, by children that died
+        #: spans exported by children that died
         self._exported_by_dead = 0
-        self._handed_over_by_dead = 0
+        #: counts of the children that died, of the figures :meth:`child_total` reads
+        self._counts_of_dead: dict[str, int] = {}
         #: the scheduler's ``total_nthreads_history``, which the child keeps a copy
         #: of (snapshots with ``MIRRORED_HISTORY`` read that copy); None: no copy
         self.nthreads_history: list[tuple[float, int]] | None = None
@@ -145,11 +147,11 @@ class ExportProcess(BackgroundQueue):
         reported; a replaced child's count is kept)."""
         return self._exported_by_dead + int(self.child_stats.get("exported", 0))
 
-    @property
-    def handed_over_count(self) -> int:
-        """Spans the export processes' copies of the span tree handed to their
-        exporters (as last reported; a replaced child's count is kept)."""
-        return self._handed_over_by_dead + int(self.child_stats.get("handed_over", 0))
+    def child_total(self, name: str) -> int:
+        """A count of the export processes' copies of the span tree (``handed_over``:
+        spans handed to their exporters; ``received``: spans forwarded to them), as
+        last reported, with those of children that died."""
+        return self._counts_of_dead.get(name, 0) + int(self.child_stats.get(name, 0))
 
     def launch(self) -> dict[str, Any]:
         """Start a child and wait until it is ready; its ``info``."""
@@ -187,7 +189,10 @@ class ExportProcess(BackgroundQueue):
         self.launches += 1
         self._history_sent = 0  # a new child has none of it
         self._exported_by_dead += int(self.child_stats.get("exported", 0))
-        self._handed_over_by_dead += int(self.child_stats.get("handed_over", 0))
+        for name in _CUMULATIVE:
+            self._counts_of_dead[name] = (
+                self._counts_of_dead.get(name, 0) + int(self.child_stats.get(name, 0))
+            )
         self.child_stats = {}
         self._stats_pid = proc.pid
         self.info = answer["ready"]

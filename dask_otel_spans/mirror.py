@@ -62,6 +62,18 @@ class MirroredGroup:
 _RUNNING = {"processing": 1}
 
 
+class MirroredSpan(Span):
+    """A ``distributed.spans.Span`` of the copy, which holds its parent (the copy
+    forgets emitted spans, which a weak reference would then lose while a child
+    is open) until the parent is forgotten."""
+
+    __slots__ = ("_parent_span",)
+
+    @property
+    def parent(self) -> Span | None:
+        return self._parent_span
+
+
 class _Workers:
     """Stands in for the scheduler's worker dict: its length only."""
 
@@ -144,6 +156,8 @@ class SpanMirror:
         tracker.pump = pump
         tracker._started = True
         self._logged: set[str] = set()
+        #: spans forwarded to the copy (not again)
+        self.received = 0
 
     # -- what the scheduler forwards -------------------------------------------------
 
@@ -211,13 +225,15 @@ class SpanMirror:
             return  # (adopted again by a new plugin instance)
         parent = self.spans.get(ids[-2]) if len(ids) > 1 else None
         history = self.history or [(enqueued, 0)]
-        span = Span(tuple(name), span_id, parent, history)
+        span = MirroredSpan(tuple(name), span_id, parent, history)
+        span._parent_span = parent
         span.enqueued = enqueued
         span._total_nthreads_offset = offset
         if parent is not None:
             parent.children.append(span)
         self.spans[span_id] = span
         self.chains[span_id] = ids
+        self.received += 1
         self.tracker._register(span)
 
     def _group(self, span_id: str, name: str, prefix: str, figures: Any) -> None:
@@ -243,6 +259,9 @@ class SpanMirror:
             return
         del self.spans[span_id]
         self.chains.pop(span_id, None)
+        for child in span.children:
+            # (no reference cycle is left: it goes when its parent forgets it)
+            child._parent_span = None
         for tg in span.groups:
             self.groups.pop((span_id, tg.name), None)
         recent = self.recent_tags
@@ -274,6 +293,7 @@ class SpanMirror:
         return {
             "open": len(tracker._open),
             "handed_over": tracker.handed_over_count,
+            "received": self.received,
             "readiness_checks": tracker.readiness_checks,
             "mirrored_spans": len(self.spans),
         }

@@ -442,8 +442,11 @@ class OTelSpansPlugin(SchedulerPlugin):
     def open_span_count(self) -> int:
         """Spans not emitted yet (as the export process last reported, when it
         tracks them)."""
-        if self._forwarder is not None and self.export_process is not None:
-            return int(self.export_process.child_stats.get("open", 0))
+        forwarder, process = self._forwarder, self.export_process
+        if forwarder is not None and process is not None:
+            # (and those forwarded that it has not reported yet)
+            on_the_way = forwarder.forwarded_spans - process.child_total("received")
+            return int(process.child_stats.get("open", 0)) + max(0, on_the_way)
         return len(self._open)
 
     @property
@@ -460,7 +463,7 @@ class OTelSpansPlugin(SchedulerPlugin):
     def _child_handed_over(self) -> int:
         if self._forwarder is None or self.export_process is None:
             return 0
-        return self.export_process.handed_over_count
+        return self.export_process.child_total("handed_over")
 
     @property
     def tracks_in_export_process(self) -> bool:
@@ -702,6 +705,7 @@ class OTelSpansPlugin(SchedulerPlugin):
             self._forwarder.n_known = previous._forwarder.n_known
             self._forwarder.touched = previous._forwarder.touched
             self._forwarder.workers = previous._forwarder.workers
+            self._forwarder.forwarded_spans = previous._forwarder.forwarded_spans
             previous._forwarder = None
         elif self._forwarder is not None:
             self._adopt()
