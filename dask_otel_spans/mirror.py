@@ -246,10 +246,16 @@ class SpanMirror:
             span.groups.add(tg)
         if figures is None:
             tg.states = _RUNNING
-        else:
-            tg.settle(figures)
-            # (as the plugin's transition hook: look again a grace period later)
-            self.tracker._settled.add(span_id)
+            return
+        tg.settle(figures)
+        tracker = self.tracker
+        rec = tracker._open.get(span_id)
+        if rec is not None:
+            # As the plugin's transition hook: look again a grace period after the
+            # group's last task finished (not after the message came: it ran late
+            # by up to a tick of each process). The check judges it done from then.
+            rec.done_since = None
+            tracker._wake_up_at(rec, tg.stop + tracker.grace)
 
     def forget(self, span: Span) -> None:
         """An emitted span leaves the copy (its parent's list of children keeps it

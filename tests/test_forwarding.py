@@ -1,0 +1,155 @@
+"""The scheduler's side of tracking in the export process: what it forwards of spans,
+graphs, close notices and task groups, without a cluster (real ``Span`` objects,
+task groups and tasks standing in for the scheduler's)."""
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import pytest
+from distributed.spans import Span
+
+from dask_otel_spans.forwarding import CLIENT_GONE, GRAPH, NOTICE, SpanForwarder
+from dask_otel_spans.plugin import _RUNNING_STATES
+
+
+class Prefix:
+    def __init__(self, name: str):
+        self.name = name
+
+
+class Group:
+    """The fields of a ``TaskGroup`` the forwarder reads."""
+
+    def __init__(self, name: str, span_id: str, running: int = 1, memory: int = 0):
+        self.name = name
+        self.prefix = Prefix(name.split("-")[0])
+        self.span_id = span_id
+        self.states = {"processing": running, "memory": memory, "erred": 0}
+        self.start, self.stop, self.duration, self.nbytes_total = 1.0, 2.0, 0.5, 28
+
+
+class Task:
+    def __init__(self, group: Group):
+        self.group = group
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.items: list[tuple[Any, ...]] = []
+        self.events: list[tuple[Any, ...]] = []
+
+    def forward(self, items: list) -> None:
+        self.items += items
+
+    def forward_events(self, events: list) -> None:
+        self.events += events
+
+
+HISTORY = [(0.0, 4)]
+
+
+@pytest.fixture
+def tree() -> dict[str, Span]:
+    root = Span(("root",), "r", None, HISTORY)
+    child = Span(("root", "child"), "c", root, HISTORY)
+    root.children.append(child)
+    return {"r": root, "c": child}
+
+
+@pytest.fixture
+def sink() -> Sink:
+    return Sink()
+
+
+def forwarder_of(spans: dict, sink: Sink, tasks: dict | None = None) -> SpanForwarder:
+    forwarder = SpanForwarder(spans, tasks or {}, sink, _RUNNING_STATES)
+    forwarder.n_known = 0
+    return forwarder
+
+
+def test_new_spans_are_forwarded_once_with_their_chain_in_creation_order(tree, sink):
+    forwarder = forwarder_of(tree, sink)
+    forwarder.tick(deque(), 2)
+    forwarder.tick(deque(), 2)
+    spans = [item for item in sink.items if item[0] == "span"]
+    assert [(s[1], s[2]) for s in spans] == [
+        (("r",), ("root",)), (("r", "c"), ("root", "child"))
+    ]
+
+
+def test_worker_count_is_forwarded_when_it_changes(tree, sink):
+    forwarder = forwarder_of(tree, sink)
+    for n in (2, 2, 3):
+        forwarder.tick(deque(), n)
+    assert [item for item in sink.items if item[0] == "workers"] == [
+        ("workers", 2), ("workers", 3)
+    ]
+
+
+def test_a_graph_is_forwarded_as_the_ids_of_its_spans_and_its_distinct_chains(tree, sink):
+    group = Group("inc-1", "c")
+    tasks = {("inc-1", 0): Task(group), ("inc-1", 1): Task(group)}
+    forwarder = forwarder_of(tree, sink, tasks)
+    chain = {"r": {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}, "c": {}}
+    otel = {("inc-1", 0): chain, ("inc-1", 1): chain}
+    pending = deque([(GRAPH, 2, 10.0, "client-1", list(tasks), otel, None)])
+    forwarder.tick(pending, 2)
+    assert sink.events == [("graph", 10.0, "client-1", ["c"], [chain])]
+    assert not pending
+
+
+def test_notices_and_departed_clients_are_forwarded_as_they_came(tree, sink):
+    forwarder = forwarder_of(tree, sink)
+    notice = {"ids": ["r"], "name": ["root"], "opened": 1, "enter": 1, "exit": 2}
+    pending = deque([(NOTICE, 2, 5.0, notice), (CLIENT_GONE, 2, 6.0, "client-1")])
+    forwarder.tick(pending, 2)
+    assert sink.events == [("notice", 5.0, notice), ("client-gone", 6.0, "client-1")]
+
+
+def test_a_touched_group_is_forwarded_running_then_done_with_its_figures(tree, sink):
+    group = Group("inc-1", "c")
+    forwarder = forwarder_of(tree, sink)
+    forwarder.touched.add(group)
+    forwarder.tick(deque(), 2)
+    group.states.update(processing=0, memory=1)
+    forwarder.touched.add(group)
+    forwarder.tick(deque(), 2)
+    groups = [item for item in sink.items if item[0] in ("run", "done")]
+    assert groups == [
+        ("run", "c", "inc-1", "inc"),
+        ("done", "c", "inc-1", ("inc", 1.0, 2.0, 28, 0.5, 1, 0)),
+    ]
+
+
+def test_a_group_touched_many_times_in_a_tick_is_forwarded_once(tree, sink):
+    group = Group("inc-1", "c", running=0, memory=3)
+    forwarder = forwarder_of(tree, sink)
+    for _ in range(3):
+        forwarder.touched.add(group)
+    forwarder.tick(deque(), 2)
+    assert [item[0] for item in sink.items if item[0] in ("run", "done")] == ["done"]
+
+
+def test_adoption_forwards_running_spans_with_ancestors_groups_and_metrics(sink):
+    root = Span(("root",), "r", None, HISTORY)
+    running = Span(("root", "running"), "a", root, HISTORY)
+    finished = Span(("old",), "o", None, HISTORY)
+    running.groups.add(Group("inc-1", "a"))
+    finished.groups.add(Group("inc-2", "o", running=0, memory=1))
+    running._cumulative_worker_metrics[("execute", "inc", "thread-cpu", "seconds")] = 2.0
+    spans = {"r": root, "a": running, "o": finished}
+    forwarder = SpanForwarder(spans, {}, sink, _RUNNING_STATES)
+    for _ in forwarder.adopt():
+        pass
+    assert [item[0] for item in sink.items] == ["span", "span", "run", "metrics"]
+    assert sink.items[0][1] == ("r",) and sink.items[1][1] == ("r", "a")
+    assert sink.items[3] == (
+        "metrics", "a", {("execute", "inc", "thread-cpu", "seconds"): 2.0}
+    )
+
+
+def test_spans_of_before_the_forwarder_are_left_to_adoption(tree, sink):
+    forwarder = SpanForwarder(tree, {}, sink, _RUNNING_STATES)
+    forwarder.tick(deque(), 2)
+    assert [item for item in sink.items if item[0] == "span"] == []
