@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 import tracemalloc
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Callable
 
 import psutil
 
@@ -62,10 +62,20 @@ class _Outbox:
 
     def send(self, message: Any) -> None:
         with self._lock:
-            try:
-                write_frame(self._stream, message)
-            except (OSError, ValueError):
-                pass
+            self._write(message)
+
+    def send_made(self, make: Callable[[], Any]) -> None:
+        """Send the message ``make()`` returns, made while no other frame is sent:
+        of two messages with figures (the stats thread's and a flush's answer),
+        the later one sent holds the later figures."""
+        with self._lock:
+            self._write(make())
+
+    def _write(self, message: Any) -> None:
+        try:
+            write_frame(self._stream, message)
+        except (OSError, ValueError):
+            pass
 
 
 class _Tracking:
@@ -146,11 +156,19 @@ def _report_stats(
     stopped: threading.Event,
 ) -> None:
     last: dict[str, Any] = {}
+    failed = False
     while not stopped.wait(_STATS_INTERVAL):
-        stats = {**pipeline.stats(), **tracking.stats()}
-        if stats != last:  # CPU and memory always change: not compared
-            last = stats
-            outbox.send(("stats", _stats(pipeline, tracking)))
+        try:
+            stats = {**pipeline.stats(), **tracking.stats()}
+            if stats != last:  # CPU and memory always change: not compared
+                last = stats
+                outbox.send_made(lambda: ("stats", _stats(pipeline, tracking)))
+        except Exception:
+            # (the scheduler waits on these figures: the thread carries on)
+            if not failed:
+                failed = True
+                logger.exception("dask_otel_spans: cannot report the export "
+                                 "process's figures (logged once)")
 
 
 def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
@@ -227,7 +245,9 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
                 _, token, timeout = message
                 tracking.run_passes()
                 ok = pipeline.flush(timeout)
-                outbox.send(("flushed", token, ok, _stats(pipeline, tracking)))
+                outbox.send_made(
+                    lambda: ("flushed", token, ok, _stats(pipeline, tracking))
+                )
     tracking.close()
     stopped.set()
     pipeline.stop_threads(_STOP_TIMEOUT)

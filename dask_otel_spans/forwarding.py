@@ -195,6 +195,7 @@ class SpanForwarder:
         for a new export process. Pauses (yields) every ``SPANS_PER_STEP`` spans;
         spans created meanwhile are forwarded by the ticks."""
         upto = self.n_known
+        self.workers = -1  # (the next tick tells the new copy the number)
         running = self.running_states
         sent: set[str] = set()
         out: list[tuple[Any, ...]] = []

@@ -153,3 +153,13 @@ def test_spans_of_before_the_forwarder_are_left_to_adoption(tree, sink):
     forwarder = SpanForwarder(tree, {}, sink, _RUNNING_STATES)
     forwarder.tick(deque(), 2)
     assert [item for item in sink.items if item[0] == "span"] == []
+
+
+def test_a_new_copy_is_told_the_worker_count_after_adoption(tree, sink):
+    forwarder = forwarder_of(tree, sink)
+    forwarder.tick(deque(), 2)
+    sink.items.clear()
+    for _ in forwarder.adopt():  # (a new export process: it knows nothing)
+        pass
+    forwarder.tick(deque(), 2)
+    assert ("workers", 2) in sink.items
