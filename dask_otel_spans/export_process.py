@@ -129,6 +129,9 @@ class ExportProcess(BackgroundQueue):
         self._exported_by_dead = 0
         #: counts of the children that died, of the figures :meth:`child_total` reads
         self._counts_of_dead: dict[str, int] = {}
+        #: the highest place in the scheduler's span dict that an export process
+        #: said it had (``last_position``) before it died; -1: none
+        self.confirmed_position = -1
         #: the scheduler's ``total_nthreads_history``, which the child keeps a copy
         #: of (snapshots with ``MIRRORED_HISTORY`` read that copy); None: no copy
         self.nthreads_history: list[tuple[float, int]] | None = None
@@ -193,6 +196,9 @@ class ExportProcess(BackgroundQueue):
             self._counts_of_dead[name] = (
                 self._counts_of_dead.get(name, 0) + int(self.child_stats.get(name, 0))
             )
+        self.confirmed_position = max(
+            self.confirmed_position, int(self.child_stats.get("last_position", -1))
+        )
         self.child_stats = {}
         self._stats_pid = proc.pid
         self.info = answer["ready"]

@@ -9,8 +9,10 @@ thread of :class:`~dask_otel_spans.export_process.ExportProcess`.
 
 Messages (tuples of built-ins, in the order they are to be applied):
 
-- ``("span", ids, name, enqueued, nthreads_offset)``: a new dask span; ``ids`` is its
-  chain of span ids, root first (its own last);
+- ``("span", ids, name, enqueued, nthreads_offset, position)``: a new dask span;
+  ``ids`` is its chain of span ids, root first (its own last); ``position`` its
+  place in the extension's span dict (the export process reports the highest it
+  has, :meth:`SpanForwarder.adopt` starts again after it);
 - ``("run", span_id, group_name, prefix)``: a task group of the span has a task in a
   running state (new tasks, or tasks to compute again);
 - ``("done", span_id, group_name, figures)``: every task of the group settled;
@@ -59,10 +61,10 @@ def chain_ids(span: Span) -> tuple[str, ...]:
     return tuple(reversed(ids))
 
 
-def span_message(span: Span) -> tuple[Any, ...]:
+def span_message(span: Span, position: int) -> tuple[Any, ...]:
     return (
         "span", chain_ids(span), tuple(span.name), span.enqueued,
-        getattr(span, "_total_nthreads_offset", 0),
+        getattr(span, "_total_nthreads_offset", 0), position,
     )
 
 
@@ -120,7 +122,7 @@ class SpanForwarder:
             return
         fresh = list(islice(reversed(spans.values()), 0, n - start))
         self.n_known = n
-        out.extend(map(span_message, reversed(fresh)))
+        out.extend(map(span_message, reversed(fresh), range(start, n)))
         self.forwarded_spans += len(fresh)
 
     def tick(self, pending: deque[tuple[Any, ...]], n_workers: int) -> None:
@@ -189,41 +191,58 @@ class SpanForwarder:
             out.append(_group_message(tg, span_id, running))
         self.forwarded_groups += len(touched)
 
-    def adopt(self) -> Iterator[None]:
+    def adopt(self, resend_from: int | None = None) -> Iterator[None]:
         """Forward the spans that exist already and still run (a task group not
         done), with their ancestors, task groups and metrics so far: at start, and
         for a new export process. Pauses (yields) every ``SPANS_PER_STEP`` spans;
-        spans created meanwhile are forwarded by the ticks."""
+        spans created meanwhile are forwarded by the ticks.
+
+        ``resend_from``: for a new export process, the first position the one that
+        died did not say it had; the spans from there on are forwarded again done
+        or not (what was written to a dying process's pipe is lost with it). None
+        of them can have been emitted there: a span is emitted a grace period after
+        its last task, and the process reports what it has every half second.
+        """
         upto = self.n_known
         self.workers = -1  # (the next tick tells the new copy the number)
         running = self.running_states
-        sent: set[str] = set()
+        positions: dict[str, int] = {}  # span id -> position, of the spans sent
         out: list[tuple[Any, ...]] = []
-        for i, span in enumerate(islice(list(self.spans.values()), upto), 1):
-            if i % SPANS_PER_STEP == 0:
+        for i, span in enumerate(islice(list(self.spans.values()), upto)):
+            if i and i % SPANS_PER_STEP == 0:
                 if out:
                     self.sink.forward(out)
                     out = []
                 yield
-            if span.id in sent or all(
-                group_done(tg, running) for tg in list(span.groups)
-            ):
+            if span.id in positions:
+                continue
+            if all(group_done(tg, running) for tg in list(span.groups)):
+                if resend_from is not None and i >= resend_from:
+                    # (alone: its done ancestors were in the dead process's hands)
+                    positions[span.id] = i
+                    self._adopted(span, i, out)
                 continue
             chain = []
             node: Span | None = span
-            while node is not None and node.id not in sent:
+            while node is not None and node.id not in positions:
                 chain.append(node)
                 node = node.parent
             for node in reversed(chain):
-                sent.add(node.id)
-                out.append(span_message(node))
-                for tg in list(node.groups):
-                    out.append(_group_message(tg, node.id, running))
-                metrics = getattr(node, "_cumulative_worker_metrics", None)
-                if metrics:
-                    out.append(("metrics", node.id, dict(metrics)))
+                # (an ancestor's place is not known here: -1 does not count)
+                positions[node.id] = i if node is span else -1
+                self._adopted(node, positions[node.id], out)
         if out:
             self.sink.forward(out)
+
+    def _adopted(self, span: Span, position: int, out: list[tuple[Any, ...]]) -> None:
+        """The messages of an adopted span: itself, its groups, its metrics."""
+        running = self.running_states
+        out.append(span_message(span, position))
+        for tg in list(span.groups):
+            out.append(_group_message(tg, span.id, running))
+        metrics = getattr(span, "_cumulative_worker_metrics", None)
+        if metrics:
+            out.append(("metrics", span.id, dict(metrics)))
 
 
 def _group_message(tg: Any, span_id: str, running: tuple[str, ...]) -> tuple[Any, ...]:

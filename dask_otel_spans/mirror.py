@@ -158,6 +158,10 @@ class SpanMirror:
         self._logged: set[str] = set()
         #: spans forwarded to the copy (not again)
         self.received = 0
+        #: the highest place in the scheduler's span dict of a span forwarded here
+        #: (after a restart, the scheduler forwards again the spans past the one
+        #: the process that died reported)
+        self.last_position = -1
 
     # -- what the scheduler forwards -------------------------------------------------
 
@@ -218,9 +222,12 @@ class SpanMirror:
                                "%.200r", key)
         return ("add_span_deltas", (deltas, span_tags_of(deltas, _Tags(self))))
 
-    def _add_span(self, ids: Any, name: Any, enqueued: float, offset: int) -> None:
+    def _add_span(self, ids: Any, name: Any, enqueued: float, offset: int,
+                  position: int = -1) -> None:
         ids = tuple(ids)
         span_id = ids[-1]
+        if position > self.last_position:
+            self.last_position = int(position)
         if span_id in self.spans:
             return  # (adopted again by a new plugin instance)
         parent = self.spans.get(ids[-2]) if len(ids) > 1 else None
@@ -300,6 +307,7 @@ class SpanMirror:
             "open": len(tracker._open),
             "handed_over": tracker.handed_over_count,
             "received": self.received,
+            "last_position": self.last_position,
             "readiness_checks": tracker.readiness_checks,
             "mirrored_spans": len(self.spans),
         }

@@ -1293,17 +1293,19 @@ class OTelSpansPlugin(SchedulerPlugin):
         the spans still running to a new export process (in slices)."""
         process = self.export_process
         if process is not None and process.launches != self._launches_seen:
-            # a new export process (the previous one died): it knows no span
+            # a new export process (the previous one died): it knows no span, and
+            # what went to the old one after its last report may be lost
             self._launches_seen = process.launches
-            self._adopt()
+            self._adopt(resend_from=process.confirmed_position + 1)
             return
         with self._guard("tick"):
             self._forwarder.tick(self._pending, len(self.scheduler.workers))
 
-    def _adopt(self) -> None:
+    def _adopt(self, resend_from: int | None = None) -> None:
         """Forward the spans that exist and still run, in slices of the event loop
-        (the ticks wait for it)."""
-        self._work = self._forwarder.adopt()
+        (the ticks wait for it); and those from ``resend_from`` on, done or not
+        (:meth:`SpanForwarder.adopt`)."""
+        self._work = self._forwarder.adopt(resend_from)
         IOLoop.current().add_callback(self._run_slice)
 
     def _forward_all(self) -> None:

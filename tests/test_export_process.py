@@ -204,8 +204,11 @@ def test_killed_export_process_is_replaced(tmp_path, caplog):
         await async_wait_for(lambda: plugin.emitted_count >= 1, timeout=60)
         await plugin.flush()
         os.kill(first, signal.SIGKILL)
-        await async_wait_for(lambda: not psutil.pid_exists(first)
-                             or psutil.Process(first).status() == "zombie")
+        # Dead for good: its pipes closed (the reader saw the end). A zombie main
+        # thread is not enough: while its other threads exit, the pipe still takes
+        # what is written to it, and that is lost with the process.
+        await async_wait_for(lambda: f"export process (pid {first}) exited"
+                             in caplog.text)
         with span("after"):
             await c.submit(inc, 2, key="a-1")
         await async_wait_for(lambda: plugin.export_process.restarts == 1, timeout=60)
@@ -224,6 +227,39 @@ def test_killed_export_process_is_replaced(tmp_path, caplog):
     assert second != first
     assert caplog.text.count(f"export process (pid {first}) exited") == 1
     assert "starting a new export process (1 of at most 3" in caplog.text
+
+
+def test_spans_sent_to_an_export_process_as_it_dies_are_sent_again(tmp_path, caplog):
+    """What the dying process's pipe took (it was stopped, then killed) is lost with
+    it; the new process gets those spans from the scheduler again."""
+    state = {}
+
+    @gen_cluster(client=True, timeout=120)
+    async def run(c, s, a, b):
+        plugin = await install_process_plugin(c, tmp_path, track_in_export_process=True)
+        process = plugin.export_process
+        await export_one_span(c, plugin, "before")
+        first = process.pid
+        os.kill(first, signal.SIGSTOP)  # it reads no more
+        with span("into the pipe"):
+            await c.submit(inc, 2, key="p-1")
+        # forwarded and written (or, if the kill comes first, failed and sent again)
+        await async_wait_for(lambda: plugin._forwarder.forwarded_spans >= 2
+                             and not process._batch
+                             and process._queue.unfinished_tasks == 0)
+        os.kill(first, signal.SIGKILL)
+        await async_wait_for(lambda: f"export process (pid {first}) exited"
+                             in caplog.text)
+        with span("after"):  # (a write to a process gone: a new one starts)
+            await c.submit(inc, 3, key="a-1")
+        await async_wait_for(lambda: plugin.handed_over_count >= 3, timeout=60)
+        await plugin.flush()
+        state["names"] = exported_names(tmp_path)
+        await plugin.close()
+
+    with caplog.at_level(logging.WARNING, logger="dask_otel_spans"):
+        run()
+    assert {"before", "into the pipe", "after"} <= state["names"]
 
 
 def test_export_process_that_cannot_start_leaves_export_in_the_scheduler(

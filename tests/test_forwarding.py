@@ -149,6 +149,40 @@ def test_adoption_forwards_running_spans_with_ancestors_groups_and_metrics(sink)
     )
 
 
+def test_adoption_for_a_new_process_forwards_again_the_done_spans_past_its_report(sink):
+    done = [Span((f"s{i}",), f"s{i}", None, HISTORY) for i in range(4)]
+    for i, span in enumerate(done):
+        span.groups.add(Group(f"inc-{i}", span.id, running=0, memory=1))
+    child = Span(("s3", "child"), "c", done[3], HISTORY)  # done too, its parent as well
+    child.groups.add(Group("inc-c", "c", running=0, memory=1))
+    spans = {span.id: span for span in [*done, child]}
+    forwarder = SpanForwarder(spans, {}, sink, _RUNNING_STATES)
+    for _ in forwarder.adopt(resend_from=3):
+        pass
+    # the spans at places 3 and 4, alone, each with its place and its done group
+    assert [(item[1], item[5]) for item in sink.items if item[0] == "span"] == [
+        (("s3",), 3), (("s3", "c"), 4)
+    ]
+    assert [item[:2] for item in sink.items if item[0] == "done"] == [
+        ("done", "s3"), ("done", "c")
+    ]
+
+
+def test_adoption_at_start_leaves_done_spans_out(sink):
+    span = Span(("s",), "s", None, HISTORY)
+    span.groups.add(Group("inc-1", "s", running=0, memory=1))
+    forwarder = SpanForwarder({"s": span}, {}, sink, _RUNNING_STATES)
+    for _ in forwarder.adopt():
+        pass
+    assert sink.items == []
+
+
+def test_new_spans_carry_their_place_in_the_span_dict(tree, sink):
+    forwarder = forwarder_of(tree, sink)
+    forwarder.tick(deque(), 2)
+    assert [item[5] for item in sink.items if item[0] == "span"] == [0, 1]
+
+
 def test_spans_of_before_the_forwarder_are_left_to_adoption(tree, sink):
     forwarder = SpanForwarder(tree, {}, sink, _RUNNING_STATES)
     forwarder.tick(deque(), 2)

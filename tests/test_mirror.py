@@ -199,3 +199,11 @@ def test_spans_still_open_at_close_are_emitted_incomplete(mirror, emitter):
     mirror.close()
     [request] = emitter.requests
     assert request[5] is False  # complete
+
+
+def test_the_copy_reports_the_highest_place_of_the_spans_it_has(mirror):
+    now = time.time()
+    mirror.apply([("span", ("a",), ("load",), now, 0, 7),
+                  ("span", ("b",), ("save",), now, 0, 3),
+                  ("span", ("c",), ("old",), now, 0)])  # (no place: an ancestor)
+    assert mirror.stats()["last_position"] == 7
