@@ -98,7 +98,7 @@ class PluginConfig:
     output_dir: str = "dask-otel-spans"
     export_process: ExportProcessSetting = EXPORT_PROCESS_AUTO
     export_process_nice: int = 10
-    track_in_export_process: bool = False
+    track_in_export_process: bool = True
     providers: str | None = None
 
     @classmethod

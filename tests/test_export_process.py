@@ -70,13 +70,17 @@ def export_children(pid: int) -> list[psutil.Process]:
     ]
 
 
-def test_export_process_exports_spans_and_metrics(tmp_path):
+@pytest.mark.parametrize("tracking", [True, False], ids=["tracking", "snapshots"])
+def test_export_process_exports_spans_and_metrics(tmp_path, tracking):
     state = {}
 
     @gen_cluster(client=True, timeout=120)
     async def run(c, s, a, b):
-        plugin = await install_process_plugin(c, tmp_path)
+        plugin = await install_process_plugin(
+            c, tmp_path, track_in_export_process=tracking
+        )
         assert plugin.pipeline is None and plugin.export_process is not None
+        assert plugin.tracks_in_export_process is tracking
         state["child"] = plugin.export_process.pid
         with span("workflow") as root_id:
             with span("load") as load_id:
@@ -192,12 +196,15 @@ def test_export_process_ends_with_the_plugin_and_exports_open_spans(tmp_path):
     assert open_span["attributes"][names.SPAN_INCOMPLETE] is True
 
 
-def test_killed_export_process_is_replaced(tmp_path, caplog):
+@pytest.mark.parametrize("tracking", [True, False], ids=["tracking", "snapshots"])
+def test_killed_export_process_is_replaced(tmp_path, caplog, tracking):
     state = {}
 
     @gen_cluster(client=True, timeout=120)
     async def run(c, s, a, b):
-        plugin = await install_process_plugin(c, tmp_path)
+        plugin = await install_process_plugin(
+            c, tmp_path, track_in_export_process=tracking
+        )
         first = plugin.export_process.pid
         with span("before"):
             await c.submit(inc, 1, key="b-1")
