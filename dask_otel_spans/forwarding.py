@@ -125,45 +125,90 @@ class SpanForwarder:
         out.extend(map(span_message, reversed(fresh), range(start, n)))
         self.forwarded_spans += len(fresh)
 
+    def _send(self, out: list[tuple[Any, ...]],
+              events: list[tuple[Any, ...]] | None = None) -> None:
+        """Queue ``out`` (and ``events``, after it), the spans created meanwhile
+        first: what the messages name is known where they arrive."""
+        spans: list[tuple[Any, ...]] = []
+        self._new_spans(spans)
+        if spans or out:
+            self.sink.forward(spans + out)
+        if events:
+            self.sink.forward_events(events)
+
     def tick(self, pending: deque[tuple[Any, ...]], n_workers: int) -> None:
-        """Forward what came since the last tick: new spans, the task groups touched,
-        then the queued hook events, in the order they came."""
-        out: list[tuple[Any, ...]] = []
+        """Forward what came since the last tick, in one go (:meth:`tick_steps`)."""
+        for _ in self.tick_steps(pending, n_workers):
+            pass
+
+    def tick_steps(self, pending: deque[tuple[Any, ...]], n_workers: int
+                   ) -> Iterator[None]:
+        """Forward what came since the last tick: the new spans, the queued hook
+        events in the order they came, then the task groups touched. Pauses
+        (yields) every ``SPANS_PER_STEP`` spans, keys or groups, each time after
+        queueing what it has (the spans created meanwhile before it)."""
         if n_workers != self.workers:
             self.workers = n_workers
-            out.append(("workers", n_workers))
-        self._new_spans(out)
+            self.sink.forward([("workers", n_workers)])
+        spans = self.spans
+        while len(spans) > self.n_known:
+            out: list[tuple[Any, ...]] = []
+            start = self.n_known
+            upto = min(len(spans), start + SPANS_PER_STEP)
+            fresh = list(islice(reversed(spans.values()), len(spans) - upto,
+                                len(spans) - start))
+            self.n_known = upto
+            out.extend(map(span_message, reversed(fresh), range(start, upto)))
+            self.forwarded_spans += len(fresh)
+            self.sink.forward(out)
+            yield
         events: list[tuple[Any, ...]] = []
-        while pending:
+        for _ in range(len(pending)):  # (those that come meanwhile: the next tick)
             event = pending.popleft()
             kind = event[0]
             if kind == GRAPH:
                 _, _, now, client, keys, otel, span_of_key = event
-                events.append(
-                    ("graph", now, client, self._span_ids(keys, span_of_key),
-                     _chains(otel))
-                )
+                span_ids: set[str] = set()
+                if events and _large(keys):
+                    self._send([], events)  # (what came before it, first)
+                    events = []
+                yield from self._span_ids(keys, span_of_key, span_ids)
+                events.append(("graph", now, client,
+                               [s for s in span_ids if type(s) is str],
+                               _chains(otel)))
             elif kind == NOTICE:
                 events.append(("notice", event[2], event[3]))
             elif kind == CLIENT_GONE:
                 events.append(("client-gone", event[2], event[3]))
+        self._send([], events)
         # (after the graphs: their new tasks' groups are touched by then)
-        self._touched_groups(out)
-        if out:
-            self.sink.forward(out)
-        if events:
-            self.sink.forward_events(events)
+        touched, self.touched = self.touched, set()
+        self.forwarded_groups += len(touched)
+        running = self.running_states
+        out = []
+        for tg in touched:
+            span_id = tg.span_id
+            if span_id is None:
+                continue
+            out.append(_group_message(tg, span_id, running))
+            if len(out) >= SPANS_PER_STEP:
+                self._send(out)
+                out = []
+                yield
+        self._send(out)
 
-    def _span_ids(self, keys: Any, span_of_key: Any) -> list[str]:
-        """The ids of the spans a graph's tasks are in: from the ``span`` annotation
-        the scheduler passed (the task may be forgotten by now), else the task's
-        group."""
+    def _span_ids(self, keys: Any, span_of_key: Any, span_ids: set[str]
+                  ) -> Iterator[None]:
+        """Add to ``span_ids`` the ids of the spans a graph's tasks are in: from the
+        ``span`` annotation the scheduler passed (the task may be forgotten by
+        now), else the task's group. Pauses every ``SPANS_PER_STEP`` keys."""
         if not isinstance(span_of_key, Mapping):
             span_of_key = {}
         tasks = self.tasks
-        span_ids: set[str] = set()
         last_group = None
-        for key in keys:
+        for i, key in enumerate(keys, 1):
+            if i % SPANS_PER_STEP == 0:
+                yield
             ann = span_of_key.get(key)
             if ann:
                 try:
@@ -179,17 +224,6 @@ class SpanForwarder:
                 last_group = tg
                 if tg.span_id is not None:
                     span_ids.add(tg.span_id)
-        return [s for s in span_ids if type(s) is str]
-
-    def _touched_groups(self, out: list[tuple[Any, ...]]) -> None:
-        touched, self.touched = self.touched, set()
-        running = self.running_states
-        for tg in touched:
-            span_id = tg.span_id
-            if span_id is None:
-                continue
-            out.append(_group_message(tg, span_id, running))
-        self.forwarded_groups += len(touched)
 
     def adopt(self, resend_from: int | None = None) -> Iterator[None]:
         """Forward the spans that exist already and still run (a task group not
@@ -243,6 +277,14 @@ class SpanForwarder:
         metrics = getattr(span, "_cumulative_worker_metrics", None)
         if metrics:
             out.append(("metrics", span.id, dict(metrics)))
+
+
+def _large(keys: Any) -> bool:
+    """Whether a graph's keys take more than one step."""
+    try:
+        return len(keys) > SPANS_PER_STEP
+    except TypeError:
+        return True
 
 
 def _group_message(tg: Any, span_id: str, running: tuple[str, ...]) -> tuple[Any, ...]:

@@ -1298,8 +1298,12 @@ class OTelSpansPlugin(SchedulerPlugin):
             self._launches_seen = process.launches
             self._adopt(resend_from=process.confirmed_position + 1)
             return
-        with self._guard("tick"):
-            self._forwarder.tick(self._pending, len(self.scheduler.workers))
+        # (in slices of tick-budget: a graph of many spans and tasks is much to
+        # forward, and the event loop is not to wait for all of it)
+        self._work = self._forwarder.tick_steps(
+            self._pending, len(self.scheduler.workers)
+        )
+        self._run_slice()
 
     def _adopt(self, resend_from: int | None = None) -> None:
         """Forward the spans that exist and still run, in slices of the event loop
@@ -1359,8 +1363,6 @@ class OTelSpansPlugin(SchedulerPlugin):
             IOLoop.current().add_callback(self._run_slice)
         else:
             self._work = None
-            if self._forwarder is not None:
-                self._forward_tick()  # (what waited for the adoption)
 
     def _finish_work(self) -> None:
         """Run what is left of the pass in progress and of the queued events, in one

@@ -197,3 +197,26 @@ def test_a_new_copy_is_told_the_worker_count_after_adoption(tree, sink):
         pass
     forwarder.tick(deque(), 2)
     assert ("workers", 2) in sink.items
+
+
+def test_a_tick_pauses_every_step_and_forwards_all(sink):
+    spans = {f"s{i}": Span((f"s{i}",), f"s{i}", None, HISTORY) for i in range(600)}
+    forwarder = forwarder_of(spans, sink)
+    pauses = sum(1 for _ in forwarder.tick_steps(deque(), 2))
+    assert pauses >= 2
+    assert [item[5] for item in sink.items if item[0] == "span"] == list(range(600))
+
+
+def test_a_span_made_during_a_pause_is_forwarded_before_its_group(sink):
+    spans = {f"s{i}": Span((f"s{i}",), f"s{i}", None, HISTORY) for i in range(300)}
+    forwarder = forwarder_of(spans, sink)
+    steps = forwarder.tick_steps(deque(), 2)
+    next(steps)  # paused after the first spans
+    late = Span(("late",), "late", None, HISTORY)
+    spans["late"] = late
+    group = Group("inc-9", "late", running=0, memory=1)
+    forwarder.touched.add(group)
+    for _ in steps:
+        pass
+    kinds = [(item[0], item[1]) for item in sink.items if item[0] in ("span", "done")]
+    assert kinds.index(("span", ("late",))) < kinds.index(("done", "late"))
