@@ -748,6 +748,12 @@ async def _memory(checkpoints: list[int], export_process: bool) -> list[dict[str
                     ext._ensure_span(("mem", f"span-{made}"), (root, str(uuid.uuid4())))
                     made += 1
                 await plugin.flush()
+            # (an export process that tracks the spans waits its own grace period,
+            # not this class's: the checkpoint counts spans emitted, not made)
+            deadline = time.monotonic() + 60
+            while plugin.emitted_count < made and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+                await plugin.flush()
             gc.collect()
             snap = tracemalloc.take_snapshot().filter_traces(
                 [tracemalloc.Filter(True, "*dask_otel_spans*")]
