@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 import urllib.request
 import uuid
@@ -267,6 +268,44 @@ def test_spans_sent_to_an_export_process_as_it_dies_are_sent_again(tmp_path, cap
     with caplog.at_level(logging.WARNING, logger="dask_otel_spans"):
         run()
     assert {"before", "into the pipe", "after"} <= state["names"]
+
+
+def test_the_export_process_figures_thread_carries_on_after_an_error(monkeypatch):
+    from dask_otel_spans import export_child
+
+    class Pipeline:
+        def stats(self) -> dict:
+            return {"exported": 0}
+
+    class Tracking:
+        calls = 0
+
+        def stats(self) -> dict:
+            self.calls += 1
+            if self.calls == 1:
+                raise RuntimeError("figures not ready")
+            return {"open": 1}
+
+    class Outbox:
+        def __init__(self) -> None:
+            self.sent: list = []
+
+        def send_made(self, make) -> None:
+            self.sent.append(make())
+
+    monkeypatch.setattr(export_child, "_STATS_INTERVAL", 0.01)
+    outbox, stopped = Outbox(), threading.Event()
+    thread = threading.Thread(
+        target=export_child._report_stats,
+        args=(Pipeline(), Tracking(), outbox, stopped), daemon=True,
+    )
+    thread.start()
+    try:
+        wait_for(lambda: outbox.sent, timeout=10)
+    finally:
+        stopped.set()
+        thread.join(5)
+    assert outbox.sent[0][0] == "stats" and outbox.sent[0][1]["open"] == 1
 
 
 def test_export_process_that_cannot_start_leaves_export_in_the_scheduler(
