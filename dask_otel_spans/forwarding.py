@@ -61,6 +61,36 @@ def chain_ids(span: Span) -> tuple[str, ...]:
     return tuple(reversed(ids))
 
 
+def collect_span_ids(keys: Any, span_of_key: Any, tasks: Mapping[Any, Any],
+                     span_ids: set[str], step: int = SPANS_PER_STEP
+                     ) -> Iterator[None]:
+    """Add to ``span_ids`` the ids of the spans a graph's tasks are in: from the
+    ``span`` annotation the scheduler passed (it outlives the task, which may be
+    forgotten by now), else from the task's group. Pauses (yields) every ``step``
+    keys."""
+    if not isinstance(span_of_key, Mapping):
+        span_of_key = {}
+    last_group = None
+    for i, key in enumerate(keys, 1):
+        if i % step == 0:
+            yield
+        ann = span_of_key.get(key)
+        if ann:
+            try:
+                span_ids.add(ann["ids"][-1])
+                continue
+            except (KeyError, IndexError, TypeError):
+                pass  # not distributed's shape: the task's group says
+        ts = tasks.get(key)
+        if ts is None:
+            continue
+        tg = ts.group
+        if tg is not last_group:
+            last_group = tg
+            if tg.span_id is not None:
+                span_ids.add(tg.span_id)
+
+
 def span_message(span: Span, position: int) -> tuple[Any, ...]:
     return (
         "span", chain_ids(span), tuple(span.name), span.enqueued,
@@ -172,7 +202,7 @@ class SpanForwarder:
                 if events and _large(keys):
                     self._send([], events)  # (what came before it, first)
                     events = []
-                yield from self._span_ids(keys, span_of_key, span_ids)
+                yield from collect_span_ids(keys, span_of_key, self.tasks, span_ids)
                 events.append(("graph", now, client,
                                [s for s in span_ids if type(s) is str],
                                _chains(otel)))
@@ -196,34 +226,6 @@ class SpanForwarder:
                 out = []
                 yield
         self._send(out)
-
-    def _span_ids(self, keys: Any, span_of_key: Any, span_ids: set[str]
-                  ) -> Iterator[None]:
-        """Add to ``span_ids`` the ids of the spans a graph's tasks are in: from the
-        ``span`` annotation the scheduler passed (the task may be forgotten by
-        now), else the task's group. Pauses every ``SPANS_PER_STEP`` keys."""
-        if not isinstance(span_of_key, Mapping):
-            span_of_key = {}
-        tasks = self.tasks
-        last_group = None
-        for i, key in enumerate(keys, 1):
-            if i % SPANS_PER_STEP == 0:
-                yield
-            ann = span_of_key.get(key)
-            if ann:
-                try:
-                    span_ids.add(ann["ids"][-1])
-                    continue
-                except (KeyError, IndexError, TypeError):
-                    pass  # not distributed's shape: the task's group says
-            ts = tasks.get(key)
-            if ts is None:
-                continue
-            tg = ts.group
-            if tg is not last_group:
-                last_group = tg
-                if tg.span_id is not None:
-                    span_ids.add(tg.span_id)
 
     def adopt(self, resend_from: int | None = None) -> Iterator[None]:
         """Forward the spans that exist already and still run (a task group not

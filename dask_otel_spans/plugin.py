@@ -50,6 +50,7 @@ from dask_otel_spans.forwarding import (
     NOTICE,
     SpanForwarder,
     chain_ids,
+    collect_span_ids,
 )
 from dask_otel_spans.metrics import DaskInstruments, MetricsPump
 from dask_otel_spans.pipeline import ExportPipeline, PipelineSpec
@@ -1134,29 +1135,10 @@ class OTelSpansPlugin(SchedulerPlugin):
         A task's span comes from the ``span`` annotation the scheduler passed (it
         outlives the task, which may be forgotten by now), else from its group.
         """
-        if not isinstance(span_of_key, Mapping):
-            span_of_key = {}
-        tasks = self.scheduler.tasks
-        last_group = None
-        span_ids = set()
-        for i, key in enumerate(keys, 1):
-            if i % (_CHECK_EVERY * 16) == 0:
-                yield
-            ann = span_of_key.get(key)
-            if ann:
-                try:
-                    span_ids.add(ann["ids"][-1])
-                    continue
-                except (KeyError, IndexError, TypeError):
-                    pass  # not distributed's shape: fall back to the task's group
-            ts = tasks.get(key)
-            if ts is None:
-                continue
-            tg = ts.group
-            if tg is last_group:
-                continue
-            last_group = tg
-            span_ids.add(tg.span_id)
+        span_ids: set[str] = set()
+        yield from collect_span_ids(
+            keys, span_of_key, self.scheduler.tasks, span_ids, _CHECK_EVERY * 16
+        )
         yield from self._mark_spans_active(span_ids, now, client)
 
     def _mark_spans_active(
