@@ -180,17 +180,25 @@ class SpanForwarder:
         if n_workers != self.workers:
             self.workers = n_workers
             self.sink.forward([("workers", n_workers)])
+        # the new spans, read from the dict's end once (O(new)), in steps; spans
+        # created meanwhile go with the next messages (_send) or the next tick
         spans = self.spans
-        while len(spans) > self.n_known:
-            out: list[tuple[Any, ...]] = []
-            start = self.n_known
-            upto = min(len(spans), start + SPANS_PER_STEP)
-            fresh = list(islice(reversed(spans.values()), len(spans) - upto,
-                                len(spans) - start))
-            self.n_known = upto
-            out.extend(map(span_message, reversed(fresh), range(start, upto)))
-            self.forwarded_spans += len(fresh)
-            self.sink.forward(out)
+        start, n = self.n_known, len(spans)
+        fresh = list(islice(reversed(spans.values()), 0, max(0, n - start)))
+        fresh.reverse()
+        at = start
+        while at < n:
+            # (a heartbeat may have forwarded some of them meanwhile)
+            at = max(at, self.n_known)
+            if at >= n:
+                break
+            upto = min(n, at + SPANS_PER_STEP)
+            self.n_known = max(self.n_known, upto)
+            self.sink.forward(list(map(
+                span_message, fresh[at - start:upto - start], range(at, upto)
+            )))
+            self.forwarded_spans += upto - at
+            at = upto
             yield
         events: list[tuple[Any, ...]] = []
         for _ in range(len(pending)):  # (those that come meanwhile: the next tick)

@@ -220,3 +220,14 @@ def test_a_span_made_during_a_pause_is_forwarded_before_its_group(sink):
         pass
     kinds = [(item[0], item[1]) for item in sink.items if item[0] in ("span", "done")]
     assert kinds.index(("span", ("late",))) < kinds.index(("done", "late"))
+
+
+def test_spans_a_heartbeat_forwarded_during_a_pause_are_not_forwarded_again(sink):
+    spans = {f"s{i}": Span((f"s{i}",), f"s{i}", None, HISTORY) for i in range(600)}
+    forwarder = forwarder_of(spans, sink)
+    steps = forwarder.tick_steps(deque(), 2)
+    next(steps)
+    forwarder.forward_new_spans()  # (the heartbeat wrapper, before its deltas)
+    for _ in steps:
+        pass
+    assert [item[5] for item in sink.items if item[0] == "span"] == list(range(600))
