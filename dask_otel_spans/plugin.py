@@ -894,29 +894,24 @@ class OTelSpansPlugin(SchedulerPlugin):
         # client lets its results go) the group's ``done`` cannot change: nothing.
         # Not timed by _guard: the clock reads would cost more than the work.
         forwarder = self._forwarder
+        settles = finish in _SETTLED_STATES
         if forwarder is not None:
-            # Forwarded: the group of a task that settles or starts (again), once
+            # forwarded: the group of a task that settles or starts (again), once
             # per tick
-            if (finish in _SETTLED_STATES) is (start in _SETTLED_STATES):
+            if settles is (start in _SETTLED_STATES):
                 return
-            tasks = self._tasks
-            if tasks is None:
-                return
-            try:
-                ts = tasks.get(key)
-                if ts is not None:
-                    forwarder.touched.add(ts.group)
-            except Exception:
-                self._log_failure("transition")
-            return
-        if finish not in _SETTLED_STATES or start in _SETTLED_STATES:
+        elif not settles or start in _SETTLED_STATES:
             return
         tasks = self._tasks
         if tasks is None:
             return
         try:
             ts = tasks.get(key)
-            if ts is not None:
+            if ts is None:
+                return
+            if forwarder is not None:
+                forwarder.touched.add(ts.group)
+            else:
                 span_id = ts.group.span_id
                 if span_id is not None:
                     self._settled.add(span_id)
