@@ -5,6 +5,9 @@ measures the plugin and the SDK, not a collector.
 With ``BENCH_EXPORT_RECORDS`` set (a file path), the plugin runs with its export
 process, whose providers come from :func:`child_providers`: the export process writes
 one line per exported span to that file, which :func:`stats` reads on the scheduler.
+With ``BENCH_CHILD_FRAMES`` set too (another path), what the scheduler sends its
+export process is recorded there (:func:`record_child_frames`), for
+``bench_child.py`` to replay.
 """
 from __future__ import annotations
 
@@ -187,8 +190,45 @@ def memory_child_providers() -> tuple[TracerProvider, MeterProvider]:
     return tracer_provider, meter_provider
 
 
+#: environment variable naming the file to record the export process's frames in
+FRAMES_VARIABLE = "BENCH_CHILD_FRAMES"
+
+
+def record_child_frames(path: str) -> None:
+    """Record what every export process of this scheduler is sent, as it is sent,
+    in ``path``: at each start, ``("spec", PipelineSpec)`` (pickled), then each
+    frame of the sender as ``("frame", monotonic seconds, bytes)``; the first
+    frame, the spec, goes at the start. A frame not written to a child (it had
+    ended) is recorded all the same."""
+    import pickle
+
+    from dask_otel_spans.export_process import ExportProcess
+
+    out = open(path, "wb")
+    lock = threading.Lock()
+    launch, encode = ExportProcess.launch, ExportProcess._encode
+
+    def write(record: tuple) -> None:
+        with lock:
+            pickle.dump(record, out, protocol=pickle.HIGHEST_PROTOCOL)
+            out.flush()
+
+    def recorded_launch(self, *args, **kwargs):
+        write(("spec", self.spec))
+        return launch(self, *args, **kwargs)
+
+    def recorded_encode(self, batch):
+        frame = encode(self, batch)
+        write(("frame", time.monotonic(), frame))
+        return frame
+
+    ExportProcess.launch, ExportProcess._encode = recorded_launch, recorded_encode
+
+
 def dask_setup(scheduler):
     gc.callbacks.append(_gc_clock)
+    if os.environ.get(FRAMES_VARIABLE):
+        record_child_frames(os.environ[FRAMES_VARIABLE])
     if os.environ.get(RECORDS_VARIABLE):
         plugin = OTelSpansPlugin(export_process=True,
                                  providers="bench_preload:child_providers")

@@ -99,7 +99,8 @@ class Cluster:
 
     def __init__(self, with_plugin: bool, workers: int, threads: int,
                  export_process: bool = False, plugin_tree: str | None = None,
-                 inert: bool = False, preload: str | None = None):
+                 inert: bool = False, preload: str | None = None,
+                 child_frames: str | None = None):
         self.with_plugin = with_plugin
         self.inert = inert
         #: a module to preload instead of a plugin (e.g. ``bench_floor``)
@@ -111,10 +112,13 @@ class Cluster:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([tree, HERE, *sys.path])}
         env = {k: v for k, v in env.items() if not k.startswith("OTEL_")}
         env.pop(bench_preload.RECORDS_VARIABLE, None)
+        env.pop(bench_preload.FRAMES_VARIABLE, None)
         self.records = None
         if with_plugin and export_process:
             self.records = self._file().replace(".json", "-records.tsv")
             env[bench_preload.RECORDS_VARIABLE] = self.records
+            if child_frames:  # (bench_child.py)
+                env[bench_preload.FRAMES_VARIABLE] = child_frames
         cmd = [sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1",
                "--port", "0", "--no-dashboard", "--scheduler-file", self._file(),
                "--preload", "bench_clock"]  # both sides: the latencies' reference

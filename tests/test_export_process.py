@@ -694,3 +694,23 @@ def test_export_process_nice_comes_from_dask_config():
     assert PluginConfig.from_dask_config().export_process_nice == 10
     with dask.config.set({"otel-spans.export-process-nice": 3}):
         assert PluginConfig.from_dask_config().export_process_nice == 3
+
+
+def test_export_process_leaves_its_setup_out_of_garbage_collections(tmp_path):
+    from dask_otel_spans.export_child import YOUNG_GC_THRESHOLD
+
+    process = ExportProcess(
+        PipelineSpec(PluginConfig(output_dir=str(tmp_path)), environ={})
+    )
+    process.launch()
+    process.start()
+    try:
+        assert process.flush(30)
+        stats = process.child_stats
+        # the containers of the SDK's, distributed's and the package's modules
+        # (about 70,000 with Python 3.11)
+        assert stats["gc_frozen_objects"] > 10_000
+        assert stats["gc_young_threshold"] == YOUNG_GC_THRESHOLD
+        assert stats["gc_collections_2"] >= 1  # the one collection before freezing
+    finally:
+        process.stop(5)
