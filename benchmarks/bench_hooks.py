@@ -11,6 +11,12 @@ work), so the benchmark's own-CPU figure does not contain it. This measures it: 
 calling loop with the plugin in it and without, best of ``--repeat`` timings, for the
 five transitions of a task that runs and is released; and a hook with the same
 signature doing nothing, for what being a plugin costs apart from the hook's work.
+
+The hook has two paths: with the export process tracking the spans (the default,
+``track-in-export-process``) it adds a started or settled task's group to the span
+forwarder's set of touched groups; otherwise (``snapshots``: the scheduler tracks
+the spans) it adds a settled task's span id to the plugin's set of settled spans.
+Both are measured.
 """
 from __future__ import annotations
 
@@ -20,6 +26,11 @@ import timeit
 from typing import Any
 
 from dask_otel_spans import OTelSpansPlugin
+from dask_otel_spans.forwarding import SpanForwarder
+from dask_otel_spans.plugin import _RUNNING_STATES
+
+#: the hook's paths: the span forwarder's (the default) and the snapshots'
+PATHS = ("forwarding", "snapshots")
 
 #: keyword arguments of ``processing -> memory`` (``Scheduler.stimulus_task_finished``)
 FINISHED_KWARGS = dict(worker="tcp://127.0.0.1:40000", nbytes=28, type=b"int",
@@ -50,12 +61,17 @@ class NoOpHook:
         pass
 
 
-def isolated_plugin() -> OTelSpansPlugin:
-    """The plugin's ``transition`` with the state it reads, and no scheduler."""
+def isolated_plugin(path: str = "snapshots") -> OTelSpansPlugin:
+    """The plugin's ``transition`` with the state it reads on ``path`` (one of
+    :data:`PATHS`), and no scheduler."""
     plugin = OTelSpansPlugin.__new__(OTelSpansPlugin)
     plugin._tasks = {"key": _Task()}
     plugin._settled = set()
     plugin._forwarder = None
+    if path == "forwarding":
+        plugin._forwarder = SpanForwarder({}, plugin._tasks, None, _RUNNING_STATES)
+    elif path != "snapshots":
+        raise ValueError(f"unknown path {path!r}: one of {PATHS}")
     return plugin
 
 
@@ -78,7 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=300_000)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args(argv)
-    hooks = {"OTelSpansPlugin.transition": isolated_plugin(), "a no-op hook": NoOpHook()}
+    hooks: dict[str, Any] = {
+        f"OTelSpansPlugin.transition, {path}{' (the default)' if i == 0 else ''}":
+        isolated_plugin(path) for i, path in enumerate(PATHS)
+    }
+    hooks["a no-op hook"] = NoOpHook()
     for name, hook in hooks.items():
         total = 0.0
         print(f"{name}, per call (best of {args.repeat} x {args.calls}):")

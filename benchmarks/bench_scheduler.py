@@ -803,7 +803,32 @@ def part_memory(checkpoints: list[int], modes: list[bool]) -> dict[bool, list[di
                      f"{rows[-1]['child_rss_bytes'] / max(rows[-2]['child_rss_bytes'], 1):.3f}"
                      if mode else "")
                   + " (<= 1.10 wanted)")
+            print("   " + memory_growth(rows[-2], rows[-1], "plugin_bytes",
+                                        "in the scheduler process"))
+            if mode:
+                print("   " + memory_growth(rows[-2], rows[-1], "child_traced_bytes",
+                                            "of the export process (traced)"))
     return out
+
+
+#: Growth per emitted span under which memory counts as flat whatever its ratio: a
+#: leak of one of the smallest objects per span (an int: 28 bytes) is above it
+FLAT_BYTES_PER_SPAN = 1.0
+
+
+def memory_growth(before: dict[str, int], after: dict[str, int], key: str,
+                  where: str) -> str:
+    """The growth of ``key`` bytes between two checkpoints, per span emitted between
+    them, and whether that is flat: within 10 %, or under
+    :data:`FLAT_BYTES_PER_SPAN` (a ratio of a few KiB moves by more than 10 % with
+    the last objects a flush left, and says nothing of growth with the spans)."""
+    grown = after[key] - before[key]
+    spans = max(after["emitted"] - before["emitted"], 1)
+    ratio = after[key] / max(before[key], 1)
+    flat = ratio <= 1.10 or grown / spans < FLAT_BYTES_PER_SPAN
+    return (f"growth {where}: {grown / 1024:+.1f} KiB over {spans} spans emitted, "
+            f"{grown / spans:+.3f} bytes per span (flat: within 10 % or under "
+            f"{FLAT_BYTES_PER_SPAN:g} byte per span): {'yes' if flat else 'NO'}")
 
 
 # -- export cost ------------------------------------------------------------------------

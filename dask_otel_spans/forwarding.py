@@ -14,7 +14,8 @@ Messages (tuples of built-ins, in the order they are to be applied):
   place in the extension's span dict (the export process reports the highest it
   has, :meth:`SpanForwarder.adopt` starts again after it);
 - ``("run", span_id, group_name, prefix)``: a task group of the span has a task in a
-  running state (new tasks, or tasks to compute again);
+  running state (new tasks, or tasks to compute again): once when it starts to run
+  (again), not at every task that starts or settles while it runs;
 - ``("done", span_id, group_name, figures)``: every task of the group settled;
   ``figures`` as :func:`~dask_otel_spans.snapshot.snapshot_group`;
 - ``("metrics", span_id, metrics)``: the span's cumulative metrics so far (adopted
@@ -31,6 +32,8 @@ from collections.abc import Iterator, Mapping
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+from distributed.scheduler import ALL_TASK_STATES
+
 from dask_otel_spans.snapshot import snapshot_group
 
 if TYPE_CHECKING:
@@ -40,10 +43,15 @@ if TYPE_CHECKING:
 GRAPH, NOTICE, CLIENT_GONE = "graph", "notice", "client-gone"
 #: Spans looked at between two pauses of an adoption (~1 µs each)
 SPANS_PER_STEP = 256
+#: Task states a transition can leave a TaskGroup done in (``TaskGroup.done``)
+SETTLED_STATES = frozenset({"memory", "erred", "released", "forgotten"})
+#: The others: a TaskGroup with a task in one of them is not done
+RUNNING_STATES = tuple(sorted(ALL_TASK_STATES - SETTLED_STATES))
 
 
-def group_done(tg: Any, running_states: tuple[str, ...]) -> bool:
-    """``TaskGroup.done`` from its state counts, without its generator."""
+def group_done(tg: Any, running_states: tuple[str, ...] = RUNNING_STATES) -> bool:
+    """``TaskGroup.done`` (no task in a running state) from its state counts,
+    without its generator over every state: a few µs a span, on the event loop."""
     states = tg.states
     for state in running_states:
         if states.get(state):
@@ -131,9 +139,16 @@ class SpanForwarder:
         #: task groups whose tasks started or settled since the last tick (the
         #: plugin's ``transition`` hook adds them)
         self.touched: set[Any] = set()
+        #: task groups forwarded as running and not as done since: the export
+        #: process has them running, and is not told again while they run (as
+        #: many as the groups running now)
+        self.running_forwarded: set[Any] = set()
         self.workers = -1
-        #: figures for tests and benchmarks
+        #: figures for tests and benchmarks: spans forwarded (adopted ones too)
         self.forwarded_spans = 0
+        #: ``forwarded_spans`` when the last adoption started: the spans forwarded
+        #: to the export process running now are those counted since
+        self.forwarded_before_adoption = 0
         self.forwarded_groups = 0
 
     def forward_new_spans(self) -> None:
@@ -219,20 +234,28 @@ class SpanForwarder:
             elif kind == CLIENT_GONE:
                 events.append(("client-gone", event[2], event[3]))
         self._send([], events)
-        # (after the graphs: their new tasks' groups are touched by then)
+        # (after the graphs: their new tasks' groups are touched by then); a group
+        # goes when it is done, or when it runs and was not running there
         touched, self.touched = self.touched, set()
-        self.forwarded_groups += len(touched)
-        running = self.running_states
+        running, running_forwarded = self.running_states, self.running_forwarded
         out = []
-        for tg in touched:
-            span_id = tg.span_id
-            if span_id is None:
-                continue
-            out.append(_group_message(tg, span_id, running))
-            if len(out) >= SPANS_PER_STEP:
+        for i, tg in enumerate(touched, 1):
+            if i % SPANS_PER_STEP == 0:
                 self._send(out)
                 out = []
                 yield
+            span_id = tg.span_id
+            if span_id is None:
+                continue
+            if group_done(tg, running):
+                running_forwarded.discard(tg)
+                out.append(("done", span_id, tg.name, snapshot_group(tg)))
+            elif tg not in running_forwarded:
+                running_forwarded.add(tg)
+                out.append(("run", span_id, tg.name, str(tg.prefix.name)))
+            else:
+                continue
+            self.forwarded_groups += 1
         self._send(out)
 
     def adopt(self, resend_from: int | None = None) -> Iterator[None]:
@@ -249,6 +272,8 @@ class SpanForwarder:
         """
         upto = self.n_known
         self.workers = -1  # (the next tick tells the new copy the number)
+        self.running_forwarded.clear()  # (a new copy has none of them running)
+        self.forwarded_before_adoption = self.forwarded_spans
         running = self.running_states
         positions: dict[str, int] = {}  # span id -> position, of the spans sent
         out: list[tuple[Any, ...]] = []
@@ -282,6 +307,7 @@ class SpanForwarder:
         """The messages of an adopted span: itself, its groups, its metrics."""
         running = self.running_states
         out.append(span_message(span, position))
+        self.forwarded_spans += 1
         for tg in list(span.groups):
             out.append(_group_message(tg, span.id, running))
         metrics = getattr(span, "_cumulative_worker_metrics", None)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.metrics import time
-from distributed.scheduler import ALL_TASK_STATES, heartbeat_interval
+from distributed.scheduler import heartbeat_interval
 from tornado.ioloop import IOLoop, PeriodicCallback
 
 from dask_otel_spans import names
@@ -48,9 +48,12 @@ from dask_otel_spans.forwarding import (
     CLIENT_GONE,
     GRAPH,
     NOTICE,
+    RUNNING_STATES,
+    SETTLED_STATES,
     SpanForwarder,
     chain_ids,
     collect_span_ids,
+    group_done,
 )
 from dask_otel_spans.metrics import DaskInstruments, MetricsPump
 from dask_otel_spans.pipeline import ExportPipeline, PipelineSpec
@@ -105,10 +108,10 @@ _GROUPS_PER_VERDICT = 8
 _GRAPH, _NOTICE, _CLIENT_GONE = GRAPH, NOTICE, CLIENT_GONE
 _SPANS_GRAPH = "graph-spans"
 
-#: Task states a transition can leave a TaskGroup done in (``TaskGroup.done``)
-_SETTLED_STATES = frozenset({"memory", "erred", "released", "forgotten"})
-#: The others: a TaskGroup with a task in one of them is not done
-_RUNNING_STATES = tuple(sorted(ALL_TASK_STATES - _SETTLED_STATES))
+#: Task states a transition can leave a TaskGroup done in, and the others
+_SETTLED_STATES, _RUNNING_STATES = SETTLED_STATES, RUNNING_STATES
+#: ``TaskGroup.done`` from the group's state counts
+_group_done = group_done
 
 
 class _OutOfStep(Exception):
@@ -445,8 +448,9 @@ class OTelSpansPlugin(SchedulerPlugin):
         tracks them)."""
         forwarder, process = self._forwarder, self.export_process
         if forwarder is not None and process is not None:
-            # (and those forwarded that it has not reported yet)
-            on_the_way = forwarder.forwarded_spans - process.child_total("received")
+            # (and those forwarded to it that it has not reported yet)
+            to_it = forwarder.forwarded_spans - forwarder.forwarded_before_adoption
+            on_the_way = to_it - int(process.child_stats.get("received", 0))
             return int(process.child_stats.get("open", 0)) + max(0, on_the_way)
         return len(self._open)
 
@@ -705,8 +709,12 @@ class OTelSpansPlugin(SchedulerPlugin):
             previous._forward_all()
             self._forwarder.n_known = previous._forwarder.n_known
             self._forwarder.touched = previous._forwarder.touched
+            self._forwarder.running_forwarded = previous._forwarder.running_forwarded
             self._forwarder.workers = previous._forwarder.workers
             self._forwarder.forwarded_spans = previous._forwarder.forwarded_spans
+            self._forwarder.forwarded_before_adoption = (
+                previous._forwarder.forwarded_before_adoption
+            )
             previous._forwarder = None
         elif self._forwarder is not None:
             self._adopt()
@@ -1874,16 +1882,6 @@ class OTelSpansPlugin(SchedulerPlugin):
             await loop.run_in_executor(None, self.export_process.flush, timeout)
         if self.pipeline is not None:
             await loop.run_in_executor(None, self.pipeline.flush, timeout)
-
-
-def _group_done(tg: Any) -> bool:
-    """``TaskGroup.done`` (no task in a running state), without its generator over
-    every state: a few µs a span, on the event loop."""
-    states = tg.states
-    for state in _RUNNING_STATES:
-        if states.get(state):
-            return False
-    return True
 
 
 def _a_running_group(span: Span) -> Any:

@@ -231,3 +231,69 @@ def test_spans_a_heartbeat_forwarded_during_a_pause_are_not_forwarded_again(sink
     for _ in steps:
         pass
     assert [item[5] for item in sink.items if item[0] == "span"] == list(range(600))
+
+
+def test_a_group_still_running_is_not_forwarded_again_at_each_tick(tree, sink):
+    group = Group("inc-1", "c")
+    forwarder = forwarder_of(tree, sink)
+    for _ in range(3):  # tasks of the group start and settle, tick after tick
+        forwarder.touched.add(group)
+        forwarder.tick(deque(), 2)
+    group.states.update(processing=0, memory=5)
+    forwarder.touched.add(group)
+    forwarder.tick(deque(), 2)
+    assert [item[0] for item in sink.items if item[0] in ("run", "done")] == [
+        "run", "done"
+    ]
+    assert forwarder.running_forwarded == set()
+
+
+def test_a_group_that_runs_again_after_it_was_done_is_forwarded_running_again(
+    tree, sink
+):
+    group = Group("inc-1", "c")
+    forwarder = forwarder_of(tree, sink)
+    for running, memory in ((1, 0), (0, 1), (1, 1), (0, 2)):
+        group.states.update(processing=running, memory=memory)
+        forwarder.touched.add(group)
+        forwarder.tick(deque(), 2)
+    assert [item[0] for item in sink.items if item[0] in ("run", "done")] == [
+        "run", "done", "run", "done"
+    ]
+
+
+def test_after_an_adoption_a_running_group_is_forwarded_running_again(tree, sink):
+    group = Group("inc-1", "c")
+    forwarder = forwarder_of(tree, sink)
+    forwarder.touched.add(group)
+    forwarder.tick(deque(), 2)
+    for _ in forwarder.adopt():  # (a new export process; the group is not in the
+        pass                     # span's groups here, so adoption does not send it)
+    sink.items.clear()
+    forwarder.touched.add(group)
+    forwarder.tick(deque(), 2)
+    assert ("run", "c", "inc-1", "inc") in sink.items
+
+
+def test_a_tick_pauses_among_many_groups_it_need_not_forward(sink):
+    spans = {"s": Span(("s",), "s", None, HISTORY)}
+    groups = [Group(f"inc-{i}", "s") for i in range(600)]
+    forwarder = forwarder_of(spans, sink)
+    forwarder.touched.update(groups)
+    forwarder.tick(deque(), 2)
+    forwarder.touched.update(groups)  # still running: nothing to forward
+    pauses = sum(1 for _ in forwarder.tick_steps(deque(), 2))
+    assert pauses >= 2
+    assert len([item for item in sink.items if item[0] == "run"]) == 600
+
+
+def test_an_adoption_counts_the_spans_it_forwards_to_the_new_process(tree, sink):
+    forwarder = forwarder_of(tree, sink)
+    forwarder.tick(deque(), 2)  # both spans, to the first export process
+    for span in tree.values():
+        span.groups.add(Group(f"inc-{span.id}", span.id))  # still running
+    for _ in forwarder.adopt():  # a second export process
+        pass
+    assert forwarder.forwarded_spans == 4
+    # what the second one was sent: the 2 running spans, again
+    assert forwarder.forwarded_spans - forwarder.forwarded_before_adoption == 2
