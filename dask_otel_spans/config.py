@@ -40,6 +40,13 @@ def _shipped_default(key: str) -> Any:
 ExportProcessSetting = Union[bool, Literal["auto"]]
 EXPORT_PROCESS_AUTO: Literal["auto"] = "auto"
 
+#: ``export-process-cpu-policy``: how the export process's threads are scheduled
+#: (Linux): ``idle`` (``SCHED_IDLE``: only on CPU time nothing else wants), ``batch``
+#: (``SCHED_BATCH``: never preempts a running thread when it wakes), ``normal`` (as
+#: the scheduler)
+CPU_POLICIES = ("idle", "batch", "normal")
+CPU_POLICY_DEFAULT = "idle"
+
 _TRUE_WORDS = frozenset({"true", "yes", "on", "1"})
 _FALSE_WORDS = frozenset({"false", "no", "off", "0"})
 
@@ -64,6 +71,19 @@ def parse_export_process(value: Any) -> ExportProcessSetting:
         "%r; using auto", value,
     )
     return EXPORT_PROCESS_AUTO
+
+
+def parse_cpu_policy(value: Any) -> str:
+    """``export-process-cpu-policy`` as one of :data:`CPU_POLICIES`; anything else is
+    logged and taken as the default."""
+    word = str(value).strip().lower()
+    if word in CPU_POLICIES:
+        return word
+    logger.warning(
+        "dask_otel_spans: otel-spans.export-process-cpu-policy must be one of %s, not "
+        "%r; using %s", ", ".join(CPU_POLICIES), value, CPU_POLICY_DEFAULT,
+    )
+    return CPU_POLICY_DEFAULT
 
 
 def _boolean(value: Any) -> bool:
@@ -98,6 +118,7 @@ class PluginConfig:
     output_dir: str = "dask-otel-spans"
     export_process: ExportProcessSetting = EXPORT_PROCESS_AUTO
     export_process_nice: int = 10
+    export_process_cpu_policy: str = CPU_POLICY_DEFAULT
     track_in_export_process: bool = True
     providers: str | None = None
 
@@ -132,6 +153,9 @@ class PluginConfig:
             output_dir=str(get("output-dir")),
             export_process=parse_export_process(get("export-process")),
             export_process_nice=int(get("export-process-nice")),
+            export_process_cpu_policy=parse_cpu_policy(
+                get("export-process-cpu-policy")
+            ),
             track_in_export_process=_boolean(get("track-in-export-process")),
             providers=str(factory) if factory not in (None, "", "null") else None,
         )
@@ -143,5 +167,12 @@ class PluginConfig:
             overrides = {
                 **overrides,
                 "export_process": parse_export_process(overrides["export_process"]),
+            }
+        if "export_process_cpu_policy" in overrides:
+            overrides = {
+                **overrides,
+                "export_process_cpu_policy": parse_cpu_policy(
+                    overrides["export_process_cpu_policy"]
+                ),
             }
         return replace(cfg, **overrides) if overrides else cfg

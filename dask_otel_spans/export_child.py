@@ -307,23 +307,33 @@ def _own_threads() -> list[int]:
         return [0]
 
 
-def lower_priority(increment: int) -> None:
+#: ``export-process-cpu-policy`` -> the name of its scheduling policy in ``os``
+_POLICY_NAMES = {"idle": "SCHED_IDLE", "batch": "SCHED_BATCH"}
+
+
+def lower_priority(increment: int, policy: str = "normal") -> None:
     """Run this process ``increment`` nice levels lower and, where the system has
-    it, as a ``SCHED_BATCH`` process (which does not preempt a running one when it
-    wakes): on a core it shares with the scheduler, the scheduler's event loop goes
-    first. Every thread running now is moved (importing ``distributed`` starts
-    one); threads started later inherit it. Where it is not allowed, says so once
-    and goes on."""
-    if increment <= 0:
+    it, under scheduling ``policy``: ``"idle"`` (``SCHED_IDLE``: its threads run on
+    CPU time nothing else wants), ``"batch"`` (``SCHED_BATCH``: never preempts a
+    running thread when it wakes) or ``"normal"`` (left as it is). On a core it
+    shares with the scheduler, the scheduler's event loop goes first. Every thread
+    running now is moved (importing ``distributed`` starts one); threads started
+    later inherit it. Where it is not allowed, says so once and goes on."""
+    name = _POLICY_NAMES.get(policy)
+    sched = getattr(os, name, None) if name else None
+    if name and sched is None:
+        logger.info("dask_otel_spans: this system has no %s; the export process "
+                    "keeps the scheduler's scheduling policy", name)
+    if increment <= 0 and sched is None:
         return
-    batch = getattr(os, "SCHED_BATCH", None)
     try:
-        level = min(19, os.getpriority(os.PRIO_PROCESS, 0) + increment)
+        level = min(19, os.getpriority(os.PRIO_PROCESS, 0) + max(0, increment))
         for tid in _own_threads():
             try:
-                os.setpriority(os.PRIO_PROCESS, tid, level)
-                if batch is not None:
-                    os.sched_setscheduler(tid, batch, os.sched_param(0))
+                if increment > 0:
+                    os.setpriority(os.PRIO_PROCESS, tid, level)
+                if sched is not None:
+                    os.sched_setscheduler(tid, sched, os.sched_param(0))
             except ProcessLookupError:
                 continue  # a thread that ended meanwhile
     except (AttributeError, OSError) as e:
@@ -335,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dask_otel_spans.export_child")
     parser.add_argument("--nice", type=int, default=0,
                         help="nice levels below the parent (the scheduler)")
+    parser.add_argument("--cpu-policy", choices=("idle", "batch", "normal"),
+                        default="normal", help="scheduling policy of its threads")
     args = parser.parse_args(argv)
     # The protocol owns the real stdout; stray prints (e.g. a console exporter) go
     # to stderr with the log lines.
@@ -352,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         "%(message)s",
     )
     logging.getLogger("dask_otel_spans").setLevel(logging.INFO)
-    lower_priority(args.nice)
+    lower_priority(args.nice, args.cpu_policy)
     return serve(sys.stdin.buffer, _Outbox(protocol_out))
 
 

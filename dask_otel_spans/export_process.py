@@ -79,8 +79,11 @@ class ExportProcess(BackgroundQueue):
         Metric updates are dropped (and counted in ``dropped``) while this many items
         wait for the sender thread; spans are never dropped here
     nice:
-        Nice levels the child runs below this process (and, on Linux, as a batch
-        process): 0 for the same priority
+        Nice levels the child runs below this process: 0 for the same priority
+    cpu_policy:
+        How the child's threads are scheduled (Linux): ``"idle"``, ``"batch"`` or
+        ``"normal"`` (:data:`~dask_otel_spans.config.CPU_POLICIES`); ``"normal"``
+        leaves them as this process's
     """
 
     def __init__(
@@ -92,6 +95,7 @@ class ExportProcess(BackgroundQueue):
         max_restarts: int = 3,
         max_metric_backlog: int = 10_000,
         nice: int = 0,
+        cpu_policy: str = "normal",
     ):
         super().__init__(
             "dask-otel-spans-export-sender", maxsize, "spans and metric updates"
@@ -101,6 +105,7 @@ class ExportProcess(BackgroundQueue):
         self.start_timeout = start_timeout
         self.max_restarts = max_restarts
         self.nice = max(0, int(nice))
+        self.cpu_policy = cpu_policy
         self.restarts = 0
         #: children started so far (a new one knows nothing of the spans forwarded
         #: to the one before)
@@ -123,6 +128,7 @@ class ExportProcess(BackgroundQueue):
         #: pids of children whose end was logged
         self._deaths_logged: set[int] = set()
         self._unpicklable_logged = False
+        self._backlog_logged = False
         #: the child whose figures ``child_stats`` holds
         self._stats_pid: int | None = None
         #: spans exported by children that died
@@ -164,7 +170,7 @@ class ExportProcess(BackgroundQueue):
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "dask_otel_spans.export_child",
-                 "--nice", str(self.nice)],
+                 "--nice", str(self.nice), "--cpu-policy", self.cpu_policy],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
             )
         except (OSError, ValueError) as e:
@@ -321,17 +327,35 @@ class ExportProcess(BackgroundQueue):
         (:mod:`~dask_otel_spans.forwarding`) to the export process's copy of the
         span tree; never dropped."""
         self.put(("fwd", items))
+        self._note_backlog()
 
     def forward_events(self, events: list[tuple[Any, ...]]) -> None:
         """Forward hook events (graphs, close notices, departed clients); one that
         cannot cross is left out alone."""
         self.put(("events", events))
+        self._note_backlog()
 
     def forward_deltas(self, deltas: Mapping[Any, float]) -> None:
         """Forward a heartbeat's span metric deltas: the export process sums them
         into its copy of the spans and into the span metrics; never dropped (the
         spans' figures need them)."""
         self.put(("deltas", deltas))
+        self._note_backlog()
+
+    def _note_backlog(self) -> None:
+        """Say once when ``max_metric_backlog`` forwarded items wait for the sender:
+        the export process reads slower than the scheduler forwards (a busy machine
+        leaves it little CPU), and what waits is kept in the scheduler's memory."""
+        if self._backlog_logged or self._queue.qsize() < self.max_metric_backlog:
+            return
+        self._backlog_logged = True
+        logger.warning(
+            "dask_otel_spans: %d items wait in the scheduler for the export process, "
+            "which is behind (its threads run at nice %d, CPU policy %s: on a machine "
+            "whose cores are all busy it gets little CPU; otel-spans."
+            "export-process-cpu-policy: batch gives it a share of a busy core) "
+            "(logged once)", self._queue.qsize(), self.nice, self.cpu_policy,
+        )
 
     def submit(self, method: str, *args: Any) -> None:
         """Call ``DaskInstruments.<method>(*args)`` in the export process."""

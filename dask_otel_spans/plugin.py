@@ -644,6 +644,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         process = ExportProcess(
             spec, max_metric_backlog=self.config.max_queue_size,
             nice=self.config.export_process_nice,
+            cpu_policy=self.config.export_process_cpu_policy,
         )
         loop = asyncio.get_running_loop()
         try:

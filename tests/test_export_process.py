@@ -672,7 +672,38 @@ def test_export_process_runs_its_nice_levels_below_the_scheduler(tmp_path):
 
     run()
     assert state["levels"] == {min(19, os.getpriority(os.PRIO_PROCESS, 0) + 7)}
-    assert state["policy"] == os.SCHED_BATCH
+    # by default it runs on CPU time nothing else wants
+    assert state["policy"] == os.SCHED_IDLE
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_export_process_cpu_policy_batch_runs_it_as_a_batch_process(tmp_path):
+    process = ExportProcess(
+        PipelineSpec(PluginConfig(output_dir=str(tmp_path)), environ={}),
+        nice=5, cpu_policy="batch",
+    )
+    process.launch()
+    try:
+        assert os.sched_getscheduler(process.pid) == os.SCHED_BATCH
+        assert thread_nice_levels(process.pid) == {
+            min(19, os.getpriority(os.PRIO_PROCESS, 0) + 5)
+        }
+    finally:
+        process.stop(5)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_export_process_cpu_policy_idle_applies_with_nice_0(tmp_path):
+    process = ExportProcess(
+        PipelineSpec(PluginConfig(output_dir=str(tmp_path)), environ={}),
+        nice=0, cpu_policy="idle",
+    )
+    process.launch()
+    try:
+        assert os.sched_getscheduler(process.pid) == os.SCHED_IDLE
+        assert thread_nice_levels(process.pid) == {os.getpriority(os.PRIO_PROCESS, 0)}
+    finally:
+        process.stop(5)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -694,6 +725,36 @@ def test_export_process_nice_comes_from_dask_config():
     assert PluginConfig.from_dask_config().export_process_nice == 10
     with dask.config.set({"otel-spans.export-process-nice": 3}):
         assert PluginConfig.from_dask_config().export_process_nice == 3
+
+
+def test_export_process_cpu_policy_comes_from_dask_config():
+    import dask
+
+    assert PluginConfig.from_dask_config().export_process_cpu_policy == "idle"
+    with dask.config.set({"otel-spans.export-process-cpu-policy": "Batch"}):
+        assert PluginConfig.from_dask_config().export_process_cpu_policy == "batch"
+
+
+def test_an_unknown_cpu_policy_is_logged_and_the_default_used(caplog):
+    import dask
+
+    with dask.config.set({"otel-spans.export-process-cpu-policy": "realtime"}):
+        with caplog.at_level(logging.WARNING, logger="dask_otel_spans"):
+            assert PluginConfig.from_dask_config().export_process_cpu_policy == "idle"
+    assert "export-process-cpu-policy must be one of idle, batch, normal" in caplog.text
+
+
+def test_a_backlog_of_forwarded_items_is_logged_once(caplog):
+    process = ExportProcess(PipelineSpec(PluginConfig()), max_metric_backlog=3,
+                            nice=10, cpu_policy="idle")
+    # (no sender thread: everything forwarded waits)
+    with caplog.at_level(logging.WARNING, logger="dask_otel_spans"):
+        for i in range(6):
+            process.forward([("workers", i)])
+    warnings_ = [r for r in caplog.records if "wait in the scheduler" in r.message]
+    assert len(warnings_) == 1
+    assert "3 items wait" in warnings_[0].message
+    assert "CPU policy idle" in warnings_[0].message
 
 
 def test_export_process_leaves_its_setup_out_of_garbage_collections(tmp_path):
