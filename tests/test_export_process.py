@@ -677,31 +677,23 @@ def test_export_process_runs_its_nice_levels_below_the_scheduler(tmp_path):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_export_process_cpu_policy_batch_runs_it_as_a_batch_process(tmp_path):
+@pytest.mark.parametrize("nice, policy, expected", [
+    (5, "batch", "SCHED_BATCH"),
+    (0, "idle", "SCHED_IDLE"),  # (the policy applies without nice levels too)
+])
+def test_export_process_cpu_policy_sets_its_scheduling_policy(
+    tmp_path, nice, policy, expected
+):
     process = ExportProcess(
         PipelineSpec(PluginConfig(output_dir=str(tmp_path)), environ={}),
-        nice=5, cpu_policy="batch",
+        nice=nice, cpu_policy=policy,
     )
     process.launch()
     try:
-        assert os.sched_getscheduler(process.pid) == os.SCHED_BATCH
+        assert os.sched_getscheduler(process.pid) == getattr(os, expected)
         assert thread_nice_levels(process.pid) == {
-            min(19, os.getpriority(os.PRIO_PROCESS, 0) + 5)
+            min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice)
         }
-    finally:
-        process.stop(5)
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_export_process_cpu_policy_idle_applies_with_nice_0(tmp_path):
-    process = ExportProcess(
-        PipelineSpec(PluginConfig(output_dir=str(tmp_path)), environ={}),
-        nice=0, cpu_policy="idle",
-    )
-    process.launch()
-    try:
-        assert os.sched_getscheduler(process.pid) == os.SCHED_IDLE
-        assert thread_nice_levels(process.pid) == {os.getpriority(os.PRIO_PROCESS, 0)}
     finally:
         process.stop(5)
 
