@@ -34,7 +34,7 @@ from typing import IO, TYPE_CHECKING, Any, Callable
 
 import psutil
 
-from dask_otel_spans.config import PluginConfig
+from dask_otel_spans.config import CPU_POLICIES, PluginConfig
 from dask_otel_spans.pipeline import ExportPipeline, PipelineSpec
 
 if TYPE_CHECKING:
@@ -151,7 +151,8 @@ def settle_garbage_collector() -> None:
     batch or two; collecting the youngest generation every
     :data:`YOUNG_GC_THRESHOLD` allocations instead of 700 visits far fewer of them
     (a few hundred KiB more of them alive between collections at most). On the
-    nested workload the collector took about a fifth of this process's CPU before.
+    nested workload the collector took a fifth to a quarter of this process's CPU
+    before (``benchmarks/bench_child.py``).
     """
     global _frozen_objects
     gc.collect()
@@ -345,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dask_otel_spans.export_child")
     parser.add_argument("--nice", type=int, default=0,
                         help="nice levels below the parent (the scheduler)")
-    parser.add_argument("--cpu-policy", choices=("idle", "batch", "normal"),
+    parser.add_argument("--cpu-policy", choices=CPU_POLICIES,
                         default="normal", help="scheduling policy of its threads")
     args = parser.parse_args(argv)
     # The protocol owns the real stdout; stray prints (e.g. a console exporter) go
