@@ -309,7 +309,10 @@ class SpanForwarder:
         out.append(span_message(span, position))
         self.forwarded_spans += 1
         for tg in list(span.groups):
-            out.append(_group_message(tg, span.id, running))
+            message = _group_message(tg, span.id, running)
+            if message[0] == "run":  # (the ticks need not send it again)
+                self.running_forwarded.add(tg)
+            out.append(message)
         metrics = getattr(span, "_cumulative_worker_metrics", None)
         if metrics:
             out.append(("metrics", span.id, dict(metrics)))

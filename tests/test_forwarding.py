@@ -297,3 +297,15 @@ def test_an_adoption_counts_the_spans_it_forwards_to_the_new_process(tree, sink)
     assert forwarder.forwarded_spans == 4
     # what the second one was sent: the 2 running spans, again
     assert forwarder.forwarded_spans - forwarder.forwarded_before_adoption == 2
+
+
+def test_a_running_group_an_adoption_sent_is_not_sent_again_while_it_runs(sink):
+    span = Span(("s",), "s", None, HISTORY)
+    group = Group("inc-1", "s")
+    span.groups.add(group)
+    forwarder = SpanForwarder({"s": span}, {}, sink, _RUNNING_STATES)
+    for _ in forwarder.adopt():
+        pass
+    forwarder.touched.add(group)  # a task of it started or settled: still running
+    forwarder.tick(deque(), 2)
+    assert [item[0] for item in sink.items if item[0] in ("run", "done")] == ["run"]
