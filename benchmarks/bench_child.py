@@ -110,23 +110,9 @@ def load_stream(path: str) -> tuple[Any, list[tuple[float, bytes]]]:
 
 def discarding_providers() -> tuple[Any, Any]:
     """The replay's providers: as the live benchmark's, exporting nowhere."""
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from bench_preload import NullSpanExporter, batch_providers
 
-    from bench_preload import NullMetricExporter, NullSpanExporter
-
-    tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(
-        BatchSpanProcessor(NullSpanExporter(), schedule_delay_millis=500,
-                           max_queue_size=100_000)
-    )
-    meter_provider = MeterProvider(metric_readers=[
-        PeriodicExportingMetricReader(NullMetricExporter(),
-                                      export_interval_millis=5_000)
-    ])
-    return tracer_provider, meter_provider
+    return batch_providers(NullSpanExporter())
 
 
 class _Answers:

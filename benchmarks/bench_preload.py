@@ -154,9 +154,18 @@ class NullMetricExporter(MetricExporter):
 
 
 def _providers(records_file: str | None = None) -> tuple[TracerProvider, MeterProvider]:
+    return batch_providers(LatencyExporter(records_file))
+
+
+def batch_providers(
+    span_exporter: SpanExporter,
+) -> tuple[TracerProvider, MeterProvider]:
+    """The benchmark's providers: a batch span processor (0.5 s delay) to
+    ``span_exporter``, and a periodic metric reader (5 s) to an exporter that
+    discards."""
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(
-        BatchSpanProcessor(LatencyExporter(records_file), schedule_delay_millis=500,
+        BatchSpanProcessor(span_exporter, schedule_delay_millis=500,
                            max_queue_size=100_000)
     )
     meter_provider = MeterProvider(
