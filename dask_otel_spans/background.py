@@ -44,6 +44,11 @@ class BackgroundQueue:
         self.cpu_seconds = 0.0
         self._failures_logged: set[str] = set()
 
+    @property
+    def running(self) -> bool:
+        """Whether the thread runs (started and not stopped)."""
+        return self._thread is not None
+
     def handle(self, item: Any) -> None:
         raise NotImplementedError
 

@@ -158,18 +158,12 @@ def run_workflow(client: Any) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from distributed import Client, LocalCluster
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
-        InMemorySpanExporter,
-    )
 
     from dask_otel_spans import OTelSpansPlugin
-    from dask_otel_spans.otlpjson import to_otlp_json
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from dask_otel_spans.plugin import scheduler_state
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     logging.getLogger("dask_otel_spans").setLevel(logging.INFO)
-    plugin = OTelSpansPlugin(output_dir=args.output_dir, export_delay=0.5)
     print(f"Starting a LocalCluster ({args.workers} workers) with the plugin ...")
     with LocalCluster(
         n_workers=args.workers,
@@ -177,15 +171,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         dashboard_address=":0",
         processes=True,
     ) as cluster, Client(cluster) as client:
-        client.register_plugin(plugin)
+        client.register_plugin(
+            OTelSpansPlugin(output_dir=args.output_dir, export_delay=0.5)
+        )
         address = cluster.scheduler_address
-        # In process (export-process: false, or providers that must stay here), a
-        # copy of every span is kept to print the tree whatever the exporter; with
-        # the export process the tree is read back from the embedded default's file.
-        copy = InMemorySpanExporter()
-        provider = plugin.providers.tracer_provider if plugin.providers else None
-        if provider is not None and hasattr(provider, "add_span_processor"):
-            provider.add_span_processor(SimpleSpanProcessor(copy))
         t0 = time.time()
         with warnings.catch_warnings():
             # dask-expr warns about every annotation, distributed.span's included
@@ -195,21 +184,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
         # Let the plugin emit each span once its late heartbeats are in, rather
         # than at shutdown.
         deadline = time.monotonic() + 30
-        while plugin.open_span_count and time.monotonic() < deadline:
+        state = client.run_on_scheduler(scheduler_state)
+        while state.get("open") and time.monotonic() < deadline:
             time.sleep(0.1)
+            state = client.run_on_scheduler(scheduler_state)
     # the cluster is closed: the plugin flushed its exporters (and its export process)
-    traces_to, metrics_to = _destinations(plugin)
-    finished = copy.get_finished_spans()
-    if finished:
-        spans = flatten_spans([to_otlp_json(encode_spans(finished))])
-    elif traces_to.endswith(TRACES_FILE) and os.path.exists(traces_to):
-        # the file collects every run in this directory: this run's scheduler only
-        spans = [s for s in read_spans(traces_to)
-                 if s["resource"].get(names.SCHEDULER_ADDRESS) == address]
-    else:
+    traces_to = str(state.get("traces_to", "nowhere"))
+    metrics_to = str(state.get("metrics_to", "nowhere"))
+    if not (traces_to.endswith(TRACES_FILE) and os.path.exists(traces_to)):
         print(f"Traces went to {traces_to}; the demo prints the span tree from the "
-              "embedded default's files, or with otel-spans.export-process: false")
+              "embedded default's files")
         return 0
+    # the file collects every run in this directory: this run's scheduler only
+    spans = [s for s in read_spans(traces_to)
+             if s["resource"].get(names.SCHEDULER_ADDRESS) == address]
     if not spans:
         print("No spans were exported.", file=sys.stderr)
         return 1
@@ -219,15 +207,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"Traces went to {traces_to}")
     print(f"Metrics went to {metrics_to}")
     return 0
-
-
-def _destinations(plugin: Any) -> tuple[str, str]:
-    """Where the plugin sent traces and metrics, in process or from its export
-    process."""
-    if plugin.providers is not None:
-        return plugin.providers.traces_to, plugin.providers.metrics_to
-    info = plugin.export_process.info if plugin.export_process is not None else {}
-    return str(info.get("traces_to", "nowhere")), str(info.get("metrics_to", "nowhere"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -86,13 +86,6 @@ def parse_cpu_policy(value: Any) -> str:
     return CPU_POLICY_DEFAULT
 
 
-def _boolean(value: Any) -> bool:
-    """A boolean setting, from a boolean or the words an environment variable gives."""
-    if isinstance(value, str):
-        return value.strip().lower() not in _FALSE_WORDS
-    return bool(value)
-
-
 @dataclass(frozen=True)
 class PluginConfig:
     """Typed settings of :class:`~dask_otel_spans.OTelSpansPlugin`.
@@ -119,7 +112,6 @@ class PluginConfig:
     export_process: ExportProcessSetting = EXPORT_PROCESS_AUTO
     export_process_nice: int = 10
     export_process_cpu_policy: str = CPU_POLICY_DEFAULT
-    track_in_export_process: bool = True
     providers: str | None = None
 
     @classmethod
@@ -156,7 +148,6 @@ class PluginConfig:
             export_process_cpu_policy=parse_cpu_policy(
                 get("export-process-cpu-policy")
             ),
-            track_in_export_process=_boolean(get("track-in-export-process")),
             providers=str(factory) if factory not in (None, "", "null") else None,
         )
         known = {f.name for f in fields(cls)}

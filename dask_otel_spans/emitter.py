@@ -1,5 +1,5 @@
-"""``SpanEmitter``: translates span snapshots into OTel spans and hands them to the
-tracer provider, on a thread of its own so that none of it runs on the event loop."""
+"""``SpanEmitter``: translates the readiness tracker's requests (span snapshots) into
+OTel spans and hands them to the tracer provider, on a thread of its own."""
 from __future__ import annotations
 
 import copy
@@ -15,7 +15,6 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from dask_otel_spans import names
 from dask_otel_spans.background import BackgroundQueue
 from dask_otel_spans.propagation import parse_carried, resolve_chain
-from dask_otel_spans.snapshot import restore_snapshot
 from dask_otel_spans.traces import (
     SpanFields,
     SpanSummary,
@@ -50,20 +49,13 @@ class _PinnedIdGenerator(IdGenerator):
 
 
 class EmitRequest(NamedTuple):
-    """One dask span to emit, as the plugin saw it on the event loop.
-
-    The plugin hands requests over in their plain form: a tuple of these fields in
-    this order (its snapshot in the plain form too, and ``carried`` a dict of its
-    own, which the receiver may change), so that the export process's sender can
-    marshal it as it is; :func:`restore_request` gives this named view.
-    """
+    """One dask span to emit, as the readiness tracker saw it."""
 
     tags: tuple[str, ...]
     #: chain of dask span ids, root first
     ids: tuple[str, ...]
     #: W3C headers carried from the client per dask span id, as sent (parsed
-    #: here, by :meth:`SpanEmitter.translate`, not on the event loop); only the
-    #: root's and the span's own are read
+    #: by :meth:`SpanEmitter.translate`); only the root's and the span's own
     carried: Mapping[str, Any]
     #: None for a span the scheduler never saw (no tasks): client times are used
     snapshot: SpanSnapshot | None
@@ -79,20 +71,8 @@ class EmitRequest(NamedTuple):
     counted: bool = False
 
 
-def restore_request(request: tuple[Any, ...]) -> EmitRequest:
-    """The named view of a request in its plain form, its snapshot's too (a named
-    view is returned as it is)."""
-    if type(request) is EmitRequest:
-        return request
-    snapshot = request[3]
-    if snapshot is not None:
-        snapshot = restore_snapshot(snapshot)
-    return EmitRequest(*request[:3], snapshot, *request[4:])
-
-
 class SpanEmitter(BackgroundQueue):
-    """Emit :class:`EmitRequest` objects (named, or in their plain form), in order,
-    on a daemon thread.
+    """Emit :class:`EmitRequest` objects, in order, on a daemon thread.
 
     Parameters
     ----------
@@ -155,7 +135,6 @@ class SpanEmitter(BackgroundQueue):
         self.put_many(requests)
 
     def handle(self, request: EmitRequest) -> None:
-        request = restore_request(request)
         fields, idle = self.translate(request)
         self.export(fields)
         self.exported_count += 1

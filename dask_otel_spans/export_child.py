@@ -1,18 +1,14 @@
-"""The export process: runs the export pipeline (translation, OTel SDK, exporters) on
-what the scheduler's plugin sends over its stdin, outside the scheduler process.
+"""The export process: runs the export session (span tree copy, readiness tracker,
+translation, OTel SDK, exporters) on what the scheduler's plugin forwards over its
+stdin, outside the scheduler process.
 
 Started by :class:`~dask_otel_spans.export_process.ExportProcess` as
 ``python -m dask_otel_spans.export_child``. Protocol (frames of :mod:`~dask_otel_spans.wire`):
 
 - stdin, first frame: a :class:`~dask_otel_spans.pipeline.PipelineSpec`; then batches
-  (lists) of ``("emit", EmitRequest)``, ``("emits", [EmitRequest, ...])``,
-  ``("metric", method, args)``, ``("metrics", [(method, args), ...])``,
-  ``("history", start, entries)`` (the scheduler's ``total_nthreads_history`` from
-  ``start`` on, which snapshots with ``MIRRORED_HISTORY`` read) and
-  ``("flush", token, timeout)``; when it tracks the spans
-  (:mod:`~dask_otel_spans.mirror`), ``("fwd", messages)``, ``("events", events)``
-  (:mod:`~dask_otel_spans.forwarding`) and ``("deltas", deltas)``. End of stdin:
-  emit the spans still open, finish, shut down, exit.
+  (lists) of the messages of :mod:`~dask_otel_spans.events`, and
+  ``("flush", token, timeout)``. End of stdin: emit the spans still open, finish,
+  shut down, exit.
 - stdout: ``("ready", info)`` or ``("failed", reason)``; ``("stats", stats)`` when
   the figures changed; ``("flushed", token, ok, stats)``; ``("stopped", stats)``.
 
@@ -22,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib
 import logging
 import os
 import signal
@@ -30,21 +25,14 @@ import sys
 import threading
 import time
 import tracemalloc
-from typing import IO, TYPE_CHECKING, Any, Callable
+from typing import IO, Any, Callable
 
 import psutil
 
-from dask_otel_spans.config import CPU_POLICIES, PluginConfig
+from dask_otel_spans.config import CPU_POLICIES
 from dask_otel_spans.pipeline import ExportPipeline, PipelineSpec
-
-if TYPE_CHECKING:
-    from dask_otel_spans.mirror import SpanMirror
-from dask_otel_spans.wire import (
-    mirror_history,
-    read_frame,
-    restored_request,
-    write_frame,
-)
+from dask_otel_spans.session import ExportSession
+from dask_otel_spans.wire import read_frame, write_frame
 
 logger = logging.getLogger("dask_otel_spans.export_child")
 
@@ -85,61 +73,6 @@ class _Outbox:
             pass
 
 
-class _Tracking:
-    """The copy of the span tree (:class:`~dask_otel_spans.mirror.SpanMirror`), made
-    when the first forwarded message comes, and the thread that runs its passes
-    every ``tick-interval``; one lock keeps the passes and the messages apart."""
-
-    def __init__(self, pipeline: ExportPipeline, history: list[tuple[float, int]],
-                 config: PluginConfig):
-        self.pipeline = pipeline
-        self.history = history
-        self.config = config
-        self.mirror: SpanMirror | None = None
-        self.lock = threading.Lock()
-        self._stopped = threading.Event()
-        self._ticker: threading.Thread | None = None
-
-    def get(self) -> SpanMirror:
-        if self.mirror is None:
-            from dask_otel_spans.mirror import SpanMirror
-
-            pipeline = self.pipeline
-            self.mirror = SpanMirror(
-                pipeline.emitter, pipeline.pump, self.history, self.config
-            )
-            self._ticker = threading.Thread(
-                target=self._tick, name="dask-otel-spans-export-tracker", daemon=True
-            )
-            self._ticker.start()
-        return self.mirror
-
-    def _tick(self) -> None:
-        interval = self.config.tick_interval
-        while not self._stopped.wait(interval):
-            with self.lock:
-                self.mirror.run_pass()
-
-    def run_passes(self) -> None:
-        """Emit what is ready now (before a flush)."""
-        if self.mirror is not None:
-            with self.lock:
-                for _ in range(2):
-                    self.mirror.run_pass()
-
-    def stats(self) -> dict[str, Any]:
-        return self.mirror.stats() if self.mirror is not None else {}
-
-    def close(self) -> None:
-        """Stop the passes; emit every span still open."""
-        self._stopped.set()
-        if self._ticker is not None:
-            self._ticker.join()
-        if self.mirror is not None:
-            with self.lock:
-                self.mirror.close()
-
-
 def settle_garbage_collector() -> None:
     """Set this process's garbage collector for the work it does: decoding frames of
     small tuples and dropping them once applied.
@@ -173,15 +106,12 @@ def _gc_figures() -> dict[str, int]:
     return out
 
 
-def _stats(pipeline: ExportPipeline, tracking: _Tracking | None = None
-           ) -> dict[str, Any]:
-    """The pipeline's figures, those of the copy of the span tree, and this
-    process's CPU seconds, garbage collector and memory: resident set size, and
-    Python's allocations still alive when ``tracemalloc`` traces
-    (``PYTHONTRACEMALLOC=1`` in the scheduler's environment)."""
-    out = {**pipeline.stats(), "process_cpu_s": time.process_time(), **_gc_figures()}
-    if tracking is not None:
-        out.update(tracking.stats())
+def _stats(session: ExportSession) -> dict[str, Any]:
+    """The session's figures, and this process's CPU seconds, garbage collector and
+    memory: resident set size, and Python's allocations still alive when
+    ``tracemalloc`` traces (``PYTHONTRACEMALLOC=1`` in the scheduler's
+    environment)."""
+    out = {**session.stats(), "process_cpu_s": time.process_time(), **_gc_figures()}
     try:
         out["rss_bytes"] = psutil.Process().memory_info().rss
     except psutil.Error:  # pragma: no cover - /proc unreadable
@@ -191,18 +121,17 @@ def _stats(pipeline: ExportPipeline, tracking: _Tracking | None = None
     return out
 
 
-def _report_stats(
-    pipeline: ExportPipeline, tracking: _Tracking, outbox: _Outbox,
-    stopped: threading.Event,
-) -> None:
+def _report_stats(session: ExportSession, outbox: _Outbox,
+                  stopped: threading.Event) -> None:
     last: dict[str, Any] = {}
     failed = False
     while not stopped.wait(_STATS_INTERVAL):
         try:
-            stats = {**pipeline.stats(), **tracking.stats()}
+            stats = session.stats()
+            stats.pop("session_cpu_s", None)
             if stats != last:  # CPU and memory always change: not compared
                 last = stats
-                outbox.send_made(lambda: ("stats", _stats(pipeline, tracking)))
+                outbox.send_made(lambda: ("stats", _stats(session)))
         except Exception:
             # (the scheduler waits on these figures: the thread carries on)
             if not failed:
@@ -212,7 +141,7 @@ def _report_stats(
 
 
 def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
-    """Build the pipeline from the first frame, then feed it until ``inbox`` ends."""
+    """Build the session from the first frame, then feed it until ``inbox`` ends."""
     try:
         spec: PipelineSpec = read_frame(inbox)
         pipeline = ExportPipeline.build(spec.resolve_providers(), spec.config)
@@ -230,15 +159,12 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
             "pid": os.getpid(),
         },
     ))
-    #: copy of the scheduler's total_nthreads_history ("history" messages)
-    history: list[tuple[float, int]] = []
-    tracking = _Tracking(pipeline, history, spec.config)
-    if spec.config.track_in_export_process:
-        importlib.import_module("dask_otel_spans.mirror")  # (before settling)
+    session = ExportSession(pipeline, spec.config)
+    session.start()
     settle_garbage_collector()
     stopped = threading.Event()
     reporter = threading.Thread(
-        target=_report_stats, args=(pipeline, tracking, outbox, stopped),
+        target=_report_stats, args=(session, outbox, stopped),
         name="dask-otel-spans-export-stats", daemon=True,
     )
     reporter.start()
@@ -254,48 +180,20 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
                 logger.exception("dask_otel_spans: unreadable frame from the scheduler "
                                  "(logged once)")
             continue
+        messages: list[tuple[Any, ...]] = []
         for message in batch:
-            kind = message[0]
-            if kind == "fwd":
-                mirror = tracking.get()
-                with tracking.lock:
-                    mirror.apply(message[1])
-            elif kind == "events":
-                mirror = tracking.get()
-                with tracking.lock:
-                    mirror.apply_events(message[1])
-            elif kind == "deltas":
-                mirror = tracking.get()
-                with tracking.lock:
-                    update = mirror.add_deltas(message[1])
-                if pipeline.pump is not None:
-                    pipeline.pump.submit(update[0], *update[1])
-            elif kind == "emit":
-                pipeline.emitter.emit(restored_request(message[1], history))
-            elif kind == "emits":
-                pipeline.emitter.emit_many(
-                    [restored_request(request, history) for request in message[1]]
-                )
-            elif kind == "history":
-                mirror_history(history, message[1], message[2])
-            elif kind == "metric":
-                if pipeline.pump is not None:
-                    pipeline.pump.submit(message[1], *message[2])
-            elif kind == "metrics":
-                if pipeline.pump is not None:
-                    pipeline.pump.submit_many(message[1])
-            elif kind == "flush":
-                _, token, timeout = message
-                tracking.run_passes()
-                ok = pipeline.flush(timeout)
-                outbox.send_made(
-                    lambda: ("flushed", token, ok, _stats(pipeline, tracking))
-                )
-    tracking.close()
+            if message[0] != "flush":
+                messages.append(message)
+                continue
+            session.send(messages)
+            messages = []
+            _, token, timeout = message
+            ok = session.flush(timeout)
+            outbox.send_made(lambda: ("flushed", token, ok, _stats(session)))
+        session.send(messages)
     stopped.set()
-    pipeline.stop_threads(_STOP_TIMEOUT)
-    pipeline.close_providers(_STOP_TIMEOUT)
-    outbox.send(("stopped", _stats(pipeline, tracking)))
+    session.stop(_STOP_TIMEOUT)
+    outbox.send(("stopped", _stats(session)))
     return 0
 
 

@@ -9,17 +9,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
 from itertools import count
 from typing import Any
 
 from dask_otel_spans.background import BackgroundQueue
-from dask_otel_spans.emitter import EmitRequest
 from dask_otel_spans.pipeline import PipelineSpec
 from dask_otel_spans.wire import (
     encode_batch,
     read_frame,
-    span_tags_of,
     write_frame,
 )
 
@@ -46,23 +43,22 @@ class _Flush:
 
 
 class ExportProcess(BackgroundQueue):
-    """Send span snapshots and metric updates to an export process.
+    """The transport to the export process: the forwarder's messages go over a
+    pipe to a child process, which runs the
+    :class:`~dask_otel_spans.session.ExportSession` on them
+    (:mod:`~dask_otel_spans.export_child`).
 
-    Takes the place of the :class:`~dask_otel_spans.emitter.SpanEmitter` and the
-    :class:`~dask_otel_spans.metrics.MetricsPump` in the scheduler: :meth:`emit` and
-    :meth:`submit` queue (never block; past ``maxsize`` pending items they drop and
-    count), a sender thread encodes batches
-    (:func:`~dask_otel_spans.wire.encode_batch`) and writes them to the child's stdin,
-    with the entries of the scheduler's ``total_nthreads_history`` the child has not
-    had yet (snapshots read the child's copy:
-    :data:`~dask_otel_spans.wire.MIRRORED_HISTORY`). The child
-    (:mod:`~dask_otel_spans.export_child`) builds the providers from ``spec`` and runs
-    the same pipeline as the scheduler would.
+    :meth:`send` queues (never blocks); a sender thread encodes batches
+    (:func:`~dask_otel_spans.wire.encode_batch`) and writes them to the child's
+    stdin, with the entries of the scheduler's ``total_nthreads_history`` the child
+    has not had yet.
 
     When the child dies, this is logged and a new one is started, at most
     ``max_restarts`` times; what the dead one held (spans not yet exported, metric
-    sums since its last export, subtree summaries of emitted spans) is lost, and its
-    counters start again from zero (cumulative consumers see a reset).
+    sums since its last export) is lost, and its counters start again from zero
+    (cumulative consumers see a reset). ``launches`` counts the children: the
+    plugin forwards the running spans again to a new one, from
+    ``confirmed_position`` on.
 
     Parameters
     ----------
@@ -75,9 +71,9 @@ class ExportProcess(BackgroundQueue):
         Seconds to wait for a child to report ready
     max_restarts:
         Children started after the first one died
-    max_metric_backlog:
-        Metric updates are dropped (and counted in ``dropped``) while this many items
-        wait for the sender thread; spans are never dropped here
+    max_backlog:
+        Batches waiting for the sender thread past which a warning says, once, that
+        the export process is behind
     nice:
         Nice levels the child runs below this process: 0 for the same priority
     cpu_policy:
@@ -93,14 +89,14 @@ class ExportProcess(BackgroundQueue):
         maxsize: int = 0,
         start_timeout: float = 60.0,
         max_restarts: int = 3,
-        max_metric_backlog: int = 10_000,
+        max_backlog: int = 10_000,
         nice: int = 0,
         cpu_policy: str = "normal",
     ):
         super().__init__(
             "dask-otel-spans-export-sender", maxsize, "spans and metric updates"
         )
-        self.max_metric_backlog = max(1, max_metric_backlog)
+        self.max_backlog = max(1, max_backlog)
         self.spec = spec
         self.start_timeout = start_timeout
         self.max_restarts = max_restarts
@@ -116,8 +112,6 @@ class ExportProcess(BackgroundQueue):
         self.child_stats: dict[str, Any] = {}
         #: what the child said when it was ready: where traces and metrics go, pid
         self.info: dict[str, Any] = {}
-        #: subtree summaries live in the child; none to hand over here
-        self.summaries: dict[str, Any] = {}
         self._proc: subprocess.Popen | None = None
         self._reader: threading.Thread | None = None
         self._batch: list[tuple[Any, ...]] = []
@@ -139,7 +133,7 @@ class ExportProcess(BackgroundQueue):
         #: said it had (``last_position``) before it died; -1: none
         self.confirmed_position = -1
         #: the scheduler's ``total_nthreads_history``, which the child keeps a copy
-        #: of (snapshots with ``MIRRORED_HISTORY`` read that copy); None: no copy
+        #: of; None: no copy
         self.nthreads_history: list[tuple[float, int]] | None = None
         #: its entries the running child has
         self._history_sent = 0
@@ -311,74 +305,37 @@ class ExportProcess(BackgroundQueue):
 
     # -- what the plugin calls -----------------------------------------------------
 
-    def emit(self, request: EmitRequest) -> None:
-        self.put(("emit", request))
+    def send(self, messages: list[tuple[Any, ...]]) -> None:
+        """Queue messages of the protocol (:mod:`~dask_otel_spans.events`) for the
+        export process, in order; never blocks."""
+        if messages:
+            self.put(messages)
+            self._note_backlog()
 
-    def emit_many(self, requests: list[EmitRequest]) -> None:
-        """:meth:`emit` each of ``requests``, as one item (one queue operation, one
-        message of the frame). Requests come named or in their plain form (as the
-        plugin makes them: the sender marshals those as they are, and makes their
-        ``carried`` dicts the headers' strings in place)."""
-        if requests:
-            self.put(("emits", requests))
-
-    def forward(self, items: list[tuple[Any, ...]]) -> None:
-        """Forward span, task group and worker messages
-        (:mod:`~dask_otel_spans.forwarding`) to the export process's copy of the
-        span tree; never dropped."""
-        self.put(("fwd", items))
-        self._note_backlog()
-
-    def forward_events(self, events: list[tuple[Any, ...]]) -> None:
-        """Forward hook events (graphs, close notices, departed clients); one that
-        cannot cross is left out alone."""
-        self.put(("events", events))
-        self._note_backlog()
-
-    def forward_deltas(self, deltas: Mapping[Any, float]) -> None:
-        """Forward a heartbeat's span metric deltas: the export process sums them
-        into its copy of the spans and into the span metrics; never dropped (the
-        spans' figures need them)."""
-        self.put(("deltas", deltas))
-        self._note_backlog()
+    def stats(self) -> dict[str, Any]:
+        """The export process's figures as last reported, its counts with those
+        of the children that died."""
+        out = dict(self.child_stats)
+        out["exported"] = self.exported_count
+        for name in _CUMULATIVE:
+            out[name] = self.child_total(name)
+        out["lost"] = self.lost
+        return out
 
     def _note_backlog(self) -> None:
-        """Say once when ``max_metric_backlog`` forwarded items wait for the sender:
-        the export process reads slower than the scheduler forwards (a busy machine
-        leaves it little CPU), and what waits is kept in the scheduler's memory."""
-        if self._backlog_logged or self._queue.qsize() < self.max_metric_backlog:
+        """Say once when ``max_backlog`` batches wait for the sender: the export
+        process reads slower than the scheduler forwards (a busy machine leaves it
+        little CPU), and what waits is kept in the scheduler's memory."""
+        if self._backlog_logged or self._queue.qsize() < self.max_backlog:
             return
         self._backlog_logged = True
         logger.warning(
-            "dask_otel_spans: %d items wait in the scheduler for the export process, "
+            "dask_otel_spans: %d batches wait in the scheduler for the export process, "
             "which is behind (its threads run at nice %d, CPU policy %s: on a machine "
             "whose cores are all busy it gets little CPU; otel-spans."
             "export-process-cpu-policy: batch gives it a share of a busy core) "
             "(logged once)", self._queue.qsize(), self.nice, self.cpu_policy,
         )
-
-    def submit(self, method: str, *args: Any) -> None:
-        """Call ``DaskInstruments.<method>(*args)`` in the export process."""
-        if not self._metric_backlog_full(1):
-            self.put(("metric", method, args))
-
-    def submit_many(self, calls: list[tuple[str, tuple[Any, ...]]]) -> None:
-        """:meth:`submit` each ``(method, args)`` of ``calls``, in one queue
-        operation."""
-        if calls and not self._metric_backlog_full(len(calls)):
-            self.put(("metrics", calls))
-
-    def _metric_backlog_full(self, n: int) -> bool:
-        """Whether ``n`` metric updates are to be dropped (and counted): when
-        ``max_metric_backlog`` items (or batches of them) wait for the sender."""
-        if self._queue.qsize() < self.max_metric_backlog:
-            return False
-        self._count_dropped(
-            n, "dask_otel_spans: %d items wait for the export process; dropping "
-            "metric updates (counted in ExportProcess.dropped)",
-            self.max_metric_backlog,
-        )
-        return True
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until the export process exported everything queued so far; False
@@ -410,26 +367,14 @@ class ExportProcess(BackgroundQueue):
 
     # -- the sender thread ---------------------------------------------------------
 
-    def handle(self, item: tuple[Any, ...]) -> None:
-        # (spans go as they are: their snapshots hold no reference into the
-        # scheduler's state but ``MIRRORED_HISTORY``, see ``settle``)
-        kind = item[0]
-        if kind == "metric":
-            args = _portable_args(item[1], item[2])
-            if args is None:
-                return
-            item = ("metric", item[1], args)
-        elif kind == "metrics":
-            calls = []
-            for method, args in item[1]:
-                args = _portable_args(method, args)
-                if args is not None:
-                    calls.append((method, args))
-            item = ("metrics", calls)
-        elif kind == "deltas":
-            item = ("deltas", dict(item[1]))
-        self._batch.append(item)
-        if kind == "flush" or len(self._batch) >= _BATCH_SIZE:
+    def handle(self, item: Any) -> None:
+        if type(item) is list:
+            self._batch.extend(item)
+        else:  # ("flush", token, timeout)
+            self._batch.append(item)
+            self.settle()
+            return
+        if len(self._batch) >= _BATCH_SIZE:
             self.settle()
 
     def _encode(self, batch: list[tuple[Any, ...]]) -> bytes:
@@ -440,7 +385,7 @@ class ExportProcess(BackgroundQueue):
         except Exception:
             pass
         kept = []
-        for item in _one_by_one(batch):
+        for item in batch:
             try:
                 encode_batch([item])
             except Exception as e:
@@ -492,37 +437,9 @@ class ExportProcess(BackgroundQueue):
                     proc.wait(1.0)
                 except subprocess.TimeoutExpired:
                     proc.kill()
-        self.lost += sum(1 for item in _one_by_one(batch) if item[0] != "flush")
+        self.lost += sum(1 for item in batch if item[0] != "flush")
         for item in batch:
             if item[0] == "flush":
                 flush = self._flushes.pop(item[1], None)
                 if flush is not None:
                     flush.done.set()
-
-
-def _portable_args(method: str, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
-    """The arguments of a metric update without references into the scheduler's
-    live state (None: nothing to send)."""
-    if method != "add_span_deltas":
-        return args
-    deltas, span_tags = args
-    if not isinstance(deltas, Mapping):
-        return None
-    return (dict(deltas), span_tags_of(deltas, span_tags))
-
-
-def _one_by_one(batch: list[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
-    """The messages of a batch, with the spans and metric updates of "emits" and
-    "metrics" messages as single "emit" and "metric" messages."""
-    for item in batch:
-        if item[0] == "emits":
-            for request in item[1]:
-                yield ("emit", request)
-        elif item[0] == "metrics":
-            for method, args in item[1]:
-                yield ("metric", method, args)
-        elif item[0] == "events":
-            for event in item[1]:
-                yield ("events", [event])
-        else:
-            yield item

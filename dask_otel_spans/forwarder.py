@@ -1,29 +1,9 @@
-"""The scheduler's side of tracking spans in the export process: forward what happens
-to dask spans (new spans, graphs, close notices, departed clients, task groups that
-start or settle) as plain messages, with no state of the spans kept here.
-
-The export process rebuilds the span tree from these messages
-(:mod:`~dask_otel_spans.mirror`) and decides there when a span is ready; the scheduler's
-event loop only reads what changed since the last tick and queues it for the sender
-thread of :class:`~dask_otel_spans.export_process.ExportProcess`.
-
-Messages (tuples of built-ins, in the order they are to be applied):
-
-- ``("span", ids, name, enqueued, nthreads_offset, position)``: a new dask span;
-  ``ids`` is its chain of span ids, root first (its own last); ``position`` its
-  place in the extension's span dict (the export process reports the highest it
-  has, :meth:`SpanForwarder.adopt` starts again after it);
-- ``("run", span_id, group_name, prefix)``: a task group of the span has a task in a
-  running state (new tasks, or tasks to compute again): once when it starts to run
-  (again), not at every task that starts or settles while it runs;
-- ``("done", span_id, group_name, figures)``: every task of the group settled;
-  ``figures`` as :func:`~dask_otel_spans.snapshot.snapshot_group`;
-- ``("metrics", span_id, metrics)``: the span's cumulative metrics so far (adopted
-  spans only: later ones come as heartbeat deltas);
-- ``("workers", n)``: the number of workers changed (the grace period follows it);
-- events, each its own item so that one that cannot cross is left out alone:
-  ``("graph", time, client, span_ids, chains)``, ``("notice", time, msg)``,
-  ``("client-gone", time, client)``.
+"""The forwarder: the only plugin code on the scheduler's event loop besides the
+hooks. It reads what changed since the last tick (new spans, the hooks' queued events,
+task groups that started or settled, heartbeat deltas) and sends it as messages of
+the protocol (:mod:`~dask_otel_spans.events`) to the transport, keeping no state of
+the spans: work proportional to what changed, in steps that the plugin runs in
+slices of ``tick-budget``.
 """
 from __future__ import annotations
 
@@ -32,31 +12,17 @@ from collections.abc import Iterator, Mapping
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from distributed.scheduler import ALL_TASK_STATES
-
+from dask_otel_spans import events
 from dask_otel_spans.snapshot import snapshot_group
+from dask_otel_spans.tracking.verdicts import group_done
 
 if TYPE_CHECKING:
     from distributed.spans import Span
 
-#: Kinds of queued hook events (as the plugin queues them)
-GRAPH, NOTICE, CLIENT_GONE = "graph", "notice", "client-gone"
-#: Spans looked at between two pauses of an adoption (~1 µs each)
+#: Kinds of the hooks' queued events
+GRAPH, NOTICE, CLIENT_GONE = events.GRAPH, events.NOTICE, events.CLIENT_GONE
+#: Spans, keys or task groups handled between two pauses (~1 µs each)
 SPANS_PER_STEP = 256
-#: Task states a transition can leave a TaskGroup done in (``TaskGroup.done``)
-SETTLED_STATES = frozenset({"memory", "erred", "released", "forgotten"})
-#: The others: a TaskGroup with a task in one of them is not done
-RUNNING_STATES = tuple(sorted(ALL_TASK_STATES - SETTLED_STATES))
-
-
-def group_done(tg: Any, running_states: tuple[str, ...] = RUNNING_STATES) -> bool:
-    """``TaskGroup.done`` (no task in a running state) from its state counts,
-    without its generator over every state: a few µs a span, on the event loop."""
-    states = tg.states
-    for state in running_states:
-        if states.get(state):
-            return False
-    return True
 
 
 def chain_ids(span: Span) -> tuple[str, ...]:
@@ -100,14 +66,15 @@ def collect_span_ids(keys: Any, span_of_key: Any, tasks: Mapping[Any, Any],
 
 
 def span_message(span: Span, position: int) -> tuple[Any, ...]:
+    """The ``span`` message of a span at ``position`` in the extension's dict."""
     return (
-        "span", chain_ids(span), tuple(span.name), span.enqueued,
+        events.SPAN, chain_ids(span), tuple(span.name), span.enqueued,
         getattr(span, "_total_nthreads_offset", 0), position,
     )
 
 
 class SpanForwarder:
-    """Forward the scheduler's span events to the export process.
+    """Forward the scheduler's span events to the transport.
 
     Parameters
     ----------
@@ -117,10 +84,9 @@ class SpanForwarder:
     tasks:
         The scheduler's task dict
     sink:
-        Where messages go: its ``forward(items)`` queues structural messages, its
-        ``forward_events(items)`` events (the export process's sender)
-    running_states:
-        Task states in which a task group is not done
+        The transport: its ``send(messages)`` queues messages, never blocking
+    include_code:
+        Forward the source code snippets the client sent for each span
     """
 
     def __init__(
@@ -128,36 +94,50 @@ class SpanForwarder:
         spans: Mapping[str, Span],
         tasks: Mapping[Any, Any],
         sink: Any,
-        running_states: tuple[str, ...],
+        include_code: bool = False,
     ):
         self.spans = spans
         self.tasks = tasks
         self.sink = sink
-        self.running_states = running_states
+        self.include_code = include_code
+        #: the hooks' events not forwarded yet: ``(GRAPH, time, client, keys, otel,
+        #: span_of_key)``, ``(NOTICE, time, msg)``, ``(CLIENT_GONE, time, client)``
+        self.pending: deque[tuple[Any, ...]] = deque()
         #: spans of ``spans`` (in insertion order) forwarded so far
         self.n_known = len(spans)
         #: task groups whose tasks started or settled since the last tick (the
         #: plugin's ``transition`` hook adds them)
         self.touched: set[Any] = set()
-        #: task groups forwarded as running and not as done since: the export
-        #: process has them running, and is not told again while they run (as
-        #: many as the groups running now)
+        #: task groups forwarded as running and not as done since (as many as the
+        #: groups running now): not told again while they run
         self.running_forwarded: set[Any] = set()
+        #: span id -> code snippets forwarded (``include-code``)
+        self.code_sent: dict[str, int] = {}
         self.workers = -1
-        #: figures for tests and benchmarks: spans forwarded (adopted ones too)
+        #: spans forwarded (adopted ones too)
         self.forwarded_spans = 0
         #: ``forwarded_spans`` when the last adoption started: the spans forwarded
         #: to the export process running now are those counted since
         self.forwarded_before_adoption = 0
         self.forwarded_groups = 0
 
-    def forward_new_spans(self) -> None:
-        """Forward the spans created since the last call (O(new)); before metric
-        deltas, so that the export process knows every span they name."""
+    def take_over(self, previous: SpanForwarder) -> None:
+        """Go on from where ``previous`` (the instance registered before, whose
+        transport this one keeps) was: nothing is forwarded twice or left out."""
+        self.pending.extend(previous.pending)
+        previous.pending.clear()
+        for name in ("n_known", "touched", "running_forwarded", "code_sent",
+                     "workers", "forwarded_spans", "forwarded_before_adoption",
+                     "forwarded_groups"):
+            setattr(self, name, getattr(previous, name))
+
+    def forward_deltas(self, deltas: Mapping[Any, float]) -> None:
+        """A heartbeat's span metric deltas, after the spans created since the last
+        call (O(new)): the export side knows every span they name."""
         out: list[tuple[Any, ...]] = []
         self._new_spans(out)
-        if out:
-            self.sink.forward(out)
+        out.append((events.DELTAS, deltas))
+        self.sink.send(out)
 
     def _new_spans(self, out: list[tuple[Any, ...]]) -> None:
         spans = self.spans
@@ -170,31 +150,27 @@ class SpanForwarder:
         out.extend(map(span_message, reversed(fresh), range(start, n)))
         self.forwarded_spans += len(fresh)
 
-    def _send(self, out: list[tuple[Any, ...]],
-              events: list[tuple[Any, ...]] | None = None) -> None:
-        """Queue ``out`` (and ``events``, after it), the spans created meanwhile
-        first: what the messages name is known where they arrive."""
+    def _send(self, out: list[tuple[Any, ...]]) -> None:
+        """Send ``out``, the spans created meanwhile first: what the messages name
+        is known where they arrive."""
         spans: list[tuple[Any, ...]] = []
         self._new_spans(spans)
         if spans or out:
-            self.sink.forward(spans + out)
-        if events:
-            self.sink.forward_events(events)
+            self.sink.send(spans + out)
 
-    def tick(self, pending: deque[tuple[Any, ...]], n_workers: int) -> None:
+    def tick(self, n_workers: int) -> None:
         """Forward what came since the last tick, in one go (:meth:`tick_steps`)."""
-        for _ in self.tick_steps(pending, n_workers):
+        for _ in self.tick_steps(n_workers):
             pass
 
-    def tick_steps(self, pending: deque[tuple[Any, ...]], n_workers: int
-                   ) -> Iterator[None]:
+    def tick_steps(self, n_workers: int) -> Iterator[None]:
         """Forward what came since the last tick: the new spans, the queued hook
         events in the order they came, then the task groups touched. Pauses
         (yields) every ``SPANS_PER_STEP`` spans, keys or groups, each time after
-        queueing what it has (the spans created meanwhile before it)."""
+        sending what it has."""
         if n_workers != self.workers:
             self.workers = n_workers
-            self.sink.forward([("workers", n_workers)])
+            self.sink.send([(events.WORKERS, n_workers)])
         # the new spans, read from the dict's end once (O(new)), in steps; spans
         # created meanwhile go with the next messages (_send) or the next tick
         spans = self.spans
@@ -209,35 +185,37 @@ class SpanForwarder:
                 break
             upto = min(n, at + SPANS_PER_STEP)
             self.n_known = max(self.n_known, upto)
-            self.sink.forward(list(map(
+            self.sink.send(list(map(
                 span_message, fresh[at - start:upto - start], range(at, upto)
             )))
             self.forwarded_spans += upto - at
             at = upto
             yield
-        events: list[tuple[Any, ...]] = []
+        out: list[tuple[Any, ...]] = []
+        pending = self.pending
         for _ in range(len(pending)):  # (those that come meanwhile: the next tick)
             event = pending.popleft()
             kind = event[0]
             if kind == GRAPH:
-                _, _, now, client, keys, otel, span_of_key = event
+                _, now, client, keys, otel, span_of_key = event
                 span_ids: set[str] = set()
-                if events and _large(keys):
-                    self._send([], events)  # (what came before it, first)
-                    events = []
+                if out and _large(keys):
+                    self._send(out)  # (what came before it, first)
+                    out = []
                 yield from collect_span_ids(keys, span_of_key, self.tasks, span_ids)
-                events.append(("graph", now, client,
-                               [s for s in span_ids if type(s) is str],
-                               _chains(otel)))
+                ids = [s for s in span_ids if type(s) is str]
+                if self.include_code:
+                    self._code_of(ids, out)
+                out.append((events.GRAPH, now, client, ids, _chains(otel)))
             elif kind == NOTICE:
-                events.append(("notice", event[2], event[3]))
+                out.append((events.NOTICE, event[1], event[2]))
             elif kind == CLIENT_GONE:
-                events.append(("client-gone", event[2], event[3]))
-        self._send([], events)
+                out.append((events.CLIENT_GONE, event[1], event[2]))
+        self._send(out)
         # (after the graphs: their new tasks' groups are touched by then); a group
         # goes when it is done, or when it runs and was not running there
         touched, self.touched = self.touched, set()
-        running, running_forwarded = self.running_states, self.running_forwarded
+        running_forwarded = self.running_forwarded
         out = []
         for i, tg in enumerate(touched, 1):
             if i % SPANS_PER_STEP == 0:
@@ -247,16 +225,28 @@ class SpanForwarder:
             span_id = tg.span_id
             if span_id is None:
                 continue
-            if group_done(tg, running):
+            if group_done(tg):
                 running_forwarded.discard(tg)
-                out.append(("done", span_id, tg.name, snapshot_group(tg)))
+                out.append((events.DONE, span_id, id(tg), snapshot_group(tg)))
             elif tg not in running_forwarded:
                 running_forwarded.add(tg)
-                out.append(("run", span_id, tg.name, str(tg.prefix.name)))
+                out.append((events.RUN, span_id, id(tg), str(tg.prefix.name)))
             else:
                 continue
             self.forwarded_groups += 1
         self._send(out)
+
+    def _code_of(self, span_ids: list[str], out: list[tuple[Any, ...]]) -> None:
+        """The code snippets of these spans not forwarded yet (``include-code``)."""
+        for span_id in span_ids:
+            span = self.spans.get(span_id)
+            code = getattr(span, "_code", None)
+            if not code:
+                continue
+            sent = self.code_sent.get(span_id, 0)
+            if len(code) > sent:
+                self.code_sent[span_id] = len(code)
+                out.append((events.CODE, span_id, tuple(islice(code, sent, None))))
 
     def adopt(self, resend_from: int | None = None) -> Iterator[None]:
         """Forward the spans that exist already and still run (a task group not
@@ -273,19 +263,19 @@ class SpanForwarder:
         upto = self.n_known
         self.workers = -1  # (the next tick tells the new copy the number)
         self.running_forwarded.clear()  # (a new copy has none of them running)
+        self.code_sent.clear()
         self.forwarded_before_adoption = self.forwarded_spans
-        running = self.running_states
         positions: dict[str, int] = {}  # span id -> position, of the spans sent
         out: list[tuple[Any, ...]] = []
         for i, span in enumerate(islice(list(self.spans.values()), upto)):
             if i and i % SPANS_PER_STEP == 0:
                 if out:
-                    self.sink.forward(out)
+                    self.sink.send(out)
                     out = []
                 yield
             if span.id in positions:
                 continue
-            if all(group_done(tg, running) for tg in list(span.groups)):
+            if all(group_done(tg) for tg in list(span.groups)):
                 if resend_from is not None and i >= resend_from:
                     # (alone: its done ancestors were in the dead process's hands)
                     positions[span.id] = i
@@ -301,21 +291,23 @@ class SpanForwarder:
                 positions[node.id] = i if node is span else -1
                 self._adopted(node, positions[node.id], out)
         if out:
-            self.sink.forward(out)
+            self.sink.send(out)
 
     def _adopted(self, span: Span, position: int, out: list[tuple[Any, ...]]) -> None:
         """The messages of an adopted span: itself, its groups, its metrics."""
-        running = self.running_states
         out.append(span_message(span, position))
         self.forwarded_spans += 1
         for tg in list(span.groups):
-            message = _group_message(tg, span.id, running)
-            if message[0] == "run":  # (the ticks need not send it again)
+            if group_done(tg):
+                out.append((events.DONE, span.id, id(tg), snapshot_group(tg)))
+            else:  # (the ticks need not send it again)
                 self.running_forwarded.add(tg)
-            out.append(message)
+                out.append((events.RUN, span.id, id(tg), str(tg.prefix.name)))
         metrics = getattr(span, "_cumulative_worker_metrics", None)
         if metrics:
-            out.append(("metrics", span.id, dict(metrics)))
+            out.append((events.METRICS, span.id, dict(metrics)))
+        if self.include_code:
+            self._code_of([span.id], out)
 
 
 def _large(keys: Any) -> bool:
@@ -324,12 +316,6 @@ def _large(keys: Any) -> bool:
         return len(keys) > SPANS_PER_STEP
     except TypeError:
         return True
-
-
-def _group_message(tg: Any, span_id: str, running: tuple[str, ...]) -> tuple[Any, ...]:
-    if group_done(tg, running):
-        return ("done", span_id, tg.name, snapshot_group(tg))
-    return ("run", span_id, tg.name, str(tg.prefix.name))
 
 
 def _chains(otel: Any) -> list[Any]:

@@ -1,0 +1,223 @@
+"""The export session: the one engine behind both transports. It takes the
+forwarder's messages (:mod:`~dask_otel_spans.events`) in order on a thread of its
+own, keeps the span tree copy, runs the readiness tracker every ``tick-interval``
+and hands what is ready to the export pipeline (translation, OTel SDK).
+
+In the scheduler process it is the transport itself (a thread); in the export
+process, the child's reader feeds it the frames it reads from the pipe
+(:mod:`~dask_otel_spans.export_child`).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Hashable, Mapping
+from typing import Any
+
+from dask_otel_spans.background import BackgroundQueue
+from dask_otel_spans.config import PluginConfig
+from dask_otel_spans.events import UnknownMessage, dispatch
+from dask_otel_spans.export_share import ExportShareWatch
+from dask_otel_spans.pipeline import ExportPipeline
+from dask_otel_spans.tracking.readiness import ReadinessTracker
+from dask_otel_spans.tracking.tree import SpanTree
+from dask_otel_spans.wire import span_tags_of
+
+logger = logging.getLogger(__name__)
+
+
+class ExportSession(BackgroundQueue):
+    """Apply the forwarder's messages to a span tree copy and its readiness tracker,
+    and export what is ready through ``pipeline``.
+
+    Parameters
+    ----------
+    pipeline:
+        The running export pipeline (emitter and metrics threads over the
+        providers); the session stops it at :meth:`stop`
+    config:
+        The plugin's settings
+    nthreads_history:
+        The scheduler's ``total_nthreads_history`` when the session runs in the
+        scheduler process; None keeps a copy, filled by ``history`` messages
+    """
+
+    def __init__(
+        self,
+        pipeline: ExportPipeline,
+        config: PluginConfig,
+        nthreads_history: list[tuple[float, int]] | None = None,
+    ):
+        super().__init__("dask-otel-spans-export-session", 0, "forwarded messages")
+        self.pipeline = pipeline
+        self.config = config
+        self.history: list[tuple[float, int]] = (
+            [] if nthreads_history is None else nthreads_history
+        )
+        self.tree = SpanTree(self.history)
+        self.tracker = ReadinessTracker(
+            self.tree.spans, self.tree.chain_of, config,
+            n_workers=lambda: self.tree.n_workers, on_emitted=self.tree.forget,
+        )
+        #: in the scheduler process, with providers from configuration: says once
+        #: when export takes a noticeable share of the process's CPU
+        self.share_watch: ExportShareWatch | None = None
+        self._next_pass = time.monotonic()
+        self._logged: set[str] = set()
+        #: messages that were not of the protocol (skipped)
+        self.unreadable = 0
+
+    # -- the transport's side ----------------------------------------------------------
+
+    def send(self, messages: list[tuple[Any, ...]]) -> None:
+        """Queue ``messages`` (in order, one queue operation); never blocks."""
+        if messages:
+            self.put(messages)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Apply everything sent so far, emit what is ready now, then flush the
+        pipeline; False when it did not finish within ``timeout`` seconds."""
+        timeout = 10.0 if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        ok = super().flush(timeout)
+        return self.pipeline.flush(max(0.0, deadline - time.monotonic())) and ok
+
+    def stop(self, timeout: float = 10) -> None:
+        """Apply what is queued, emit every span still open (complete or not: the
+        scheduler is closing), then stop the pipeline and its providers."""
+        super().stop(timeout)
+        try:
+            self.tracker.close()
+            self._deliver()
+        except Exception:
+            logger.exception("dask_otel_spans: cannot emit the spans still open")
+        self.pipeline.stop_threads(timeout)
+        self.pipeline.close_providers(timeout)
+
+    def stats(self) -> dict[str, Any]:
+        """Figures of the tree, the tracker and the pipeline."""
+        tracker, tree = self.tracker, self.tree
+        return {
+            **self.pipeline.stats(),
+            "open": tracker.open_count,
+            "handed_over": tracker.handed_over,
+            "readiness_checks": tracker.readiness_checks,
+            "received": tree.received,
+            "last_position": tree.last_position,
+            "tree_spans": len(tree.spans),
+            "unreadable": self.unreadable,
+            "session_cpu_s": self.cpu_seconds,
+        }
+
+    # -- the thread ----------------------------------------------------------------------
+
+    def handle(self, messages: list[tuple[Any, ...]]) -> None:
+        for message in messages:
+            try:
+                dispatch(self, message)
+            except UnknownMessage as e:
+                self.unreadable += 1
+                self._log_once("unknown", "skipping a message it cannot read (%s; "
+                               "logged once)", e)
+            except Exception:
+                # (one message that fails leaves the others of its batch applied)
+                self.unreadable += 1
+                self._log_once(f"error:{message[0]!r:.40}", "cannot apply a %r message "
+                               "(logged once per kind)", message[0], exc_info=True)
+        if time.monotonic() >= self._next_pass:
+            self.settle()
+        else:
+            self._deliver()
+
+    def next_settle_in(self) -> float | None:
+        return max(0.0, self._next_pass - time.monotonic())
+
+    def settle(self) -> None:
+        """Run the tracker's pass and deliver what it emitted."""
+        self._next_pass = time.monotonic() + self.config.tick_interval
+        try:
+            self.tracker.run_pass()
+        finally:
+            self._deliver()
+        if self.share_watch is not None:
+            self._watch_share()
+
+    def _watch_share(self) -> None:
+        found = self.share_watch.check()
+        if found is not None:
+            share, window = found
+            logger.info(
+                "dask_otel_spans: exporting in the scheduler process took %.0f%% of "
+                "its CPU over the last %.0f s (%d spans emitted so far); "
+                "otel-spans.export-process: auto (the default) moves that work to a "
+                "child process", share * 100, window,
+                self.pipeline.emitter.exported_count,
+            )
+
+    def _deliver(self) -> None:
+        """Hand what the tracker emitted and counted to the pipeline: the counts
+        first, so that a span's opening is counted before its emission."""
+        calls, requests = self.tracker.take()
+        pump = self.pipeline.pump
+        if calls and pump is not None:
+            pump.submit_many(calls)
+        if requests:
+            self.pipeline.emitter.emit_many(requests)
+
+    # -- the protocol's handlers ----------------------------------------------------------
+
+    def on_span(self, ids: Any, name: Any, enqueued: float, nthreads_offset: int,
+                position: int) -> None:
+        span = self.tree.add_span(ids, name, enqueued, nthreads_offset, position)
+        if span is not None:
+            self.tracker.add_span(span)
+
+    def on_group_running(self, span_id: str, group: int, prefix: str) -> None:
+        self.tree.group(span_id, group, prefix)
+
+    def on_group_done(self, span_id: str, group: int, figures: tuple[Any, ...]) -> None:
+        tg = self.tree.group(span_id, group, figures[0], figures)
+        if tg is not None:
+            self.tracker.group_settled(span_id, tg.stop)
+
+    def on_span_metrics(self, span_id: str, metrics: Mapping[Hashable, float]) -> None:
+        self.tree.add_metrics(span_id, metrics)
+
+    def on_span_code(self, span_id: str, code: tuple[Any, ...]) -> None:
+        self.tree.add_code(span_id, code)
+
+    def on_worker_count(self, n: int) -> None:
+        self.tree.n_workers = int(n)
+
+    def on_graph(self, time: float, client: str | None, span_ids: list[str],
+                 chains: Any) -> None:
+        self.tracker.graph(time, client, span_ids, chains)
+
+    def on_close_notice(self, time: float, msg: Any) -> None:
+        self.tracker.close_notice(time, msg)
+
+    def on_client_gone(self, time: float, client: str) -> None:
+        self.tracker.client_gone(time, client)
+
+    def on_span_deltas(self, deltas: Mapping[Hashable, float]) -> None:
+        self.tree.add_deltas(deltas)
+        pump = self.pipeline.pump
+        if pump is not None:
+            pump.submit("add_span_deltas", deltas, span_tags_of(deltas, self.tree.tags))
+
+    def on_worker_deltas(self, deltas: Mapping[Hashable, float]) -> None:
+        pump = self.pipeline.pump
+        if pump is not None:
+            pump.submit("add_worker_deltas", deltas)
+
+    def on_nthreads_history(self, start: int, entries: Any) -> None:
+        """Entries of the scheduler's ``total_nthreads_history`` from ``start`` on (a
+        message sent again after a failed write changes nothing)."""
+        del self.history[start:]
+        self.history.extend(entries)
+
+    def _log_once(self, kind: str, msg: str, *args: Any, exc_info: bool = False
+                  ) -> None:
+        if kind not in self._logged:
+            self._logged.add(kind)
+            logger.warning("dask_otel_spans: " + msg, *args, exc_info=exc_info)

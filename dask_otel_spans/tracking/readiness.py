@@ -1,0 +1,588 @@
+"""The readiness tracker: decides, from events alone, when each dask span is over
+(done, closed, and past its grace period) and hands it over for export.
+
+It knows nothing of where it runs (a thread of the scheduler process, or the export
+process): the export session feeds it the forwarder's events and the spans of its
+:class:`~dask_otel_spans.tracking.tree.SpanTree`, and takes what it emits.
+"""
+from __future__ import annotations
+
+import heapq
+import logging
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from itertools import repeat
+from typing import Any
+
+from distributed.metrics import time
+from distributed.scheduler import heartbeat_interval
+
+from dask_otel_spans import names
+from dask_otel_spans.config import PluginConfig
+from dask_otel_spans.emitter import EmitRequest
+from dask_otel_spans.propagation import carried_headers
+from dask_otel_spans.snapshot import snapshot_span
+from dask_otel_spans.tracking.records import OpenSpan
+from dask_otel_spans.tracking.verdicts import Verdicts, a_running_group, group_done
+
+logger = logging.getLogger(__name__)
+
+#: Ids remembered in the bounded id sets (spans emitted, against duplicates; ids
+#: carried by graphs before the tracker knew the span)
+MAX_REMEMBERED = 10_000
+
+
+def grace_period(export_delay: float, n_workers: int) -> float:
+    """How long a done span waits for late worker heartbeats: ``export-delay``, and
+    at least two heartbeat intervals of a cluster of ``n_workers``."""
+    return max(export_delay, 2 * heartbeat_interval(n_workers))
+
+
+class ReadinessTracker:
+    """Decide when each open dask span is ready, from the events it is given.
+
+    Parameters
+    ----------
+    spans:
+        span id -> ``Span`` of the span tree copy (the spans not emitted yet)
+    chain_of:
+        The chain of ids of a span of ``spans``, root first
+    config:
+        The plugin's settings (export-delay, idle-timeout, lazy-timeout,
+        include-code)
+    n_workers:
+        The number of workers now (the grace period follows it)
+    on_emitted:
+        Called with each emitted ``Span`` (the tree forgets it)
+
+    Notes
+    -----
+    Events: :meth:`add_span`, :meth:`graph`, :meth:`close_notice`,
+    :meth:`client_gone`, :meth:`group_settled`. :meth:`run_pass` checks the spans
+    that changed or whose wait ran out, deepest first, and emits those ready;
+    :meth:`close` emits every open span. What was emitted is taken with
+    :meth:`take`: the metric updates (``(method, args)`` of
+    :class:`~dask_otel_spans.metrics.DaskInstruments`) and the
+    :class:`~dask_otel_spans.emitter.EmitRequest` objects, in order.
+    """
+
+    def __init__(
+        self,
+        spans: Mapping[str, Any],
+        chain_of: Callable[[Any], tuple[str, ...]],
+        config: PluginConfig,
+        *,
+        n_workers: Callable[[], int] = lambda: 0,
+        on_emitted: Callable[[Any], None] | None = None,
+    ):
+        self.spans = spans
+        self.chain_of = chain_of
+        self.config = config
+        self.n_workers = n_workers
+        self.on_emitted = on_emitted
+        self._open: dict[str, OpenSpan] = {}
+        #: emitted spans whose parent is still open: the emitter holds their summary
+        self._summarized: set[str] = set()
+        self._unseen_emitted: OrderedDict[str, None] = OrderedDict()
+        self._submitted_unknown: OrderedDict[str, None] = OrderedDict()
+        #: open spans to check in the next pass, deepest first: (-depth, id)
+        self._to_check: list[tuple[int, str]] = []
+        self._queued: set[str] = set()
+        #: when open spans waiting for a grace period or a timeout are due
+        self._wakeups: list[tuple[float, str]] = []
+        #: spans closed before the scheduler saw them, waiting for their graph:
+        #: id -> when lazy-timeout runs out, in that order (the graph, which comes
+        #: in most cases, drops the wait)
+        self._awaiting_graph: OrderedDict[str, float] = OrderedDict()
+        self._awaiting_until = -math.inf
+        self._metric_calls: list[tuple[str, tuple[Any, ...]]] = []
+        self._requests: list[EmitRequest] = []
+        self._logged: set[str] = set()
+        #: spans handed over for export so far
+        self.handed_over = 0
+        #: readiness checks made (one per changed or due open span)
+        self.readiness_checks = 0
+
+    # -- figures ---------------------------------------------------------------------
+
+    @property
+    def open_count(self) -> int:
+        """Spans not emitted yet."""
+        return len(self._open)
+
+    def record(self, dask_id: str) -> OpenSpan | None:
+        """The record of an open span (for tests and diagnostics)."""
+        return self._open.get(dask_id)
+
+    def pending_wake_ups(self) -> list[float]:
+        """When the tracker will look at spans again, whatever changes: the waits
+        set (some for spans emitted since) and the waits for graphs."""
+        return [when for when, _ in self._wakeups] + list(self._awaiting_graph.values())
+
+    @property
+    def grace(self) -> float:
+        """The grace period now (:func:`grace_period`)."""
+        return grace_period(self.config.export_delay, self.n_workers())
+
+    def take(self) -> tuple[list[tuple[str, tuple[Any, ...]]], list[EmitRequest]]:
+        """The metric updates and the requests emitted since the last call."""
+        calls, self._metric_calls = self._metric_calls, []
+        requests, self._requests = self._requests, []
+        return calls, requests
+
+    # -- events ----------------------------------------------------------------------
+
+    def add_span(self, span: Any, now: float | None = None) -> None:
+        """A span of the tree, new or adopted."""
+        if span.id in self._unseen_emitted:
+            return
+        rec = self._open.get(span.id)
+        parent = span.parent
+        parent_rec = self._open.get(parent.id) if parent is not None else None
+        if rec is None:
+            rec = OpenSpan(span.id, tuple(span.name), self.chain_of(span))
+            self._open[span.id] = rec
+            if parent_rec is not None:
+                rec.carried.update(parent_rec.carried)
+        if parent_rec is not None:
+            parent_rec.open_children.add(span.id)
+        rec.span = span
+        rec.last_activity = time() if now is None else now
+        self._awaiting_graph.pop(span.id, None)
+        running = a_running_group(span)
+        if running is None:
+            self._look_again(rec)
+        else:
+            # not done: its group's settling sets its check a grace period later
+            rec.unfinished_group = running
+        if not rec.counted:
+            rec.counted = True
+            self._metric_calls.append(("span_opened", (rec.tags,)))
+
+    def group_settled(self, span_id: str, stop: float) -> None:
+        """Every task of a group of the span settled, the last at ``stop``: look
+        again a grace period after that finish."""
+        rec = self._open.get(span_id)
+        if rec is not None:
+            rec.done_since = None
+            self._wake_up_at(rec, stop + self.grace)
+
+    def graph(self, now: float, client: str | None, span_ids: Iterable[str],
+              chains: Any) -> None:
+        """A graph reached the scheduler: its tasks' spans saw activity, and the
+        W3C contexts its annotation carried apply to them."""
+        if chains:
+            self._absorb_chains(chains)
+        self._mark_active(span_ids, now, client)
+
+    def close_notice(self, now: float, msg: Any) -> None:
+        """The client helper's block exited (one notice, or a batch of them)."""
+        grace = self.grace
+        for notice in msg if isinstance(msg, (list, tuple)) else (msg,):
+            try:
+                self._on_close_notice(notice, now, grace)
+            except Exception:
+                self._log_failure("close-notice")
+
+    def client_gone(self, now: float, client: str) -> None:
+        """A client left: the helper's spans it alone held open are over."""
+        for rec in list(self._open.values()):
+            waiting = rec.closed_at is None or (rec.span is None and rec.awaiting_graph)
+            if rec.helper and waiting and client in rec.clients:
+                rec.clients.discard(client)
+                if not rec.clients:
+                    rec.client_gone = True
+                    rec.last_activity = max(rec.last_activity, now)
+                    self._look_again(rec)
+
+    # -- the pass --------------------------------------------------------------------
+
+    def run_pass(self, now: float | None = None) -> None:
+        """Check the open spans that changed or whose wait ran out, deepest first
+        (children before their parents), and emit those that are ready."""
+        now = time() if now is None else now
+        self._wake_due(now)
+        if not self._to_check:
+            return
+        grace = self.grace
+        verdicts = Verdicts(self._open)
+        to_check = self._to_check
+        while to_check:
+            _, dask_id = heapq.heappop(to_check)
+            self._queued.discard(dask_id)
+            rec = self._open.get(dask_id)
+            if rec is None:
+                continue
+            self.readiness_checks += 1
+            try:
+                ready_at = self._ready_at(rec, now, grace, verdicts)
+            except Exception:
+                # never drop a span: look again after a grace period
+                self._log_failure("readiness")
+                ready_at = now + max(grace, self.config.tick_interval)
+            if ready_at is not None and ready_at <= now:
+                try:
+                    self._emit(rec, now, complete=True, verdicts=verdicts)
+                except Exception:
+                    self._log_failure("emit")
+            elif ready_at is not None:
+                self._wake_up_at(rec, ready_at)
+
+    def close(self, now: float | None = None) -> None:
+        """Emit every open span, complete or not (the scheduler is closing)."""
+        now = time() if now is None else now
+        verdicts = Verdicts(self._open)
+        for rec in sorted(self._open.values(), key=_minus_depth):
+            if self._open.get(rec.id) is not rec:
+                continue
+            if rec.span is None:
+                complete = rec.closed_at is not None
+            else:
+                done = verdicts.is_done(rec)
+                complete = done and (rec.closed_at is not None or not rec.helper)
+                if rec.closed_at is None:
+                    rec.close_reason = names.CLOSE_REASON_SHUTDOWN
+            try:
+                self._emit(rec, now, complete=complete, verdicts=verdicts)
+            except Exception:
+                self._log_failure("emit")
+
+    # -- events, in detail -----------------------------------------------------------
+
+    def _absorb_chains(self, chains: Any) -> None:
+        """Apply the W3C contexts of an annotation's chains (each {dask id:
+        headers}) to the open spans."""
+        if isinstance(chains, Mapping):
+            chains = list(chains.values())
+        if not isinstance(chains, (list, tuple)):
+            self._log_bad_annotation(chains)
+            return
+        # spans given their contexts by an earlier chain: the chains below a span
+        # all carry the same contexts for it and its ancestors
+        absorbed: set[str] = set()
+        for chain in chains:
+            if type(chain) is dict and self._chain_known(chain, absorbed):
+                continue
+            carried = carried_headers(chain)
+            if carried is None:
+                self._log_bad_annotation(chain)
+                continue
+            for dask_id in carried:
+                if dask_id in absorbed or type(dask_id) is not str:
+                    continue
+                absorbed.add(dask_id)
+                rec = self._open.get(dask_id)
+                if rec is not None:
+                    rec.carried.update(carried)
+                    rec.helper = True
+                    rec.submitted = True
+                    if rec.span is None:
+                        # its tasks went to another span's group: its wait for a
+                        # graph is over
+                        self._look_again(rec)
+                elif dask_id not in self.spans:
+                    _remember(self._submitted_unknown, dask_id)
+
+    def _chain_known(self, chain: dict[Any, Any], absorbed: set[str]) -> bool:
+        """Whether every span of a carried ``chain`` not absorbed yet is open with
+        its own context from its close notice (which carried this very chain):
+        then only the graph's coming is news."""
+        known = []
+        for dask_id in chain:
+            if dask_id in absorbed:
+                continue
+            rec = self._open.get(dask_id)
+            if rec is None or not rec.helper or dask_id not in rec.carried:
+                return False
+            known.append(rec)
+        for rec in known:
+            absorbed.add(rec.id)
+            rec.submitted = True
+            if rec.span is None:
+                self._look_again(rec)
+        return True
+
+    def _mark_active(self, span_ids: Iterable[str], now: float,
+                     client: str | None) -> None:
+        """These spans (of new or changed tasks), and their ancestors, saw activity:
+        they are not idle."""
+        marked: set[str] = set()
+        for span_id in span_ids:
+            rec = self._open.get(span_id)
+            if rec is not None and rec.span is not None and rec.unfinished_group is None:
+                # a check is due only if the span may be done already (tasks done
+                # before the graph came); else its tasks have it checked
+                running = a_running_group(rec.span)
+                if running is None:
+                    self._look_again(rec)
+                else:
+                    rec.unfinished_group = running
+            # up the tree, stopping at an ancestor marked already: O(spans)
+            node = self.spans.get(span_id)
+            while node is not None and node.id not in marked:
+                marked.add(node.id)
+                node_rec = self._open.get(node.id)
+                if node_rec is not None:
+                    node_rec.last_activity = now
+                    node_rec.done_since = None
+                    if client:
+                        node_rec.clients.add(client)
+                node = node.parent
+
+    def _on_close_notice(self, msg: Any, now: float, grace: float) -> None:
+        try:
+            ids = tuple(msg["ids"])
+            tags = tuple(map(str, msg["name"]))
+            opened = int(msg["opened"])
+            enter = float(msg["enter"])
+            exit_ = float(msg["exit"])
+            if not ids or len(ids) != len(tags) or not 1 <= opened <= len(ids):
+                raise ValueError("inconsistent ids/name/opened")
+            if not all(map(isinstance, ids, repeat(str))):
+                raise TypeError("span ids must be strings")
+        except Exception as e:
+            self._log_once(
+                "bad-notice", "ignoring a malformed close notice on topic %r (%s): "
+                "%.200r", names.EVENT_TOPIC, e, msg,
+            )
+            return
+        carried = carried_headers(msg.get("otel")) or {}
+        lazy = msg.get("lazy") is True
+        client = msg.get("client")
+        if not isinstance(client, str):
+            client = None
+        for level in range(len(ids) - opened, len(ids)):
+            dask_id = ids[level]
+            rec = self._open.get(dask_id)
+            if rec is None:
+                if dask_id in self.spans or dask_id in self._unseen_emitted:
+                    continue  # emitted already, or finished before the plugin
+                rec = OpenSpan(dask_id, tags[: level + 1], ids[: level + 1])
+                self._open[dask_id] = rec
+                if self._submitted_unknown.pop(dask_id, False) is None:
+                    rec.submitted = True
+            rec.helper = True
+            rec.carried.update(carried)
+            if client is not None:
+                rec.clients.add(client)
+            if rec.span is None and lazy:
+                rec.awaiting_graph = True
+            rec.closed_at = now
+            rec.close_reason = names.CLOSE_REASON_CLIENT
+            rec.enter, rec.exit = enter, exit_
+            if rec.span is not None:
+                self._look_again(rec)
+            else:
+                wait_until = self._ready_at(rec, now, grace, None)
+                if wait_until is not None:
+                    self._wake_up_at(rec, wait_until)
+
+    # -- queue and wake-ups ----------------------------------------------------------
+
+    def _look_again(self, rec: OpenSpan) -> None:
+        """Queue an open span for the next readiness check (O(log n))."""
+        if rec.id not in self._queued:
+            self._queued.add(rec.id)
+            heapq.heappush(self._to_check, (-rec.depth, rec.id))
+
+    def _wake_up_at(self, rec: OpenSpan, when: float) -> None:
+        """Look at a waiting span again at ``when``, unless an earlier wake-up is
+        set (that one looks again and sets the next)."""
+        if rec.waits_for_graph:
+            awaiting = self._awaiting_graph
+            if rec.id in awaiting:
+                return
+            # (the same wait for all, from the notice's time: in order, unless the
+            # grace period grew past lazy-timeout; such a wait goes to the heap)
+            if not awaiting or when >= self._awaiting_until:
+                awaiting[rec.id] = self._awaiting_until = when
+                return
+        if rec.wake_at is None or when < rec.wake_at:
+            rec.wake_at = when
+            heapq.heappush(self._wakeups, (when, rec.id))
+
+    def _wake_due(self, now: float) -> None:
+        """Queue the spans whose wake-up time has come."""
+        wakeups = self._wakeups
+        while wakeups and wakeups[0][0] <= now:
+            _, dask_id = heapq.heappop(wakeups)
+            rec = self._open.get(dask_id)
+            if rec is not None and rec.wake_at is not None and rec.wake_at <= now:
+                rec.wake_at = None
+                self._look_again(rec)
+        awaiting = self._awaiting_graph
+        while awaiting and next(iter(awaiting.values())) <= now:
+            dask_id, _ = awaiting.popitem(last=False)
+            rec = self._open.get(dask_id)
+            if rec is not None:
+                self._look_again(rec)
+
+    # -- readiness -------------------------------------------------------------------
+
+    def _ready_at(self, rec: OpenSpan, now: float, grace: float,
+                  verdicts: Verdicts | None) -> float | None:
+        """When the span is ready (done, closed and past the grace period): a time
+        at or before ``now`` when it is ready now, a later time when only waiting
+        is left, None when it waits for an event (tasks, a close notice)."""
+        if rec.span is None:
+            # Closed by the client, never seen by the scheduler (so far). When a
+            # graph carried it, its tasks went to another span's TaskGroup. When
+            # the client said collections built in the block are still to be
+            # computed, wait for their graph (lazy-timeout, or until the client is
+            # gone). Otherwise wait as for an idle span.
+            if rec.closed_at is None or rec.id in self.spans:
+                return None
+            if rec.submitted or rec.client_gone:
+                wait = grace
+            elif rec.awaiting_graph:
+                wait = max(self.config.lazy_timeout, grace)
+            else:
+                wait = max(self.config.idle_timeout, grace)
+            return rec.closed_at + wait
+        assert verdicts is not None
+        groups = rec.span.groups
+        leaf_group = None
+        if not rec.open_children and len(groups) == 1:
+            # one task group and no open child (most spans): its verdict is that
+            # group's
+            leaf_group = next(iter(groups))
+            if not group_done(leaf_group):
+                rec.unfinished_group = leaf_group
+                rec.done_since = None
+                return None
+            rec.unfinished_group = rec.unfinished_child = None
+            verdicts.done[rec.id] = True
+        elif not verdicts.is_done(rec):
+            rec.done_since = None
+            return None
+        if rec.done_since is None:
+            # the grace period covers heartbeats still in flight: count it from
+            # when the last task finished, not from when this pass noticed
+            if leaf_group is None:
+                finished = verdicts.finished_at(rec)
+            else:
+                finished = max(leaf_group.stop, rec.children_finished_at)
+                verdicts.finished[rec.id] = finished
+            rec.finished_at = finished
+            rec.done_since = min(now, finished or now)
+            # its parent may be done now too, unless the parent's last check found
+            # another child not done (that one queues it when done), or this span
+            # is closed: its parent waits for its emission, which queues it
+            if rec.depth > 1 and rec.closed_at is None:
+                parent_rec = self._open.get(rec.ids[-2])
+                if parent_rec is not None and (
+                    parent_rec.unfinished_child is None
+                    or parent_rec.unfinished_child == rec.id
+                ):
+                    self._look_again(parent_rec)
+        quiet_since = max(rec.done_since, rec.last_activity)
+        if rec.closed_at is not None:
+            return max(quiet_since, rec.closed_at) + grace
+        if rec.helper and not rec.client_gone:
+            return None
+        ready_at = quiet_since + max(self.config.idle_timeout, grace)
+        if ready_at <= now:
+            rec.close_reason = (
+                names.CLOSE_REASON_CLIENT_GONE if rec.helper else names.CLOSE_REASON_IDLE
+            )
+        return ready_at
+
+    # -- emission --------------------------------------------------------------------
+
+    def _emit(self, rec: OpenSpan, now: float, *, complete: bool,
+              verdicts: Verdicts) -> None:
+        """Copy the span, queue its request, forget the record; its parent learns
+        when its tree finished and is looked at again."""
+        span = rec.span
+        snapshot = None
+        finished = rec.finished_at
+        if span is not None:
+            try:
+                snapshot = snapshot_span(
+                    span, self._summarized, with_code=self.config.include_code
+                )
+                if rec.done_since is None:
+                    finished = verdicts.finished_at(rec)
+            except Exception:
+                # exported with what is known (the client's times, or now)
+                self._log_once(
+                    "error:copy", "cannot copy span %s for export; it is exported "
+                    "without its figures (logged once)", rec.id, level=logging.ERROR,
+                    exc_info=True,
+                )
+        del self._open[rec.id]
+        self._awaiting_graph.pop(rec.id, None)
+        keep_summary = False
+        if span is None:
+            _remember(self._unseen_emitted, rec.id)
+        else:
+            for child in span.children:
+                self._summarized.discard(child.id)
+            parent = span.parent
+            parent_rec = self._open.get(parent.id) if parent is not None else None
+            if parent_rec is not None:
+                keep_summary = snapshot is not None
+                parent_rec.open_children.discard(span.id)
+                parent_rec.children_finished_at = max(
+                    parent_rec.children_finished_at, finished
+                )
+                if parent_rec.done_since is None:
+                    self._look_again(parent_rec)
+                if keep_summary:
+                    self._summarized.add(span.id)
+            _remember(self._unseen_emitted, rec.id)
+            if self.on_emitted is not None:
+                self.on_emitted(span)
+        self.handed_over += 1
+        self._requests.append(EmitRequest(
+            rec.tags, rec.ids, self._carried_for(rec), snapshot, now, complete,
+            rec.close_reason, rec.enter, rec.exit, keep_summary, rec.counted,
+        ))
+
+    def _carried_for(self, rec: OpenSpan) -> dict[str, Any]:
+        """The carried headers the translation reads: the root's (which an open root
+        may hold alone) and the span's own; empty carriers left out."""
+        ids, carried = rec.ids, rec.carried
+        root_id, own_id = ids[0], rec.id
+        sent = {}
+        carrier = carried.get(own_id)
+        if carrier is not None and (type(carrier) is not dict or carrier):
+            sent[own_id] = carrier
+        if root_id != own_id:
+            carrier = carried.get(root_id)
+            if carrier is None:
+                root = self._open.get(root_id)
+                if root is not None:
+                    carrier = root.carried.get(root_id)
+            if carrier is not None and (type(carrier) is not dict or carrier):
+                sent[root_id] = carrier
+        return sent
+
+    # -- logging ---------------------------------------------------------------------
+
+    def _log_once(self, kind: str, msg: str, *args: Any, level: int = logging.WARNING,
+                  exc_info: bool = False) -> None:
+        if kind not in self._logged:
+            self._logged.add(kind)
+            logger.log(level, "dask_otel_spans: " + msg, *args, exc_info=exc_info)
+
+    def _log_failure(self, where: str) -> None:
+        self._log_once(f"error:{where}", "unexpected error in %s (logged once)", where,
+                       level=logging.ERROR, exc_info=True)
+
+    def _log_bad_annotation(self, value: Any) -> None:
+        self._log_once(
+            "bad-annotation", "ignoring an %r annotation that is not a mapping of dask "
+            "span id to W3C headers: %.200r", names.ANNOTATION_KEY, value,
+        )
+
+
+def _remember(ids: OrderedDict[str, None], dask_id: str) -> None:
+    ids[dask_id] = None
+    while len(ids) > MAX_REMEMBERED:
+        ids.popitem(last=False)
+
+
+def _minus_depth(rec: OpenSpan) -> int:
+    return -rec.depth

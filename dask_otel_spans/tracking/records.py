@@ -1,0 +1,78 @@
+"""The readiness tracker's record of one dask span that was not emitted yet."""
+from __future__ import annotations
+
+from typing import Any
+
+from dask_otel_spans import names
+
+
+class OpenSpan:
+    """Bookkeeping of one dask span that was not emitted yet.
+
+    Parameters
+    ----------
+    dask_id:
+        The span's id
+    tags:
+        Its tags (``Span.name``)
+    ids:
+        Its chain of dask span ids, root first
+    """
+
+    __slots__ = (
+        "id", "tags", "ids", "span", "carried", "helper", "closed_at", "close_reason",
+        "last_activity", "done_since", "finished_at", "clients", "client_gone",
+        "enter", "exit", "counted", "depth", "submitted", "awaiting_graph",
+        "open_children", "children_finished_at", "wake_at", "unfinished_group",
+        "unfinished_child",
+    )
+
+    def __init__(self, dask_id: str, tags: tuple[str, ...], ids: tuple[str, ...]):
+        self.id = dask_id
+        self.tags = tags
+        self.ids = ids
+        #: the tree's Span; None until the scheduler has tasks of it
+        self.span: Any = None
+        #: W3C headers carried from the client for ids of the chain, as sent
+        self.carried: dict[str, Any] = {}
+        #: opened by the client helper: wait for its close notice
+        self.helper = False
+        self.closed_at: float | None = None
+        self.close_reason = names.CLOSE_REASON_IDLE
+        self.last_activity = 0.0
+        self.done_since: float | None = None
+        #: when the last task of its tree finished, as worked out when it was judged
+        #: done (valid while ``done_since`` is set)
+        self.finished_at = 0.0
+        self.clients: set[str] = set()
+        self.client_gone = False
+        #: client-side enter/exit times (from the close notice)
+        self.enter: float | None = None
+        self.exit: float | None = None
+        #: counted in dask.span.active
+        self.counted = False
+        self.depth = len(ids)
+        #: a graph carrying its annotation reached the scheduler (its tasks may sit
+        #: in another span's TaskGroup: distributed's TaskGroup collision)
+        self.submitted = False
+        #: closed before the scheduler saw it, and the client said collections
+        #: built in the block are still to be computed: their graph will bring it
+        self.awaiting_graph = False
+        #: children not emitted yet (a check looks at the open children only)
+        self.open_children: set[str] = set()
+        #: when the last task of the emitted children finished
+        self.children_finished_at = 0.0
+        #: when a pass looks at it again, unless something changes first
+        self.wake_at: float | None = None
+        #: a TaskGroup found not done by the last check: looked at first
+        self.unfinished_group: Any = None
+        #: id of an open child found not done (or closed, and so emitted before
+        #: it) by the last check: looked at first
+        self.unfinished_child: str | None = None
+
+    @property
+    def waits_for_graph(self) -> bool:
+        """Closed before the scheduler saw it, and its graph is still to come."""
+        return self.span is None and self.awaiting_graph and not (
+            self.submitted or self.client_gone
+        )

@@ -1,0 +1,207 @@
+"""The span tree copy: the scheduler's dask spans rebuilt from the forwarder's
+messages, as real ``distributed.spans.Span`` objects with task groups that stand in
+for the scheduler's (their state counts and figures as last forwarded).
+
+The copy holds the spans not emitted yet (and, for a parent still open, its emitted
+children, which its snapshot lists) and the span metrics summed from the heartbeat
+deltas. A span leaves the copy when it is emitted: memory follows the open spans,
+not history.
+"""
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Hashable, Iterator, Mapping
+from typing import Any
+
+from distributed.spans import Span
+
+logger = logging.getLogger(__name__)
+
+#: Tags of emitted spans kept for heartbeat deltas that come after the emission
+RECENT_TAGS = 10_000
+
+#: The state counts of a group with a task running (shared: never changed in place)
+RUNNING = {"processing": 1}
+
+
+class Prefix:
+    """Stands in for a ``TaskPrefix``: its name."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+class TreeGroup:
+    """The fields of a ``distributed.scheduler.TaskGroup`` that the tracker and the
+    snapshots read, as last forwarded."""
+
+    __slots__ = ("key", "prefix", "span_id", "states", "start", "stop", "duration",
+                 "nbytes_total")
+
+    def __init__(self, key: int, prefix: str, span_id: str):
+        #: tells the span's groups apart (see :class:`~dask_otel_spans.events.GroupDone`)
+        self.key = key
+        self.prefix = Prefix(prefix)
+        self.span_id = span_id
+        self.states: dict[str, int] = RUNNING
+        self.start = self.stop = self.duration = 0.0
+        self.nbytes_total = 0
+
+    def settle(self, figures: Any) -> None:
+        prefix, start, stop, nbytes_total, duration, task_count, erred = figures
+        self.prefix = Prefix(str(prefix))
+        self.start, self.stop, self.duration = start, stop, duration
+        self.nbytes_total = nbytes_total
+        self.states = {"memory": task_count - erred, "erred": erred}
+
+
+class TreeSpan(Span):
+    """A ``distributed.spans.Span`` of the copy, which holds its parent (the copy
+    forgets emitted spans, which a weak reference would then lose while a child
+    is open) until the parent is forgotten."""
+
+    __slots__ = ("_parent_span",)
+
+    @property
+    def parent(self) -> Span | None:
+        return self._parent_span
+
+
+class SpanTree:
+    """The span tree as forwarded.
+
+    Parameters
+    ----------
+    nthreads_history:
+        The scheduler's ``total_nthreads_history`` (in process), or the session's
+        copy of it, which the spans refer to
+    """
+
+    def __init__(self, nthreads_history: list[tuple[float, int]]):
+        self.history = nthreads_history
+        #: span id -> Span, of the spans not emitted yet
+        self.spans: dict[str, TreeSpan] = {}
+        #: (span id, group key) -> group, of the spans in ``spans``
+        self.groups: dict[tuple[str, int], TreeGroup] = {}
+        #: span id -> its chain of ids, root first (an ancestor may have left)
+        self.chains: dict[str, tuple[str, ...]] = {}
+        #: tags of spans emitted lately, for heartbeat deltas that come late
+        self.recent_tags: OrderedDict[str, tuple[str, ...]] = OrderedDict()
+        self.n_workers = 0
+        #: spans added to the copy
+        self.received = 0
+        #: the highest place in the scheduler's span dict of a span added here
+        #: (after a restart, the scheduler forwards again the spans past the one
+        #: the export process that died reported)
+        self.last_position = -1
+        self.tags = _Tags(self)
+
+    def add_span(self, ids: Any, name: Any, enqueued: float, offset: int,
+                 position: int = -1) -> TreeSpan | None:
+        """Add a span; None when it is in the copy already (adopted again)."""
+        ids = tuple(ids)
+        span_id = ids[-1]
+        if position > self.last_position:
+            self.last_position = int(position)
+        if span_id in self.spans:
+            return None
+        parent = self.spans.get(ids[-2]) if len(ids) > 1 else None
+        history = self.history or [(enqueued, 0)]
+        span = TreeSpan(tuple(name), span_id, parent, history)
+        span._parent_span = parent
+        span.enqueued = enqueued
+        span._total_nthreads_offset = offset
+        if parent is not None:
+            parent.children.append(span)
+        self.spans[span_id] = span
+        self.chains[span_id] = ids
+        self.received += 1
+        return span
+
+    def group(self, span_id: str, key: int, prefix: str,
+              figures: Any = None) -> TreeGroup | None:
+        """A task group of a span runs (``figures`` None) or settled; None when the
+        span was emitted already (a late settle changes nothing)."""
+        span = self.spans.get(span_id)
+        if span is None:
+            return None
+        tg = self.groups.get((span_id, key))
+        if tg is None:
+            tg = self.groups[span_id, key] = TreeGroup(key, str(prefix), span_id)
+            span.groups.add(tg)
+        if figures is None:
+            tg.states = RUNNING
+        else:
+            tg.settle(figures)
+        return tg
+
+    def add_metrics(self, span_id: str, metrics: Mapping[Hashable, float]) -> None:
+        span = self.spans.get(span_id)
+        if span is not None:
+            span._cumulative_worker_metrics.update(metrics)
+
+    def add_code(self, span_id: str, code: Any) -> None:
+        span = self.spans.get(span_id)
+        if span is not None:
+            for snippets in code:
+                span._code[tuple(snippets)] = None
+
+    def add_deltas(self, deltas: Mapping[Any, float]) -> None:
+        """Heartbeat deltas ``{(context, span_id, prefix, activity, unit): value}``,
+        summed into the spans' metrics (as ``SpansSchedulerExtension.heartbeat``
+        does); a key that is not of that shape is skipped."""
+        spans = self.spans
+        for key, value in deltas.items():
+            try:
+                context, span_id, *other = key
+            except (TypeError, ValueError):
+                continue
+            span = spans.get(span_id)
+            if span is not None:
+                span._cumulative_worker_metrics[(context, *other)] += value
+
+    def forget(self, span: Span) -> None:
+        """An emitted span leaves the copy (its parent's list of children keeps it
+        while the parent is open); its tags stay a while for late deltas."""
+        span_id = span.id
+        if self.spans.get(span_id) is not span:
+            return
+        del self.spans[span_id]
+        self.chains.pop(span_id, None)
+        for child in span.children:
+            # (no reference cycle is left: it goes when its parent forgets it)
+            child._parent_span = None
+        for tg in span.groups:
+            self.groups.pop((span_id, tg.key), None)
+        recent = self.recent_tags
+        recent[span_id] = tuple(span.name)
+        while len(recent) > RECENT_TAGS:
+            recent.popitem(last=False)
+
+    def chain_of(self, span: Span) -> tuple[str, ...]:
+        """The ids of ``span`` and its ancestors, root first."""
+        return self.chains.get(span.id) or (span.id,)
+
+
+class _Tags(Mapping):
+    """Span id -> tags, of the spans in the copy and of those emitted lately."""
+
+    __slots__ = ("_tree",)
+
+    def __init__(self, tree: SpanTree):
+        self._tree = tree
+
+    def __getitem__(self, span_id: str) -> tuple[str, ...]:
+        span = self._tree.spans.get(span_id)
+        if span is not None:
+            return tuple(span.name)
+        return self._tree.recent_tags[span_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tree.spans)
+
+    def __len__(self) -> int:
+        return len(self._tree.spans)

@@ -1,0 +1,214 @@
+"""Where the export session runs, chosen in one place: in an export child process
+(:class:`~dask_otel_spans.export_process.ExportProcess`) when the providers can be
+built from configuration there, else on a thread of the scheduler process
+(:class:`ThreadTransport`). Both take the same messages and run the same
+:class:`~dask_otel_spans.session.ExportSession`; the plugin never asks which one it
+has.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any, Protocol
+
+from dask_otel_spans.export_process import ExportProcess, ExportProcessError
+from dask_otel_spans.export_share import ExportShareWatch
+from dask_otel_spans.pipeline import ExportPipeline, PipelineSpec
+from dask_otel_spans.providers import (
+    exporter_names,
+    global_sdk_meter_provider,
+    global_sdk_tracer_provider,
+)
+from dask_otel_spans.session import ExportSession
+
+logger = logging.getLogger(__name__)
+
+
+class Transport(Protocol):
+    """What the plugin sends the forwarder's messages through."""
+
+    #: where traces and metrics go, in words
+    destinations: dict[str, Any]
+
+    def send(self, messages: list[tuple[Any, ...]]) -> None:
+        """Queue messages, in order; never blocks."""
+
+    def restarted(self) -> int | None:
+        """When the export side started anew since the last call (it knows no
+        span): the first position in the scheduler's span dict it may lack (the
+        plugin forwards the running spans, and those from there on, again)."""
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until everything sent so far is exported; False on timeout."""
+
+    def stop(self, timeout: float) -> None:
+        """Export what was sent, emit the spans still open, stop."""
+
+    def stats(self) -> dict[str, Any]:
+        """The session's figures (as last reported, from a child)."""
+
+
+class ThreadTransport:
+    """The export session on a thread of the scheduler process.
+
+    Parameters
+    ----------
+    session:
+        The session, started
+    destinations:
+        Where traces and metrics go, in words
+    """
+
+    def __init__(self, session: ExportSession, destinations: dict[str, Any]):
+        self.session = session
+        self.destinations = destinations
+
+    def send(self, messages: list[tuple[Any, ...]]) -> None:
+        self.session.send(messages)
+
+    def restarted(self) -> int | None:
+        return None
+
+    def flush(self, timeout: float) -> bool:
+        return self.session.flush(timeout)
+
+    def stop(self, timeout: float) -> None:
+        self.session.stop(timeout)
+
+    def stats(self) -> dict[str, Any]:
+        return self.session.stats()
+
+
+class ChildTransport:
+    """The export session in an export child process.
+
+    Parameters
+    ----------
+    process:
+        The export process's sender, started
+    """
+
+    def __init__(self, process: ExportProcess):
+        self.process = process
+        self.destinations = {**process.info, "export_process": True}
+        self._launches = process.launches
+
+    def send(self, messages: list[tuple[Any, ...]]) -> None:
+        self.process.send(messages)
+
+    def restarted(self) -> int | None:
+        process = self.process
+        if process.launches == self._launches:
+            return None
+        self._launches = process.launches
+        return process.confirmed_position + 1
+
+    def flush(self, timeout: float) -> bool:
+        return self.process.flush(timeout)
+
+    def stop(self, timeout: float) -> None:
+        self.process.stop(timeout)
+
+    def stats(self) -> dict[str, Any]:
+        return self.process.stats()
+
+
+def why_export_stays_here(
+    spec: PipelineSpec, *, given_providers: bool, use_global: bool
+) -> str | None:
+    """What keeps export in the scheduler process whatever ``export-process`` says:
+    providers that are objects of this process (given, or the global ones), or
+    Prometheus on the scheduler's own port; None when nothing does."""
+    if given_providers:
+        return "given providers"
+    if spec.providers_factory:
+        return None
+    environ = os.environ if spec.environ is None else spec.environ
+    if "prometheus" in exporter_names(environ, "OTEL_METRICS_EXPORTER") and (
+        not environ.get("OTEL_EXPORTER_PROMETHEUS_PORT")
+    ):
+        return ("OTEL_METRICS_EXPORTER=prometheus on the scheduler's own /metrics "
+                "(set OTEL_EXPORTER_PROMETHEUS_PORT to serve from the export process)")
+    if use_global and (
+        global_sdk_tracer_provider() is not None
+        or global_sdk_meter_provider() is not None
+    ):
+        return "the process's global providers"
+    return None
+
+
+async def open_transport(
+    spec: PipelineSpec,
+    *,
+    tracer_provider: Any = None,
+    meter_provider: Any = None,
+    use_global: bool = True,
+    nthreads_history: list[tuple[float, int]] | None = None,
+) -> Transport | None:
+    """Start the export session where it is to run; None when no exporter could be
+    set up (logged: the plugin stays idle).
+
+    Parameters
+    ----------
+    spec:
+        The settings and how to build the providers from configuration
+    tracer_provider, meter_provider:
+        Providers given to the plugin (export then stays in this process)
+    use_global:
+        Whether the process's global SDK providers are used when installed
+    nthreads_history:
+        The scheduler's ``total_nthreads_history``
+    """
+    config = spec.config
+    setting = config.export_process
+    stays = why_export_stays_here(
+        spec, given_providers=tracer_provider is not None or meter_provider is not None,
+        use_global=use_global,
+    )
+    if setting is not False and stays is None:
+        process = ExportProcess(
+            spec, max_backlog=config.max_queue_size, nice=config.export_process_nice,
+            cpu_policy=config.export_process_cpu_policy,
+        )
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, process.launch)
+        except ExportProcessError as e:
+            logger.log(
+                logging.ERROR if setting is True else logging.WARNING,
+                "dask_otel_spans: the export process did not start (%s); exporting "
+                "in the scheduler process", e,
+            )
+        else:
+            process.nthreads_history = nthreads_history
+            process.start()
+            return ChildTransport(process)
+    elif setting is not False:
+        logger.log(
+            logging.INFO if setting is True else logging.DEBUG,
+            "dask_otel_spans: the export process needs providers built from "
+            "configuration (OTEL_* or otel-spans.providers); with %s, spans are "
+            "exported in the scheduler process", stays,
+        )
+    try:
+        providers = spec.resolve_providers(
+            tracer_provider=tracer_provider, meter_provider=meter_provider,
+            use_global=use_global,
+        )
+        pipeline = ExportPipeline.build(providers, config)
+    except Exception as e:
+        logger.error("dask_otel_spans: cannot set up exporters (%s); the plugin stays "
+                     "idle", e)
+        return None
+    session = ExportSession(pipeline, config, nthreads_history)
+    if setting is False and stays is None:
+        session.share_watch = ExportShareWatch(
+            lambda: pipeline.cpu_seconds() + session.cpu_seconds
+        )
+    session.start()
+    return ThreadTransport(session, {
+        "traces_to": providers.traces_to, "metrics_to": providers.metrics_to,
+        "export_process": False,
+    })
+
