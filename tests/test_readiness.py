@@ -247,6 +247,7 @@ class CountedGroup:
     def __init__(self, done: bool, stop: float = 1.0):
         self.finished = done
         self.looks = 0
+        self.key = id(self)
         self.prefix = TaskPrefix("counted")
         self.start, self.stop, self.duration, self.nbytes_total = 0.0, stop, stop, 8
 

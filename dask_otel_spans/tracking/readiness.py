@@ -532,13 +532,13 @@ class ReadinessTracker:
                 if keep_summary:
                     self._summarized.add(span.id)
             _remember(self._unseen_emitted, rec.id)
-            if self.on_emitted is not None:
-                self.on_emitted(span)
         self.handed_over += 1
         self._requests.append(EmitRequest(
             rec.tags, rec.ids, self._carried_for(rec), snapshot, now, complete,
             rec.close_reason, rec.enter, rec.exit, keep_summary, rec.counted,
         ))
+        if span is not None and self.on_emitted is not None:
+            self.on_emitted(span)
 
     def _carried_for(self, rec: OpenSpan) -> dict[str, Any]:
         """The carried headers the translation reads: the root's (which an open root
