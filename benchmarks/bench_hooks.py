@@ -12,25 +12,24 @@ calling loop with the plugin in it and without, best of ``--repeat`` timings, fo
 five transitions of a task that runs and is released; and a hook with the same
 signature doing nothing, for what being a plugin costs apart from the hook's work.
 
-The hook has two paths: with the export process tracking the spans (the default,
-``track-in-export-process``) it adds a started or settled task's group to the span
-forwarder's set of touched groups; otherwise (``snapshots``: the scheduler tracks
-the spans) it adds a settled task's span id to the plugin's set of settled spans.
-Both are measured.
+The hook adds a started or settled task's group to the span forwarder's set of
+touched groups. The plugin is a real one, started on an in-process scheduler (with
+an exporter that discards), whose task dict holds the one task the calls name.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import timeit
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
-from dask_otel_spans import OTelSpansPlugin
-from dask_otel_spans.forwarding import SpanForwarder
-from dask_otel_spans.plugin import _RUNNING_STATES
+from distributed import Scheduler
+from opentelemetry.sdk.trace import TracerProvider
 
-#: the hook's paths: the span forwarder's (the default) and the snapshots'
-PATHS = ("forwarding", "snapshots")
+from dask_otel_spans import OTelSpansPlugin
 
 #: keyword arguments of ``processing -> memory`` (``Scheduler.stimulus_task_finished``)
 FINISHED_KWARGS = dict(worker="tcp://127.0.0.1:40000", nbytes=28, type=b"int",
@@ -46,7 +45,11 @@ TRANSITIONS: list[tuple[str, str, dict]] = [
 
 
 class _Group:
-    span_id = "a-span-id"
+    """A settled task group of a span that is not in the scheduler's span tree (the
+    forwarder's tick then sends it nowhere)."""
+
+    span_id = None
+    states = {"memory": 1}
 
 
 class _Task:
@@ -61,18 +64,18 @@ class NoOpHook:
         pass
 
 
-def isolated_plugin(path: str = "snapshots") -> OTelSpansPlugin:
-    """The plugin's ``transition`` with the state it reads on ``path`` (one of
-    :data:`PATHS`), and no scheduler."""
-    plugin = OTelSpansPlugin.__new__(OTelSpansPlugin)
-    plugin._tasks = {"key": _Task()}
-    plugin._settled = set()
-    plugin._forwarder = None
-    if path == "forwarding":
-        plugin._forwarder = SpanForwarder({}, plugin._tasks, None, _RUNNING_STATES)
-    elif path != "snapshots":
-        raise ValueError(f"unknown path {path!r}: one of {PATHS}")
-    return plugin
+@asynccontextmanager
+async def started_plugin() -> AsyncIterator[OTelSpansPlugin]:
+    """The plugin, started on an in-process scheduler whose task dict holds the task
+    ``"key"`` (of a group in a span)."""
+    async with Scheduler(dashboard_address=":0", port=0) as scheduler:
+        plugin = OTelSpansPlugin(tracer_provider=TracerProvider())
+        await scheduler.register_scheduler_plugin(plugin=plugin, idempotent=False)
+        scheduler.tasks["key"] = _Task()
+        try:
+            yield plugin
+        finally:
+            del scheduler.tasks["key"]
 
 
 def cost_per_call(hook: Any, start: str, finish: str, kwargs: dict, calls: int,
@@ -89,25 +92,29 @@ def cost_per_call(hook: Any, start: str, finish: str, kwargs: dict, calls: int,
     return timed({"p": hook}) - timed({})
 
 
+async def measure(calls: int, repeat: int) -> None:
+    async with started_plugin() as plugin:
+        hooks: dict[str, Any] = {
+            "OTelSpansPlugin.transition": plugin, "a no-op hook": NoOpHook(),
+        }
+        for name, hook in hooks.items():
+            total = 0.0
+            print(f"{name}, per call (best of {repeat} x {calls}):")
+            for start, finish, kwargs in TRANSITIONS:
+                seconds = cost_per_call(hook, start, finish, kwargs, calls, repeat)
+                total += seconds
+                print(f"   {start} -> {finish} ({len(kwargs)} keyword arguments): "
+                      f"{seconds * 1e6:.3f} µs")
+            print(f"   per task (these {len(TRANSITIONS)} transitions): "
+                  f"{total * 1e6:.2f} µs")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300_000)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args(argv)
-    hooks: dict[str, Any] = {
-        f"OTelSpansPlugin.transition, {path}{' (the default)' if i == 0 else ''}":
-        isolated_plugin(path) for i, path in enumerate(PATHS)
-    }
-    hooks["a no-op hook"] = NoOpHook()
-    for name, hook in hooks.items():
-        total = 0.0
-        print(f"{name}, per call (best of {args.repeat} x {args.calls}):")
-        for start, finish, kwargs in TRANSITIONS:
-            seconds = cost_per_call(hook, start, finish, kwargs, args.calls, args.repeat)
-            total += seconds
-            print(f"   {start} -> {finish} ({len(kwargs)} keyword arguments): "
-                  f"{seconds * 1e6:.3f} µs")
-        print(f"   per task (these {len(TRANSITIONS)} transitions): {total * 1e6:.2f} µs")
+    asyncio.run(measure(args.calls, args.repeat))
     return 0
 
 

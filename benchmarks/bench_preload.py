@@ -5,9 +5,6 @@ measures the plugin and the SDK, not a collector.
 With ``BENCH_EXPORT_RECORDS`` set (a file path), the plugin runs with its export
 process, whose providers come from :func:`child_providers`: the export process writes
 one line per exported span to that file, which :func:`stats` reads on the scheduler.
-With ``BENCH_CHILD_FRAMES`` set too (another path), what the scheduler sends its
-export process is recorded there (:func:`record_child_frames`), for
-``bench_child.py`` to replay.
 """
 from __future__ import annotations
 
@@ -42,14 +39,6 @@ LATENCIES: list[float] = []
 #: the same by workload (first tag of the span's name, up to a "-")
 LATENCIES_BY_WORKLOAD: dict[str, list[float]] = {}
 EXPORTED = [0]
-#: dask span id -> wall time when the plugin handed the span to its emitter thread
-HANDED_OVER: dict[str, float] = {}
-#: seconds from hand-over to export (emitter queue, translation, batch processor), by
-#: workload: the part of the latency that is not the plugin's waiting for readiness
-HAND_OVER_TO_EXPORT_BY_WORKLOAD: dict[str, list[float]] = {}
-#: seconds from a dask span's done to its hand-over, by workload: the plugin's wait
-#: (grace period, tick, event-loop lag)
-DONE_TO_HAND_OVER_BY_WORKLOAD: dict[str, list[float]] = {}
 #: seconds from when the scheduler saw a span done to its end as the workers reported
 #: it (their clock offset estimate's error): positive when the reported end is later
 REPORTED_END_SKEW: list[float] = []
@@ -94,12 +83,6 @@ def _record(span_id: str, workload: str, end_s: float, exported_s: float) -> Non
     latency = exported_s - end_s
     LATENCIES.append(latency)
     LATENCIES_BY_WORKLOAD.setdefault(workload, []).append(latency)
-    handed = HANDED_OVER.pop(span_id, None)
-    if handed is not None:
-        HAND_OVER_TO_EXPORT_BY_WORKLOAD.setdefault(workload, []).append(
-            exported_s - handed
-        )
-        DONE_TO_HAND_OVER_BY_WORKLOAD.setdefault(workload, []).append(handed - end_s)
     EXPORTED[0] += 1
 
 
@@ -199,45 +182,8 @@ def memory_child_providers() -> tuple[TracerProvider, MeterProvider]:
     return tracer_provider, meter_provider
 
 
-#: environment variable naming the file to record the export process's frames in
-FRAMES_VARIABLE = "BENCH_CHILD_FRAMES"
-
-
-def record_child_frames(path: str) -> None:
-    """Record what every export process of this scheduler is sent, as it is sent,
-    in ``path``: at each start, ``("spec", PipelineSpec)`` (pickled), then each
-    frame of the sender as ``("frame", monotonic seconds, bytes)``; the first
-    frame, the spec, goes at the start. A frame not written to a child (it had
-    ended) is recorded all the same."""
-    import pickle
-
-    from dask_otel_spans.export_process import ExportProcess
-
-    out = open(path, "wb")
-    lock = threading.Lock()
-    launch, encode = ExportProcess.launch, ExportProcess._encode
-
-    def write(record: tuple) -> None:
-        with lock:
-            pickle.dump(record, out, protocol=pickle.HIGHEST_PROTOCOL)
-            out.flush()
-
-    def recorded_launch(self, *args, **kwargs):
-        write(("spec", self.spec))
-        return launch(self, *args, **kwargs)
-
-    def recorded_encode(self, batch):
-        frame = encode(self, batch)
-        write(("frame", time.monotonic(), frame))
-        return frame
-
-    ExportProcess.launch, ExportProcess._encode = recorded_launch, recorded_encode
-
-
 def dask_setup(scheduler):
     gc.callbacks.append(_gc_clock)
-    if os.environ.get(FRAMES_VARIABLE):
-        record_child_frames(os.environ[FRAMES_VARIABLE])
     if os.environ.get(RECORDS_VARIABLE):
         plugin = OTelSpansPlugin(export_process=True,
                                  providers="bench_preload:child_providers")
@@ -245,138 +191,134 @@ def dask_setup(scheduler):
         tracer_provider, meter_provider = _providers()
         plugin = OTelSpansPlugin(tracer_provider=tracer_provider,
                                  meter_provider=meter_provider)
-    plugin.pause_clock = gc_cpu_of_this_thread
+    _loop_stats(plugin).pause_clock = gc_cpu_of_this_thread
     scheduler.add_plugin(plugin)
+
+
+# The plugin's figures, through its public statistics objects (``loop_stats``,
+# ``export_stats()``), or through the attributes of a plugin from before them
+# (commits before the one-path redesign, run with --against).
+
+
+def _loop_stats(plugin):
+    """The object that holds the plugin's event-loop figures."""
+    return getattr(plugin, "loop_stats", plugin)
+
+
+def _loop_figures(plugin) -> dict:
+    loop = _loop_stats(plugin)
+    if loop is plugin:  # (before the redesign)
+        return {
+            "max_call_s": plugin.max_call_seconds,
+            "max_call_by_hook": dict(plugin.max_call_by_hook),
+            "max_call_cpu_s": plugin.max_call_cpu_seconds,
+            "max_call_cpu_less_gc_s": plugin.max_call_cpu_less_pauses_seconds,
+            "max_call_cpu_less_gc_by_hook": dict(
+                plugin.max_call_cpu_less_pauses_by_hook
+            ),
+            "total_call_cpu_s": plugin.total_call_cpu_seconds,
+            "total_call_s": plugin.total_call_seconds,
+        }
+    return {
+        "max_call_s": loop.max_seconds,
+        "max_call_by_hook": dict(loop.max_seconds_by_place),
+        "max_call_cpu_s": loop.max_cpu_seconds,
+        "max_call_cpu_less_gc_s": loop.max_cpu_less_pauses_seconds,
+        "max_call_cpu_less_gc_by_hook": dict(loop.max_cpu_less_pauses_by_place),
+        "total_call_cpu_s": loop.total_cpu_seconds,
+        "total_call_s": loop.total_seconds,
+    }
+
+
+def _export_figures(plugin) -> dict:
+    """The export session's figures (cumulative)."""
+    if hasattr(plugin, "export_stats"):
+        return plugin.export_stats()
+    process = getattr(plugin, "export_process", None)
+    if process is not None:  # (before the redesign, with its export process)
+        return {**process.child_stats, "sender_cpu_s": process.cpu_seconds}
+    return {}
+
+
+def _sender_cpu(plugin) -> float:
+    transport = getattr(plugin, "transport", None)
+    process = getattr(transport, "process", None) or getattr(plugin, "export_process", None)
+    return process.cpu_seconds if process is not None else 0.0
 
 
 def stats(dask_scheduler) -> dict:
     """run_on_scheduler: the plugin's event-loop figures and the export latencies."""
     plugin = dask_scheduler.plugins.get("otel-spans")
     _read_records()
-    metrics = _metric_figures(plugin)
+    loop = _loop_figures(plugin) if plugin else {}
+    export = _export_figures(plugin) if plugin else {}
+
+    def since_reset(name: str) -> float:
+        return export.get(name, 0) - _EXPORT_BASE.get(name, 0)
+
     return {
-        "max_call_s": plugin.max_call_seconds if plugin else 0.0,
-        "max_call_by_hook": dict(plugin.max_call_by_hook) if plugin else {},
-        "max_call_cpu_s": plugin.max_call_cpu_seconds if plugin else 0.0,
-        "max_call_cpu_less_gc_s": (
-            plugin.max_call_cpu_less_pauses_seconds if plugin else 0.0
-        ),
-        "max_call_cpu_less_gc_by_hook": (
-            dict(plugin.max_call_cpu_less_pauses_by_hook) if plugin else {}
-        ),
-        "cpu_by_place": _cpu_by_place(plugin),
-        "total_call_s": plugin.total_call_seconds if plugin else 0.0,
-        "readiness_checks": plugin.readiness_checks if plugin else 0,
-        "handed_over": plugin.handed_over_count if plugin else 0,
-        "metric_updates": metrics["metric_updates"],
-        "metric_sdk_calls": metrics["metric_sdk_calls"],
+        "max_call_s": loop.get("max_call_s", 0.0),
+        "max_call_by_hook": loop.get("max_call_by_hook", {}),
+        "max_call_cpu_s": loop.get("max_call_cpu_s", 0.0),
+        "max_call_cpu_less_gc_s": loop.get("max_call_cpu_less_gc_s", 0.0),
+        "max_call_cpu_less_gc_by_hook": loop.get("max_call_cpu_less_gc_by_hook", {}),
+        "cpu_by_place": _cpu_by_place(plugin, loop, export, since_reset),
+        "total_call_s": loop.get("total_call_s", 0.0),
+        "readiness_checks": since_reset("readiness_checks"),
+        "handed_over": since_reset("handed_over"),
+        "metric_updates": since_reset("metric_updates"),
+        "metric_sdk_calls": since_reset("metric_sdk_calls"),
         "emitted": plugin.emitted_count if plugin else 0,
         "open": plugin.open_span_count if plugin else 0,
         "grace_s": plugin.grace if plugin else 0.0,
         "latencies": list(LATENCIES),
         "latencies_by_workload": {k: list(v) for k, v in LATENCIES_BY_WORKLOAD.items()},
-        "hand_over_to_export_by_workload": {
-            k: list(v) for k, v in HAND_OVER_TO_EXPORT_BY_WORKLOAD.items()
-        },
-        "done_to_hand_over_by_workload": {
-            k: list(v) for k, v in DONE_TO_HAND_OVER_BY_WORKLOAD.items()
-        },
         "max_gc_pause_s": GC_PAUSE["max_s"],
         "reported_end_skew": list(REPORTED_END_SKEW),
         "plugin_source": os.path.dirname(os.path.abspath(dask_otel_spans.__file__)),
     }
 
 
-#: the export process's cumulative figures when the benchmark reset the plugin's
-_CHILD_BASE: dict[str, float] = {}
-
-
-def _child_figure(plugin, name: str) -> float:
-    return plugin.export_process.child_stats.get(name, 0) - _CHILD_BASE.get(name, 0)
-
-
-def _metric_figures(plugin) -> dict:
-    if plugin is None:
-        return {"metric_updates": 0, "metric_sdk_calls": 0}
-    if plugin.export_process is not None:
-        return {name: _child_figure(plugin, name)
-                for name in ("metric_updates", "metric_sdk_calls")}
-    return {"metric_updates": plugin.instruments.updates,
-            "metric_sdk_calls": plugin.instruments.sdk_calls}
-
-
-def _cpu_by_place(plugin) -> dict:
-    """CPU seconds of the plugin: on the event loop, on its two threads (or, with the
-    export process, its sender thread and the export process)."""
+def _cpu_by_place(plugin, loop: dict, export: dict, since_reset) -> dict:
+    """CPU seconds of the plugin: on the event loop, and where it exports (the
+    sender thread and the export process; or the session, emitter and metrics
+    threads of the scheduler process)."""
     if plugin is None:
         return {}
-    if plugin.export_process is not None:
-        return {
-            "event loop": plugin.total_call_cpu_seconds,
-            "sender thread": plugin.export_process.cpu_seconds,
-            "export process": _child_figure(plugin, "process_cpu_s"),
-        }
-    return {
-        "event loop": plugin.total_call_cpu_seconds,
-        "emitter thread": plugin.emitter.cpu_seconds if plugin.emitter else 0.0,
-        "metrics thread": plugin.pump.cpu_seconds if plugin.pump else 0.0,
-    }
+    out = {"event loop": loop.get("total_call_cpu_s", 0.0)}
+    if "process_cpu_s" in export:
+        out["sender thread"] = _sender_cpu(plugin) - _EXPORT_BASE.get("sender_cpu_s", 0)
+        out["export process"] = since_reset("process_cpu_s")
+    else:
+        out["session thread"] = since_reset("session_cpu_s")
+        out["emitter thread"] = since_reset("emitter_cpu_s")
+        out["metrics thread"] = since_reset("metrics_cpu_s")
+    return out
 
 
-def _record_hand_over(emitter) -> None:
-    """Wrap the emitter's ``emit`` and ``emit_many`` (called on the event loop) to
-    note hand-over times (an older plugin, run with --against, may call ``emit``
-    only)."""
-    if getattr(emitter, "_bench_recording", False):
-        return
-    emit = emitter.emit
-
-    # (requests are named tuples or, since the plain form, tuples: ids by position)
-    def emit_and_record(request) -> None:
-        HANDED_OVER[request[1][-1]] = time.time()
-        emit(request)
-
-    emitter.emit = emit_and_record
-    emit_many = getattr(emitter, "emit_many", None)
-    if emit_many is not None:
-
-        def emit_many_and_record(requests) -> None:
-            now = time.time()
-            for request in requests:
-                HANDED_OVER[request[1][-1]] = now
-            emit_many(requests)
-
-        emitter.emit_many = emit_many_and_record
-    emitter._bench_recording = True
+#: the export session's cumulative figures when the benchmark last reset
+_EXPORT_BASE: dict[str, float] = {}
 
 
 def reset(dask_scheduler) -> None:
     plugin = dask_scheduler.plugins.get("otel-spans")
-    if plugin is not None and plugin.emitter is not None:
-        _record_hand_over(plugin.emitter)
     if plugin is not None:
-        plugin.max_call_seconds = 0.0
-        plugin.total_call_seconds = 0.0
-        plugin.max_call_by_hook.clear()
-        plugin.max_call_cpu_seconds = 0.0
-        plugin.total_call_cpu_seconds = 0.0
-        plugin.max_call_cpu_less_pauses_seconds = 0.0
-        plugin.max_call_cpu_less_pauses_by_hook.clear()
-        plugin.readiness_checks = 0
-        plugin.handed_over_count = 0
-        if plugin.instruments is not None:
-            plugin.instruments.updates = 0
-            plugin.instruments.sdk_calls = 0
-        if plugin.export_process is not None:
-            _CHILD_BASE.update(plugin.export_process.child_stats)
-        for worker in {id(w): w for w in (plugin.emitter, plugin.pump)}.values():
-            if worker is not None:
-                worker.cpu_seconds = 0.0
+        loop = _loop_stats(plugin)
+        if loop is plugin:  # (before the redesign)
+            plugin.max_call_seconds = plugin.total_call_seconds = 0.0
+            plugin.max_call_cpu_seconds = plugin.total_call_cpu_seconds = 0.0
+            plugin.max_call_cpu_less_pauses_seconds = 0.0
+            plugin.max_call_by_hook.clear()
+            plugin.max_call_cpu_less_pauses_by_hook.clear()
+        else:
+            fresh = type(loop)()
+            fresh.pause_clock = loop.pause_clock
+            plugin.loop_stats = fresh
+        _EXPORT_BASE.clear()
+        _EXPORT_BASE.update(_export_figures(plugin))
+        _EXPORT_BASE["sender_cpu_s"] = _sender_cpu(plugin)
     _read_records()
     LATENCIES.clear()
     LATENCIES_BY_WORKLOAD.clear()
     REPORTED_END_SKEW.clear()
-    HANDED_OVER.clear()
-    HAND_OVER_TO_EXPORT_BY_WORKLOAD.clear()
-    DONE_TO_HAND_OVER_BY_WORKLOAD.clear()
     GC_PAUSE["max_s"] = 0.0

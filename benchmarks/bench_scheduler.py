@@ -666,22 +666,6 @@ def report_throughput(ratios: dict[str, dict[str, list[float]]], plugin_stats: l
     print("   by workload: " + ", ".join(
         f"{name} median {statistics.median(v):.2f} s max {max(v):.2f} s ({len(v)})"
         for name, v in sorted(by_workload.items())))
-    queued: dict[str, list[float]] = {}
-    for s in plugin_stats:
-        for name, values in s["hand_over_to_export_by_workload"].items():
-            queued.setdefault(name, []).extend(values)
-    waited: dict[str, list[float]] = {}
-    for s in plugin_stats:
-        for name, values in s["done_to_hand_over_by_workload"].items():
-            waited.setdefault(name, []).extend(values)
-    print("   of which done to hand-over (the plugin's wait: grace, tick, event-loop "
-          "lag): " + ", ".join(
-              f"{name} median {statistics.median(v):.2f} s max {max(v):.2f} s"
-              for name, v in sorted(waited.items()) if v))
-    print("   and hand-over to exporter (emitter queue, translation, batch "
-          "processor with 0.5 s delay): " + ", ".join(
-              f"{name} median {statistics.median(v):.2f} s max {max(v):.2f} s"
-              for name, v in sorted(queued.items()) if v))
     skew = sorted(x for s in plugin_stats for x in s["reported_end_skew"])
     if skew:
         print(f"   span ends as the workers reported them, less when the scheduler saw "
@@ -719,8 +703,6 @@ async def _memory(checkpoints: list[int], export_process: bool) -> list[dict[str
 
     from dask_otel_spans import OTelSpansPlugin
 
-    class ImmediatePlugin(OTelSpansPlugin):
-        grace = 0.0  # emit on the first pass: memory, not timing, is measured here
 
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(bench_preload.LatencyExporter()))
@@ -730,16 +712,16 @@ async def _memory(checkpoints: list[int], export_process: bool) -> list[dict[str
         if export_process:
             # the export process traces its allocations from its start
             with _environ(PYTHONTRACEMALLOC="1"):
-                plugin = ImmediatePlugin(export_process=True,
+                plugin = OTelSpansPlugin(export_process=True,
                                          providers="bench_preload:memory_child_providers",
-                                         idle_timeout=0, tick_interval=3600)
+                                         idle_timeout=0, export_delay=0)
                 await s.register_scheduler_plugin(plugin=plugin, idempotent=False)
-            if plugin.export_process is None:
+            if not plugin.destinations.get("export_process"):
                 raise RuntimeError("the export process did not start")
         else:
-            plugin = ImmediatePlugin(tracer_provider=tracer_provider,
+            plugin = OTelSpansPlugin(tracer_provider=tracer_provider,
                                      meter_provider=meter_provider, idle_timeout=0,
-                                     tick_interval=3600)
+                                     export_delay=0)
             await s.register_scheduler_plugin(plugin=plugin, idempotent=False)
         ext = s.extensions["spans"]
         tracemalloc.start()
@@ -768,7 +750,7 @@ async def _memory(checkpoints: list[int], export_process: bool) -> list[dict[str
                 "open": plugin.open_span_count,
             }
             if export_process:
-                child = plugin.export_process.child_stats
+                child = plugin.export_stats()
                 row["child_traced_bytes"] = child.get("traced_bytes", 0)
                 row["child_rss_bytes"] = child.get("rss_bytes", 0)
             out.append(row)

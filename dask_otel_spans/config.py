@@ -113,6 +113,7 @@ class PluginConfig:
     export_process_nice: int = 10
     export_process_cpu_policy: str = CPU_POLICY_DEFAULT
     providers: str | None = None
+    forward_budget: int = 100_000
 
     @classmethod
     def from_dask_config(cls, **overrides: Any) -> PluginConfig:
@@ -149,6 +150,7 @@ class PluginConfig:
                 get("export-process-cpu-policy")
             ),
             providers=str(factory) if factory not in (None, "", "null") else None,
+            forward_budget=int(get("forward-budget")),
         )
         known = {f.name for f in fields(cls)}
         unknown = set(overrides) - known

@@ -121,7 +121,7 @@ def _stats(session: ExportSession) -> dict[str, Any]:
     return out
 
 
-def _report_stats(session: ExportSession, outbox: _Outbox,
+def report_stats(session: ExportSession, outbox: _Outbox,
                   stopped: threading.Event) -> None:
     last: dict[str, Any] = {}
     failed = False
@@ -164,7 +164,7 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
     settle_garbage_collector()
     stopped = threading.Event()
     reporter = threading.Thread(
-        target=_report_stats, args=(session, outbox, stopped),
+        target=report_stats, args=(session, outbox, stopped),
         name="dask-otel-spans-export-stats", daemon=True,
     )
     reporter.start()

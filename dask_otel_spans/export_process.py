@@ -71,9 +71,11 @@ class ExportProcess(BackgroundQueue):
         Seconds to wait for a child to report ready
     max_restarts:
         Children started after the first one died
-    max_backlog:
-        Batches waiting for the sender thread past which a warning says, once, that
-        the export process is behind
+    budget:
+        Messages that may wait in this process for the export process
+        (``forward-budget``); past it the newest are dropped and counted
+        (:attr:`dropped_by_kind`), with one warning when it starts and one when
+        the backlog is back under half of it
     nice:
         Nice levels the child runs below this process: 0 for the same priority
     cpu_policy:
@@ -89,14 +91,21 @@ class ExportProcess(BackgroundQueue):
         maxsize: int = 0,
         start_timeout: float = 60.0,
         max_restarts: int = 3,
-        max_backlog: int = 10_000,
+        budget: int = 100_000,
         nice: int = 0,
         cpu_policy: str = "normal",
     ):
         super().__init__(
             "dask-otel-spans-export-sender", maxsize, "spans and metric updates"
         )
-        self.max_backlog = max(1, max_backlog)
+        self.budget = max(1, budget)
+        #: messages sent (event loop) and taken by the sender thread: each count
+        #: written by one thread only
+        self._sent = self._taken = 0
+        #: messages dropped past the budget, by kind (``span``, ``deltas``, ...)
+        self.dropped_by_kind: dict[str, int] = {}
+        self._over_budget = False
+        self._dropped_then = 0
         self.spec = spec
         self.start_timeout = start_timeout
         self.max_restarts = max_restarts
@@ -122,7 +131,6 @@ class ExportProcess(BackgroundQueue):
         #: pids of children whose end was logged
         self._deaths_logged: set[int] = set()
         self._unpicklable_logged = False
-        self._backlog_logged = False
         #: the child whose figures ``child_stats`` holds
         self._stats_pid: int | None = None
         #: spans exported by children that died
@@ -143,6 +151,12 @@ class ExportProcess(BackgroundQueue):
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
+
+    @property
+    def child_running(self) -> bool:
+        """Whether the export process runs (False once it ended and was reaped)."""
+        proc = self._proc
+        return proc is not None and proc.poll() is None
 
     @property
     def exported_count(self) -> int:
@@ -307,35 +321,63 @@ class ExportProcess(BackgroundQueue):
 
     def send(self, messages: list[tuple[Any, ...]]) -> None:
         """Queue messages of the protocol (:mod:`~dask_otel_spans.events`) for the
-        export process, in order; never blocks."""
-        if messages:
-            self.put(messages)
-            self._note_backlog()
+        export process, in order; never blocks. Past the budget they are dropped
+        and counted."""
+        if not messages:
+            return
+        waiting = self._sent - self._taken
+        if waiting + len(messages) > self.budget:
+            self._drop(messages, waiting)
+            return
+        if self._over_budget and waiting <= self.budget // 2:
+            self._back_under_budget()
+        self._sent += len(messages)
+        self.put(messages)
+
+    @property
+    def waiting(self) -> int:
+        """Messages sent and not yet written to the export process (or lost)."""
+        return self._sent - self._taken
+
+    def _drop(self, messages: list[tuple[Any, ...]], waiting: int) -> None:
+        dropped = self.dropped_by_kind
+        for message in messages:
+            kind = message[0] if message else "?"
+            dropped[kind] = dropped.get(kind, 0) + 1
+        if not self._over_budget:
+            self._over_budget = True
+            self._dropped_then = sum(dropped.values()) - len(messages)
+            logger.warning(
+                "dask_otel_spans: %d messages wait in the scheduler for the export "
+                "process, which is behind (stopped, or starved of CPU: it runs at "
+                "nice %d, CPU policy %s); dropping new spans, task groups and metric "
+                "deltas until it catches up (counted; otel-spans.forward-budget, now "
+                "%d, raises the budget)", waiting, self.nice, self.cpu_policy,
+                self.budget,
+            )
+
+    def _back_under_budget(self) -> None:
+        self._over_budget = False
+        dropped = {k: v for k, v in self.dropped_by_kind.items() if v}
+        lost = sum(dropped.values()) - self._dropped_then
+        logger.warning(
+            "dask_otel_spans: the export process caught up; %d messages were dropped "
+            "while it was behind (so far, by kind: %s; otel-spans.forward-budget "
+            "raises the budget)", lost,
+            ", ".join(f"{kind} {n}" for kind, n in sorted(dropped.items())),
+        )
 
     def stats(self) -> dict[str, Any]:
         """The export process's figures as last reported, its counts with those
-        of the children that died."""
+        of the children that died; and what this side lost or dropped."""
         out = dict(self.child_stats)
         out["exported"] = self.exported_count
         for name in _CUMULATIVE:
             out[name] = self.child_total(name)
         out["lost"] = self.lost
+        out["dropped_by_kind"] = dict(self.dropped_by_kind)
+        out["waiting"] = self.waiting
         return out
-
-    def _note_backlog(self) -> None:
-        """Say once when ``max_backlog`` batches wait for the sender: the export
-        process reads slower than the scheduler forwards (a busy machine leaves it
-        little CPU), and what waits is kept in the scheduler's memory."""
-        if self._backlog_logged or self._queue.qsize() < self.max_backlog:
-            return
-        self._backlog_logged = True
-        logger.warning(
-            "dask_otel_spans: %d batches wait in the scheduler for the export process, "
-            "which is behind (its threads run at nice %d, CPU policy %s: on a machine "
-            "whose cores are all busy it gets little CPU; otel-spans."
-            "export-process-cpu-policy: batch gives it a share of a busy core) "
-            "(logged once)", self._queue.qsize(), self.nice, self.cpu_policy,
-        )
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until the export process exported everything queued so far; False
@@ -421,6 +463,12 @@ class ExportProcess(BackgroundQueue):
         batch, self._batch = self._batch, []
         if not batch:
             return
+        try:
+            self._write(batch)
+        finally:
+            self._taken += sum(1 for item in batch if item[0] != "flush")
+
+    def _write(self, batch: list[tuple[Any, ...]]) -> None:
         for _ in range(2):  # the running child, or else a new one
             proc = self._live_child()
             if proc is None:

@@ -168,7 +168,7 @@ async def open_transport(
     )
     if setting is not False and stays is None:
         process = ExportProcess(
-            spec, max_backlog=config.max_queue_size, nice=config.export_process_nice,
+            spec, budget=config.forward_budget, nice=config.export_process_nice,
             cpu_policy=config.export_process_cpu_policy,
         )
         loop = asyncio.get_running_loop()

@@ -1,5 +1,5 @@
-"""The export process (``otel-spans.export-process``): translation, SDK and exporters
-in a child of the scheduler, fed over a pipe; restarts, fallbacks and shutdown."""
+"""The export process (``otel-spans.export-process``): the export session in a child
+of the scheduler, fed over a pipe; restarts, fallbacks, its budget and shutdown."""
 from __future__ import annotations
 
 import asyncio
@@ -19,7 +19,6 @@ from distributed import Client
 from distributed.utils_test import gen_cluster, inc
 
 from dask_otel_spans import OTelSpansPlugin, names, span
-from dask_otel_spans.emitter import EmitRequest
 from dask_otel_spans.export_process import ExportProcess
 from dask_otel_spans.otlpjson import latest_points, read_metric_points, read_spans
 from dask_otel_spans.pipeline import PipelineSpec
@@ -64,6 +63,12 @@ async def export_one_span(c, plugin: OTelSpansPlugin, name: str) -> None:
     await plugin.flush()
 
 
+def child_pid(plugin: OTelSpansPlugin) -> int:
+    """The pid of the plugin's export process."""
+    assert plugin.destinations["export_process"] is True
+    return plugin.destinations["pid"]
+
+
 def export_children(pid: int) -> list[psutil.Process]:
     return [
         p for p in psutil.Process(pid).children(recursive=True)
@@ -71,18 +76,13 @@ def export_children(pid: int) -> list[psutil.Process]:
     ]
 
 
-@pytest.mark.parametrize("tracking", [True, False], ids=["tracking", "snapshots"])
-def test_export_process_exports_spans_and_metrics(tmp_path, tracking):
+def test_export_process_exports_spans_and_metrics(tmp_path):
     state = {}
 
     @gen_cluster(client=True, timeout=120)
     async def run(c, s, a, b):
-        plugin = await install_process_plugin(
-            c, tmp_path, track_in_export_process=tracking
-        )
-        assert plugin.pipeline is None and plugin.export_process is not None
-        assert plugin.tracks_in_export_process is tracking
-        state["child"] = plugin.export_process.pid
+        plugin = await install_process_plugin(c, tmp_path)
+        state["child"] = child_pid(plugin)
         with span("workflow") as root_id:
             with span("load") as load_id:
                 assert await c.gather(c.map(inc, range(8), key=[f"x-{i}" for i in range(8)])) == list(range(1, 9))
@@ -125,7 +125,7 @@ def test_span_code_reaches_the_export_process_in_a_pickled_batch(tmp_path):
             c, tmp_path, include_code=True, max_code_length=200
         )
         await export_one_span(c, plugin, "coded")
-        state["lost"] = plugin.export_process.lost
+        state["lost"] = plugin.export_stats()["lost"]
         await plugin.close()
 
     run()
@@ -162,8 +162,8 @@ def test_export_process_reports_its_memory(tmp_path, monkeypatch):
     async def run(c, s, a, b):
         plugin = await install_process_plugin(c, tmp_path)
         await export_one_span(c, plugin, "measured")
-        state["stats"] = dict(plugin.export_process.child_stats)
-        state["rss"] = psutil.Process(plugin.export_process.pid).memory_info().rss
+        state["stats"] = plugin.export_stats()
+        state["rss"] = psutil.Process(child_pid(plugin)).memory_info().rss
         await plugin.close()
 
     run()
@@ -181,7 +181,7 @@ def test_export_process_ends_with_the_plugin_and_exports_open_spans(tmp_path):
     @gen_cluster(client=True, timeout=120)
     async def run(c, s, a, b):
         plugin = await install_process_plugin(c, tmp_path)
-        child = psutil.Process(plugin.export_process.pid)
+        child = psutil.Process(child_pid(plugin))
         with span("still running"):
             fut = c.submit(time.sleep, 30, key="sleeper")
             await async_wait_for(lambda: s.tasks.get("sleeper") is not None
@@ -197,16 +197,14 @@ def test_export_process_ends_with_the_plugin_and_exports_open_spans(tmp_path):
     assert open_span["attributes"][names.SPAN_INCOMPLETE] is True
 
 
-@pytest.mark.parametrize("tracking", [True, False], ids=["tracking", "snapshots"])
-def test_killed_export_process_is_replaced(tmp_path, caplog, tracking):
+def test_killed_export_process_is_replaced(tmp_path, caplog):
     state = {}
 
     @gen_cluster(client=True, timeout=120)
     async def run(c, s, a, b):
-        plugin = await install_process_plugin(
-            c, tmp_path, track_in_export_process=tracking
-        )
-        first = plugin.export_process.pid
+        plugin = await install_process_plugin(c, tmp_path)
+        process = plugin.transport.process
+        first = process.pid
         with span("before"):
             await c.submit(inc, 1, key="b-1")
         await async_wait_for(lambda: plugin.emitted_count >= 1, timeout=60)
@@ -219,11 +217,11 @@ def test_killed_export_process_is_replaced(tmp_path, caplog, tracking):
                              in caplog.text)
         with span("after"):
             await c.submit(inc, 2, key="a-1")
-        await async_wait_for(lambda: plugin.export_process.restarts == 1, timeout=60)
+        await async_wait_for(lambda: process.restarts == 1, timeout=60)
         await async_wait_for(lambda: plugin.handed_over_count >= 2, timeout=60)
         await plugin.flush()
         state["names"] = exported_names(tmp_path)
-        state["pids"] = first, plugin.export_process.pid
+        state["pids"] = first, process.pid
         state["emitted"] = plugin.emitted_count
         await plugin.close()
 
@@ -244,17 +242,16 @@ def test_spans_sent_to_an_export_process_as_it_dies_are_sent_again(tmp_path, cap
 
     @gen_cluster(client=True, timeout=120)
     async def run(c, s, a, b):
-        plugin = await install_process_plugin(c, tmp_path, track_in_export_process=True)
-        process = plugin.export_process
+        plugin = await install_process_plugin(c, tmp_path)
+        process = plugin.transport.process
         await export_one_span(c, plugin, "before")
         first = process.pid
         os.kill(first, signal.SIGSTOP)  # it reads no more
         with span("into the pipe"):
             await c.submit(inc, 2, key="p-1")
         # forwarded and written (or, if the kill comes first, failed and sent again)
-        await async_wait_for(lambda: plugin._forwarder.forwarded_spans >= 2
-                             and not process._batch
-                             and process._queue.unfinished_tasks == 0)
+        await async_wait_for(lambda: plugin.forwarder.forwarded_spans >= 2
+                             and process.waiting == 0)
         os.kill(first, signal.SIGKILL)
         await async_wait_for(lambda: f"export process (pid {first}) exited"
                              in caplog.text)
@@ -273,11 +270,7 @@ def test_spans_sent_to_an_export_process_as_it_dies_are_sent_again(tmp_path, cap
 def test_the_export_process_figures_thread_carries_on_after_an_error(monkeypatch):
     from dask_otel_spans import export_child
 
-    class Pipeline:
-        def stats(self) -> dict:
-            return {"exported": 0}
-
-    class Tracking:
+    class Session:
         calls = 0
 
         def stats(self) -> dict:
@@ -296,8 +289,8 @@ def test_the_export_process_figures_thread_carries_on_after_an_error(monkeypatch
     monkeypatch.setattr(export_child, "_STATS_INTERVAL", 0.01)
     outbox, stopped = Outbox(), threading.Event()
     thread = threading.Thread(
-        target=export_child._report_stats,
-        args=(Pipeline(), Tracking(), outbox, stopped), daemon=True,
+        target=export_child.report_stats, args=(Session(), outbox, stopped),
+        daemon=True,
     )
     thread.start()
     try:
@@ -317,7 +310,7 @@ def test_export_process_that_cannot_start_leaves_export_in_the_scheduler(
     @gen_cluster(client=True, timeout=120)
     async def run(c, s, a, b):
         plugin = await install_process_plugin(c, tmp_path)
-        state["modes"] = plugin.export_process, plugin.pipeline is not None
+        state["in child"] = plugin.destinations["export_process"]
         with span("in the scheduler"):
             await c.submit(inc, 1, key="i-1")
         await async_wait_for(lambda: plugin.emitted_count >= 1, timeout=60)
@@ -325,7 +318,7 @@ def test_export_process_that_cannot_start_leaves_export_in_the_scheduler(
 
     with caplog.at_level(logging.ERROR, logger="dask_otel_spans"):
         run()
-    assert state["modes"] == (None, True)
+    assert state["in child"] is False
     assert "the export process did not start" in caplog.text
     assert "in the scheduler" in exported_names(tmp_path)
 
@@ -338,7 +331,7 @@ async def test_given_providers_keep_export_in_the_scheduler(c, s, a, b):
         export_process=True, **FAST,
     )
     await c.register_plugin(plugin)
-    assert plugin.export_process is None and plugin.pipeline is not None
+    assert plugin.destinations["export_process"] is False
     with span("given"):
         await c.submit(inc, 1, key="g-1")
     await async_wait_for(lambda: memory.by_name("given"), timeout=30)
@@ -352,7 +345,7 @@ def test_bad_providers_factory_is_logged_and_the_scheduler_runs_on(tmp_path, cap
     @gen_cluster(client=True, timeout=120)
     async def run(c, s, a, b):
         plugin = await install_process_plugin(c, tmp_path, providers="no_such_module_xyz:make")
-        state["idle"] = plugin.export_process is None and plugin.pipeline is None
+        state["idle"] = plugin.transport is None
         with span("unexported"):
             state["result"] = await c.submit(inc, 1, key="u-1")
         await plugin.close()
@@ -364,13 +357,19 @@ def test_bad_providers_factory_is_logged_and_the_scheduler_runs_on(tmp_path, cap
     assert "cannot set up exporters" in caplog.text
 
 
-def test_metric_updates_past_the_backlog_are_dropped_and_counted():
-    process = ExportProcess(PipelineSpec(PluginConfig()), max_metric_backlog=5)
-    for _ in range(8):  # no sender thread: everything stays queued
-        process.submit("add_worker_deltas", {("gather-dep", "seconds"): 1.0})
-    assert process.dropped == 3
-    process.emit(object())  # spans are never dropped here
-    assert process.dropped == 3
+def test_messages_past_the_budget_are_dropped_counted_and_said_once(caplog):
+    process = ExportProcess(PipelineSpec(PluginConfig()), budget=5, nice=10,
+                            cpu_policy="idle")
+    # (no sender thread: everything sent waits)
+    with caplog.at_level(logging.WARNING, logger="dask_otel_spans"):
+        process.send([("workers", 1)] * 4)
+        process.send([("span", ("a",), ("a",), 0.0, 0, 0), ("deltas", {})])
+        process.send([("deltas", {})] * 3)
+    assert process.waiting == 4
+    assert process.dropped_by_kind == {"span": 1, "deltas": 4}
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert "5 messages wait" not in warning and "4 messages wait" in warning
+    assert "otel-spans.forward-budget, now 5" in warning and "CPU policy idle" in warning
 
 
 def test_flush_after_the_export_process_is_gone_for_good_returns_false(tmp_path):
@@ -383,8 +382,8 @@ def test_flush_after_the_export_process_is_gone_for_good_returns_false(tmp_path)
     process.start()
     try:
         os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: process._proc.poll() is not None)
-        process.submit("add_worker_deltas", {("gather-dep", "seconds"): 1.0})
+        wait_for(lambda: not process.child_running)
+        process.send([("worker-deltas", {("gather-dep", "seconds"): 1.0})])
         assert process.flush(10) is False
         # (the reader's end of the pipe can fail the flush before the sender
         # counted the item it could not send)
@@ -442,7 +441,7 @@ async def test_prometheus_on_the_scheduler_port_keeps_export_in_the_scheduler(c,
     )
     await c.register_plugin(plugin)
     # the scheduler's own /metrics is this process's registry: no child could fill it
-    assert plugin.export_process is None and plugin.pipeline is not None
+    assert plugin.destinations["export_process"] is False
     await plugin.close()
 
 
@@ -460,7 +459,7 @@ def test_prometheus_on_a_port_of_its_own_is_served_by_the_export_process():
             **FAST,
         )
         await c.register_plugin(plugin)
-        state["child"] = plugin.export_process.pid
+        state["child"] = child_pid(plugin)
         with span("scraped"):
             await c.submit(inc, 1, key="p-1")
         await async_wait_for(lambda: plugin.handed_over_count >= 1, timeout=60)
@@ -488,19 +487,12 @@ def _scrape_with(port: int, needle: str) -> str | None:
     return text if needle in text else None
 
 
-def unseen(span_id: str, name: str, carried: dict) -> EmitRequest:
-    """A request for a span the scheduler never saw (no snapshot)."""
-    return EmitRequest(
-        tags=(name,), ids=(span_id,), carried=carried, snapshot=None,
-        now=time.time(), complete=True, close_reason="client",
-        enter=time.time() - 1, exit=time.time(),
-    )
-
-
-def unpicklable(request: EmitRequest) -> EmitRequest:
-    """``request`` with a field no encoding can take (carried headers would cross
-    as their strings whatever they hold)."""
-    return request._replace(close_reason=lambda: None)
+def notice(name: str, **extra) -> tuple:
+    """The close notice of a one-level block that sent no task."""
+    now = time.time()
+    msg = {"ids": [str(uuid.uuid4())], "name": [name], "opened": 1, "enter": now - 1,
+           "exit": now, **extra}
+    return ("notice", now, msg)
 
 
 @pytest.fixture
@@ -515,35 +507,18 @@ def file_export_process(tmp_path):
     process.stop(10)
 
 
-def test_item_that_cannot_be_pickled_is_left_out_and_the_rest_arrives(
+def test_a_message_that_cannot_be_pickled_is_left_out_alone(
     file_export_process, tmp_path, caplog
 ):
     process = file_export_process
     with caplog.at_level(logging.ERROR, logger="dask_otel_spans"):
-        process.emit(unpicklable(unseen(str(uuid.uuid4()), "bad", {})))
-        process.emit(unseen(str(uuid.uuid4()), "good", {}))
-        assert process.flush(30) is True
-    process.stop(10)
-    assert process.lost == 1
-    assert caplog.text.count("cannot send an item (emit)") == 1
-    assert exported_names(tmp_path) == {"good"}
-
-
-def test_a_span_that_cannot_be_pickled_among_a_slices_spans_is_left_out_alone(
-    file_export_process, tmp_path, caplog
-):
-    process = file_export_process
-    with caplog.at_level(logging.ERROR, logger="dask_otel_spans"):
-        process.submit_many([("span_opened", (("good",),))] * 2)
-        process.emit_many([
-            unseen(str(uuid.uuid4()), "good", {}),
-            unpicklable(unseen(str(uuid.uuid4()), "bad", {})),
-            unseen(str(uuid.uuid4()), "also good", {}),
+        process.send([
+            notice("good"), notice("bad", odd=lambda: None), notice("also good"),
         ])
         assert process.flush(30) is True
-    process.stop(10)
+    process.stop(10)  # (the spans still open are emitted as it ends)
     assert process.lost == 1
-    assert caplog.text.count("cannot send an item (emit)") == 1
+    assert caplog.text.count("cannot send an item (notice)") == 1
     assert exported_names(tmp_path) == {"good", "also good"}
 
 
@@ -556,7 +531,7 @@ def test_by_default_providers_from_configuration_export_in_a_child(tmp_path):
         plugin = OTelSpansPlugin(environ={}, use_global_providers=False,
                                  output_dir=str(tmp_path), **FAST)
         await c.register_plugin(plugin)
-        state["child"] = plugin.export_process is not None and plugin.pipeline is None
+        state["child"] = plugin.destinations["export_process"]
         await export_one_span(c, plugin, "by-default")
         await plugin.close()
 
@@ -574,7 +549,7 @@ async def test_by_default_given_providers_export_in_the_scheduler_quietly(
         plugin = OTelSpansPlugin(tracer_provider=memory.tracer_provider,
                                  meter_provider=memory.meter_provider, **FAST)
         await c.register_plugin(plugin)
-    assert plugin.export_process is None and plugin.pipeline is not None
+    assert plugin.destinations["export_process"] is False
     # auto asks for nothing: where export stays is not worth an INFO line
     assert "traces to" in caplog.text  # INFO lines were captured
     assert "export process" not in caplog.text
@@ -587,7 +562,7 @@ async def test_export_process_false_exports_in_the_scheduler(c, s, a, b, tmp_pat
     plugin = OTelSpansPlugin(environ={}, use_global_providers=False,
                              output_dir=str(tmp_path), export_process=False, **FAST)
     await c.register_plugin(plugin)
-    assert plugin.export_process is None and plugin.pipeline is not None
+    assert plugin.destinations["export_process"] is False
     await export_one_span(c, plugin, "here")
     await plugin.close()
     assert "here" in exported_names(tmp_path)
@@ -599,7 +574,7 @@ def test_registered_again_with_the_same_settings_keeps_its_export_process(tmp_pa
     @gen_cluster(client=True, timeout=120)
     async def run(c, s, a, b):
         first = await install_process_plugin(c, tmp_path)
-        child = first.export_process
+        child = first.transport.process
         with span("parent"):
             with span("child"):
                 await c.submit(inc, 1, key="child-1")
@@ -612,7 +587,7 @@ def test_registered_again_with_the_same_settings_keeps_its_export_process(tmp_pa
             await c.submit(inc, 2, key="parent-1")
         await async_wait_for(lambda: second.handed_over_count >= 1, timeout=60)
         await second.flush()
-        state["kept"] = second.export_process is child and first._closed
+        state["kept"] = second.transport.process is child and first.transport is None
         state["running"] = child.pid is not None and psutil.pid_exists(child.pid)
         await second.close()
 
@@ -630,11 +605,11 @@ def test_registered_again_with_other_settings_starts_a_new_export_process(tmp_pa
     @gen_cluster(client=True, timeout=120)
     async def run(c, s, a, b):
         first = await install_process_plugin(c, tmp_path)
-        state["first"] = first.export_process.pid
+        state["first"] = child_pid(first)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             second = await install_process_plugin(c, tmp_path, export_delay=0.2)
-        state["second"] = second.export_process.pid
+        state["second"] = child_pid(second)
         await export_one_span(c, second, "after")
         await second.close()
 
@@ -665,7 +640,7 @@ def test_export_process_runs_its_nice_levels_below_the_scheduler(tmp_path):
     async def run(c, s, a, b):
         plugin = await install_process_plugin(c, tmp_path, export_process_nice=7)
         await export_one_span(c, plugin, "niced")  # the SDK's threads run by now
-        pid = plugin.export_process.pid
+        pid = child_pid(plugin)
         state["levels"] = thread_nice_levels(pid)
         state["policy"] = os.sched_getscheduler(pid)
         await plugin.close()
@@ -736,19 +711,6 @@ def test_an_unknown_cpu_policy_is_logged_and_the_default_used(caplog):
     assert "export-process-cpu-policy must be one of idle, batch, normal" in caplog.text
 
 
-def test_a_backlog_of_forwarded_items_is_logged_once(caplog):
-    process = ExportProcess(PipelineSpec(PluginConfig()), max_metric_backlog=3,
-                            nice=10, cpu_policy="idle")
-    # (no sender thread: everything forwarded waits)
-    with caplog.at_level(logging.WARNING, logger="dask_otel_spans"):
-        for i in range(6):
-            process.forward([("workers", i)])
-    warnings_ = [r for r in caplog.records if "wait in the scheduler" in r.message]
-    assert len(warnings_) == 1
-    assert "3 items wait" in warnings_[0].message
-    assert "CPU policy idle" in warnings_[0].message
-
-
 def test_export_process_leaves_its_setup_out_of_garbage_collections(tmp_path):
     from dask_otel_spans.export_child import YOUNG_GC_THRESHOLD
 
@@ -759,7 +721,7 @@ def test_export_process_leaves_its_setup_out_of_garbage_collections(tmp_path):
     process.start()
     try:
         assert process.flush(30)
-        stats = process.child_stats
+        stats = process.stats()
         # the containers of the SDK's, distributed's and the package's modules
         # (about 70,000 with Python 3.11)
         assert stats["gc_frozen_objects"] > 10_000
@@ -767,3 +729,68 @@ def test_export_process_leaves_its_setup_out_of_garbage_collections(tmp_path):
         assert stats["gc_collections_2"] >= 1  # the one collection before freezing
     finally:
         process.stop(5)
+
+
+def run_while_stopped(c, plugin, n: int):
+    """Run ``n`` one-task spans while the export process is stopped (SIGSTOP), then
+    let it go on; their names."""
+    names_ = [f"stopped-{i}" for i in range(n)]
+
+    async def run() -> None:
+        pid = child_pid(plugin)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            for i, name in enumerate(names_):
+                with span(name):  # (a task group of its own: "stopped<i>")
+                    await c.submit(inc, i, key=f"stopped{i}-1")
+            # (their spans, groups and graphs forwarded, waiting in the scheduler)
+            await async_wait_for(lambda: plugin.forwarder.forwarded_spans >= n)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+    return names_, run()
+
+
+def test_a_stopped_export_process_loses_nothing_within_the_budget(tmp_path):
+    state = {}
+
+    @gen_cluster(client=True, timeout=120)
+    async def run(c, s, a, b):
+        plugin = await install_process_plugin(c, tmp_path)
+        state["names"], running = run_while_stopped(c, plugin, 300)
+        await running
+        await async_wait_for(lambda: plugin.handed_over_count >= 300, timeout=60)
+        await plugin.flush()
+        state["dropped"] = plugin.export_stats()["dropped_by_kind"]
+        await plugin.close()
+
+    run()
+    assert set(state["names"]) <= exported_names(tmp_path)
+    assert state["dropped"] == {}
+
+
+def test_past_the_budget_a_stopped_export_process_drops_the_newest_and_says_so(
+    tmp_path, caplog
+):
+    state = {}
+
+    @gen_cluster(client=True, timeout=120)
+    async def run(c, s, a, b):
+        plugin = await install_process_plugin(c, tmp_path, forward_budget=100)
+        state["names"], running = run_while_stopped(c, plugin, 150)
+        await running
+        # the backlog drains: what was kept arrives, then new spans flow again
+        await async_wait_for(lambda: plugin.transport.process.waiting == 0)
+        await export_one_span(c, plugin, "after")
+        await async_wait_for(lambda: "after" in exported_names(tmp_path), timeout=60)
+        state["dropped"] = plugin.export_stats()["dropped_by_kind"]
+        await plugin.close()
+
+    with caplog.at_level(logging.WARNING, logger="dask_otel_spans"):
+        run()
+    exported = exported_names(tmp_path)
+    kept = [name for name in state["names"] if name in exported]
+    assert 0 < len(kept) < 150 and "after" in exported
+    assert state["dropped"].get("span", 0) >= 150 - len(kept)
+    assert caplog.text.count("otel-spans.forward-budget, now 100") == 1
+    assert caplog.text.count("the export process caught up") == 1

@@ -89,17 +89,18 @@ async def test_the_plugin_says_once_that_the_export_process_would_help(
     with caplog.at_level(logging.INFO, logger="dask_otel_spans"):
         plugin = configured_plugin(tmp_path, export_process=False)
         await c.register_plugin(plugin)
-        assert plugin.export_share_watch is not None
+        session = plugin.transport.session
+        assert session.share_watch is not None
         # every window of 0.2 s counts (the real one: 5 % of a busy minute)
-        plugin.export_share_watch = ExportShareWatch(
-            plugin.pipeline.cpu_seconds, window=0.2, share_threshold=0.0,
+        session.share_watch = ExportShareWatch(
+            session.pipeline.cpu_seconds, window=0.2, share_threshold=0.0,
             busy_threshold=0.0,
         )
         for i in range(3):
             with span(f"work-{i}"):
                 await c.submit(inc, i, key=f"w-{i}")
         await async_wait_for(lambda: plugin.emitted_count >= 3, timeout=30)
-        await async_wait_for(lambda: plugin.export_share_watch.reported, timeout=30)
+        await async_wait_for(lambda: session.share_watch.reported, timeout=30)
         await plugin.close()
     advice = [r for r in caplog.records if "export-process: auto (the default) moves" in r.getMessage()]
     assert len(advice) == 1
@@ -113,8 +114,8 @@ async def test_no_advice_with_given_providers(c, s, a, b):
     plugin = OTelSpansPlugin(tracer_provider=memory.tracer_provider,
                              meter_provider=memory.meter_provider)
     await c.register_plugin(plugin)
-    assert plugin.pipeline is not None
-    assert plugin.export_share_watch is None
+    assert plugin.destinations["export_process"] is False
+    assert plugin.transport.session.share_watch is None
     await plugin.close()
 
 
@@ -123,8 +124,8 @@ def test_no_advice_with_the_export_process_of_the_default(tmp_path):
     async def run(c, s, a, b):
         plugin = configured_plugin(tmp_path)
         await c.register_plugin(plugin)
-        assert plugin.export_process is not None
-        assert plugin.export_share_watch is None
+        assert plugin.destinations["export_process"] is True
+        assert not hasattr(plugin.transport, "session")
         await plugin.close()
 
     run()

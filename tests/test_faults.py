@@ -62,7 +62,7 @@ def test_collector_down_then_up_then_away_and_back(caplog):
     async def run(c, s, a, b):
         plugin = env_plugin(endpoint)
         await c.register_plugin(plugin)
-        [trace_health] = [h for h in plugin.providers.health if h.signal == "traces"]
+        [trace_health] = [h for h in plugin.transport.session.pipeline.providers.health if h.signal == "traces"]
         # 1. collector down from the start
         for i in range(3):
             with span(f"down-{i}"):
@@ -91,7 +91,7 @@ def test_collector_down_then_up_then_away_and_back(caplog):
             lambda: any(sp["name"] == "back-again" for sp in receiver.spans()),
             timeout=60,
         )
-        state["max_call"] = plugin.max_call_seconds
+        state["max_call"] = plugin.loop_stats.max_seconds
         state["dropped"] = trace_health.dropped
         await plugin.close()
         receiver.stop()
@@ -121,7 +121,7 @@ def test_slow_collector_does_not_block_the_scheduler():
                     await wait(c.map(inc, range(10), key=[f"s{i}-{j}" for j in range(10)]))
             state["workflow_s"] = time.monotonic() - t0
             await async_wait_for(lambda: len(receiver.spans()) >= 5, timeout=60)
-            state["max_call"] = plugin.max_call_seconds
+            state["max_call"] = plugin.loop_stats.max_seconds
             await plugin.close()
 
         run()
@@ -225,7 +225,7 @@ async def test_registered_twice_hands_over_without_loss_or_duplicates(c, s, a, b
     await async_wait_for(lambda: memory.by_name("across"))
     await asyncio.sleep(0.5)
     assert plugin_of(s) is second and first._closed
-    assert first.pump._thread is None
+    assert first.transport is None and second.transport is not None
     assert len(memory.by_name("across")) == 1
     assert len(memory.by_name("first")) == 1
     assert s.extensions["spans"].heartbeat.__wrapped__.__self__ is s.extensions["spans"]

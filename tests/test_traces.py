@@ -2,7 +2,6 @@
 ``distributed.spans.Span`` objects with stand-in task groups (no cluster)."""
 from __future__ import annotations
 
-import marshal
 from dataclasses import dataclass, field
 
 import pytest
@@ -10,17 +9,7 @@ from distributed.spans import Span
 
 from dask_otel_spans import names
 from dask_otel_spans.propagation import resolve_chain
-from dask_otel_spans.snapshot import (
-    CHILDREN_PER_STEP,
-    GROUPS_PER_STEP,
-    MIRRORED_HISTORY,
-    GroupSnapshot,
-    SpanSnapshot,
-    iter_snapshot_span,
-    restore_snapshot,
-    snapshot_in_one_step,
-    snapshot_span,
-)
+from dask_otel_spans.snapshot import snapshot_span
 from dask_otel_spans.traces import (
     SpanSummary,
     active_cpu_seconds,
@@ -126,39 +115,18 @@ def test_a_copy_reads_back_each_field_of_the_span_and_its_groups_by_name():
     """Snapshots are made from their fields in order (no named-tuple ``__new__``):
     each named field holds what its name says."""
     root, child = make_tree()
-    snap = restore_snapshot(snapshot_in_one_step(child, nthreads_history=()))
+    snap = snapshot_span(child)
     assert (snap.id, snap.name, snap.enqueued) == (CHILD, ("wf", "load"), 100.0)
     assert snap.metrics == child._cumulative_worker_metrics
-    assert (snap.children, snap.code, snap.nthreads_history) == ((), (), ())
+    assert (snap.children, snap.code) == ((), ())
+    assert snap.nthreads_history is child._total_nthreads_history
     assert snap.nthreads_offset == child._total_nthreads_offset
     by_stop = {g.stop: g for g in snap.groups}
     group = by_stop[104.0]
     assert (group.prefix, group.start, group.stop) == ("read", 102.0, 104.0)
     assert (group.nbytes_total, group.duration) == (200, 1.0)
     assert (group.task_count, group.erred_count) == (2, 1)
-    assert snapshot_span(root).children[0] == snap._replace(
-        nthreads_history=child._total_nthreads_history
-    )
-
-
-def test_the_event_loop_copy_is_plain_built_ins_that_restore_to_the_named_view():
-    """What the plugin copies on the event loop is tuples of built-ins (marshal, which
-    takes nothing else, takes it as it is), a mirrored history as None; restored,
-    it is :func:`snapshot_span`'s named view."""
-    root, child = make_tree()
-    for span in (root, child):
-        steps = iter_snapshot_span(span, nthreads_history=MIRRORED_HISTORY)
-        with pytest.raises(StopIteration) as done:
-            next(steps)
-        plain = done.value.value
-        assert marshal.loads(marshal.dumps(plain)) == plain
-        assert plain[7] is None
-        restored = restore_snapshot(plain)
-        assert restored == snapshot_span(span, nthreads_history=MIRRORED_HISTORY)
-        assert restored.nthreads_history is MIRRORED_HISTORY
-        assert {type(g) for g in restored.groups} == {GroupSnapshot}
-    assert type(restore_snapshot(plain)) is SpanSnapshot
-    assert restore_snapshot(restored) is restored
+    assert snapshot_span(root).children[0] == snap
 
 
 def test_snapshot_copies_code_only_when_asked():
@@ -275,73 +243,9 @@ def test_unseen_span_takes_client_times():
     assert f.prefixes == []
 
 
-def test_span_of_many_task_groups_is_copied_in_steps():
-    root, child = make_tree()
-    for i in range(3 * GROUPS_PER_STEP):
-        child.groups.add(Group(Prefix(f"p{i}"), 101.0, 102.0, 1, 0.1, {"memory": 1}))
-    steps = iter_snapshot_span(root)
-    pauses = 0
-    while True:
-        try:
-            next(steps)
-            pauses += 1
-            # the scheduler may add groups between two steps
-            child.groups.add(Group(Prefix("late"), 101.0, 102.0, 1, 0.1, {"memory": 1}))
-        except StopIteration as done:
-            snap = restore_snapshot(done.value)
-            break
-    # root's one group, then the child's 2 + 3 * GROUPS_PER_STEP in four steps
-    assert pauses == 3
-    [copied_child] = snap.children
-    assert len(copied_child.groups) == 2 + 3 * GROUPS_PER_STEP
-    assert {g.prefix for g in snap.groups} == {"sum"}
-
-
-def test_a_leaf_is_copied_in_one_step_as_in_steps():
-    """A span without children and of few task groups is copied without the steps'
-    generators, into the same snapshot; any other span is left to the steps."""
-    root, child = make_tree()
-    steps = iter_snapshot_span(child, with_code=True, nthreads_history=())
-    with pytest.raises(StopIteration) as done:
-        next(steps)
-    at_once = snapshot_in_one_step(child, with_code=True, nthreads_history=())
-    assert at_once == done.value.value
-    assert sorted(g.task_count for g in restore_snapshot(at_once).groups) == [2, 8]
-    assert snapshot_span(child) == restore_snapshot(snapshot_in_one_step(child))
-    assert snapshot_in_one_step(root) is None  # it has a child
-    for i in range(GROUPS_PER_STEP - 2):
-        child.groups.add(Group(Prefix(f"p{i}"), 101.0, 102.0, 1, 0.1, {"memory": 1}))
-    assert len(restore_snapshot(snapshot_in_one_step(child)).groups) == GROUPS_PER_STEP
-    child.groups.add(Group(Prefix("one more"), 101.0, 102.0, 1, 0.1, {"memory": 1}))
-    assert snapshot_in_one_step(child) is None  # too many groups for one step
-
-
-def test_span_of_many_children_is_copied_in_steps():
-    root, child = make_tree()
-    extra = [
-        Span(("wf", f"extra-{i}"), f"extra-{i}", root, [(100.0, 4)])
-        for i in range(3 * CHILDREN_PER_STEP - 1)
-    ]
-    root.children.extend(extra)
-    steps = iter_snapshot_span(root, summarized={n.id for n in extra} | {child.id})
-    pauses = 0
-    while True:
-        try:
-            next(steps)
-            pauses += 1
-        except StopIteration as done:
-            snap = restore_snapshot(done.value)
-            break
-    assert pauses == 3
-    assert list(snap.children) == [child.id] + [n.id for n in extra]
-
-
-def test_a_span_of_few_task_groups_is_copied_without_a_pause():
+def test_a_copy_holds_its_children_and_their_groups_and_metrics():
     root, _ = make_tree()
-    steps = iter_snapshot_span(root)
-    with pytest.raises(StopIteration) as done:
-        next(steps)
-    snap = restore_snapshot(done.value.value)
+    snap = snapshot_span(root)
     assert [g.prefix for g in snap.groups] == ["sum"]
     [copied_child] = snap.children
     assert copied_child.id == CHILD

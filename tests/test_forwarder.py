@@ -1,16 +1,15 @@
-"""The scheduler's side of tracking in the export process: what it forwards of spans,
-graphs, close notices and task groups, without a cluster (real ``Span`` objects,
-task groups and tasks standing in for the scheduler's)."""
+"""The forwarder: what it sends of spans, graphs, close notices, task groups and
+heartbeat deltas, without a cluster (real ``Span`` objects, task groups and tasks
+standing in for the scheduler's)."""
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
 import pytest
 from distributed.spans import Span
 
-from dask_otel_spans.forwarding import CLIENT_GONE, GRAPH, NOTICE, SpanForwarder
-from dask_otel_spans.plugin import _RUNNING_STATES
+from dask_otel_spans.events import dispatch
+from dask_otel_spans.forwarder import CLIENT_GONE, GRAPH, NOTICE, SpanForwarder
 
 
 class Prefix:
@@ -35,15 +34,17 @@ class Task:
 
 
 class Sink:
+    """The transport's side: what was sent, in order."""
+
     def __init__(self) -> None:
         self.items: list[tuple[Any, ...]] = []
-        self.events: list[tuple[Any, ...]] = []
 
-    def forward(self, items: list) -> None:
-        self.items += items
+    def send(self, messages: list) -> None:
+        self.items += messages
 
-    def forward_events(self, events: list) -> None:
-        self.events += events
+    @property
+    def events(self) -> list[tuple[Any, ...]]:
+        return [item for item in self.items if item[0] in (GRAPH, NOTICE, CLIENT_GONE)]
 
 
 HISTORY = [(0.0, 4)]
@@ -63,15 +64,15 @@ def sink() -> Sink:
 
 
 def forwarder_of(spans: dict, sink: Sink, tasks: dict | None = None) -> SpanForwarder:
-    forwarder = SpanForwarder(spans, tasks or {}, sink, _RUNNING_STATES)
+    forwarder = SpanForwarder(spans, tasks or {}, sink)
     forwarder.n_known = 0
     return forwarder
 
 
 def test_new_spans_are_forwarded_once_with_their_chain_in_creation_order(tree, sink):
     forwarder = forwarder_of(tree, sink)
-    forwarder.tick(deque(), 2)
-    forwarder.tick(deque(), 2)
+    forwarder.tick(2)
+    forwarder.tick(2)
     spans = [item for item in sink.items if item[0] == "span"]
     assert [(s[1], s[2]) for s in spans] == [
         (("r",), ("root",)), (("r", "c"), ("root", "child"))
@@ -81,7 +82,7 @@ def test_new_spans_are_forwarded_once_with_their_chain_in_creation_order(tree, s
 def test_worker_count_is_forwarded_when_it_changes(tree, sink):
     forwarder = forwarder_of(tree, sink)
     for n in (2, 2, 3):
-        forwarder.tick(deque(), n)
+        forwarder.tick(n)
     assert [item for item in sink.items if item[0] == "workers"] == [
         ("workers", 2), ("workers", 3)
     ]
@@ -93,17 +94,17 @@ def test_a_graph_is_forwarded_as_the_ids_of_its_spans_and_its_distinct_chains(tr
     forwarder = forwarder_of(tree, sink, tasks)
     chain = {"r": {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}, "c": {}}
     otel = {("inc-1", 0): chain, ("inc-1", 1): chain}
-    pending = deque([(GRAPH, 2, 10.0, "client-1", list(tasks), otel, None)])
-    forwarder.tick(pending, 2)
+    forwarder.pending.append((GRAPH, 10.0, "client-1", list(tasks), otel, None))
+    forwarder.tick(2)
     assert sink.events == [("graph", 10.0, "client-1", ["c"], [chain])]
-    assert not pending
+    assert not forwarder.pending
 
 
 def test_notices_and_departed_clients_are_forwarded_as_they_came(tree, sink):
     forwarder = forwarder_of(tree, sink)
     notice = {"ids": ["r"], "name": ["root"], "opened": 1, "enter": 1, "exit": 2}
-    pending = deque([(NOTICE, 2, 5.0, notice), (CLIENT_GONE, 2, 6.0, "client-1")])
-    forwarder.tick(pending, 2)
+    forwarder.pending.extend([(NOTICE, 5.0, notice), (CLIENT_GONE, 6.0, "client-1")])
+    forwarder.tick(2)
     assert sink.events == [("notice", 5.0, notice), ("client-gone", 6.0, "client-1")]
 
 
@@ -111,14 +112,14 @@ def test_a_touched_group_is_forwarded_running_then_done_with_its_figures(tree, s
     group = Group("inc-1", "c")
     forwarder = forwarder_of(tree, sink)
     forwarder.touched.add(group)
-    forwarder.tick(deque(), 2)
+    forwarder.tick(2)
     group.states.update(processing=0, memory=1)
     forwarder.touched.add(group)
-    forwarder.tick(deque(), 2)
+    forwarder.tick(2)
     groups = [item for item in sink.items if item[0] in ("run", "done")]
     assert groups == [
-        ("run", "c", "inc-1", "inc"),
-        ("done", "c", "inc-1", ("inc", 1.0, 2.0, 28, 0.5, 1, 0)),
+        ("run", "c", id(group), "inc"),
+        ("done", "c", id(group), ("inc", 1.0, 2.0, 28, 0.5, 1, 0)),
     ]
 
 
@@ -127,7 +128,7 @@ def test_a_group_touched_many_times_in_a_tick_is_forwarded_once(tree, sink):
     forwarder = forwarder_of(tree, sink)
     for _ in range(3):
         forwarder.touched.add(group)
-    forwarder.tick(deque(), 2)
+    forwarder.tick(2)
     assert [item[0] for item in sink.items if item[0] in ("run", "done")] == ["done"]
 
 
@@ -139,7 +140,7 @@ def test_adoption_forwards_running_spans_with_ancestors_groups_and_metrics(sink)
     finished.groups.add(Group("inc-2", "o", running=0, memory=1))
     running._cumulative_worker_metrics[("execute", "inc", "thread-cpu", "seconds")] = 2.0
     spans = {"r": root, "a": running, "o": finished}
-    forwarder = SpanForwarder(spans, {}, sink, _RUNNING_STATES)
+    forwarder = SpanForwarder(spans, {}, sink)
     for _ in forwarder.adopt():
         pass
     assert [item[0] for item in sink.items] == ["span", "span", "run", "metrics"]
@@ -156,7 +157,7 @@ def test_adoption_for_a_new_process_forwards_again_the_done_spans_past_its_repor
     child = Span(("s3", "child"), "c", done[3], HISTORY)  # done too, its parent as well
     child.groups.add(Group("inc-c", "c", running=0, memory=1))
     spans = {span.id: span for span in [*done, child]}
-    forwarder = SpanForwarder(spans, {}, sink, _RUNNING_STATES)
+    forwarder = SpanForwarder(spans, {}, sink)
     for _ in forwarder.adopt(resend_from=3):
         pass
     # the spans at places 3 and 4, alone, each with its place and its done group
@@ -171,7 +172,7 @@ def test_adoption_for_a_new_process_forwards_again_the_done_spans_past_its_repor
 def test_adoption_at_start_leaves_done_spans_out(sink):
     span = Span(("s",), "s", None, HISTORY)
     span.groups.add(Group("inc-1", "s", running=0, memory=1))
-    forwarder = SpanForwarder({"s": span}, {}, sink, _RUNNING_STATES)
+    forwarder = SpanForwarder({"s": span}, {}, sink)
     for _ in forwarder.adopt():
         pass
     assert sink.items == []
@@ -179,30 +180,30 @@ def test_adoption_at_start_leaves_done_spans_out(sink):
 
 def test_new_spans_carry_their_place_in_the_span_dict(tree, sink):
     forwarder = forwarder_of(tree, sink)
-    forwarder.tick(deque(), 2)
+    forwarder.tick(2)
     assert [item[5] for item in sink.items if item[0] == "span"] == [0, 1]
 
 
 def test_spans_of_before_the_forwarder_are_left_to_adoption(tree, sink):
-    forwarder = SpanForwarder(tree, {}, sink, _RUNNING_STATES)
-    forwarder.tick(deque(), 2)
+    forwarder = SpanForwarder(tree, {}, sink)
+    forwarder.tick(2)
     assert [item for item in sink.items if item[0] == "span"] == []
 
 
 def test_a_new_copy_is_told_the_worker_count_after_adoption(tree, sink):
     forwarder = forwarder_of(tree, sink)
-    forwarder.tick(deque(), 2)
+    forwarder.tick(2)
     sink.items.clear()
     for _ in forwarder.adopt():  # (a new export process: it knows nothing)
         pass
-    forwarder.tick(deque(), 2)
+    forwarder.tick(2)
     assert ("workers", 2) in sink.items
 
 
 def test_a_tick_pauses_every_step_and_forwards_all(sink):
     spans = {f"s{i}": Span((f"s{i}",), f"s{i}", None, HISTORY) for i in range(600)}
     forwarder = forwarder_of(spans, sink)
-    pauses = sum(1 for _ in forwarder.tick_steps(deque(), 2))
+    pauses = sum(1 for _ in forwarder.tick_steps(2))
     assert pauses >= 2
     assert [item[5] for item in sink.items if item[0] == "span"] == list(range(600))
 
@@ -210,7 +211,7 @@ def test_a_tick_pauses_every_step_and_forwards_all(sink):
 def test_a_span_made_during_a_pause_is_forwarded_before_its_group(sink):
     spans = {f"s{i}": Span((f"s{i}",), f"s{i}", None, HISTORY) for i in range(300)}
     forwarder = forwarder_of(spans, sink)
-    steps = forwarder.tick_steps(deque(), 2)
+    steps = forwarder.tick_steps(2)
     next(steps)  # paused after the first spans
     late = Span(("late",), "late", None, HISTORY)
     spans["late"] = late
@@ -225,9 +226,9 @@ def test_a_span_made_during_a_pause_is_forwarded_before_its_group(sink):
 def test_spans_a_heartbeat_forwarded_during_a_pause_are_not_forwarded_again(sink):
     spans = {f"s{i}": Span((f"s{i}",), f"s{i}", None, HISTORY) for i in range(600)}
     forwarder = forwarder_of(spans, sink)
-    steps = forwarder.tick_steps(deque(), 2)
+    steps = forwarder.tick_steps(2)
     next(steps)
-    forwarder.forward_new_spans()  # (the heartbeat wrapper, before its deltas)
+    forwarder.forward_deltas({})  # (the heartbeat wrapper: the spans, then deltas)
     for _ in steps:
         pass
     assert [item[5] for item in sink.items if item[0] == "span"] == list(range(600))
@@ -238,10 +239,10 @@ def test_a_group_still_running_is_not_forwarded_again_at_each_tick(tree, sink):
     forwarder = forwarder_of(tree, sink)
     for _ in range(3):  # tasks of the group start and settle, tick after tick
         forwarder.touched.add(group)
-        forwarder.tick(deque(), 2)
+        forwarder.tick(2)
     group.states.update(processing=0, memory=5)
     forwarder.touched.add(group)
-    forwarder.tick(deque(), 2)
+    forwarder.tick(2)
     assert [item[0] for item in sink.items if item[0] in ("run", "done")] == [
         "run", "done"
     ]
@@ -256,7 +257,7 @@ def test_a_group_that_runs_again_after_it_was_done_is_forwarded_running_again(
     for running, memory in ((1, 0), (0, 1), (1, 1), (0, 2)):
         group.states.update(processing=running, memory=memory)
         forwarder.touched.add(group)
-        forwarder.tick(deque(), 2)
+        forwarder.tick(2)
     assert [item[0] for item in sink.items if item[0] in ("run", "done")] == [
         "run", "done", "run", "done"
     ]
@@ -266,13 +267,13 @@ def test_after_an_adoption_a_running_group_is_forwarded_running_again(tree, sink
     group = Group("inc-1", "c")
     forwarder = forwarder_of(tree, sink)
     forwarder.touched.add(group)
-    forwarder.tick(deque(), 2)
+    forwarder.tick(2)
     for _ in forwarder.adopt():  # (a new export process; the group is not in the
         pass                     # span's groups here, so adoption does not send it)
     sink.items.clear()
     forwarder.touched.add(group)
-    forwarder.tick(deque(), 2)
-    assert ("run", "c", "inc-1", "inc") in sink.items
+    forwarder.tick(2)
+    assert ("run", "c", id(group), "inc") in sink.items
 
 
 def test_a_tick_pauses_among_many_groups_it_need_not_forward(sink):
@@ -280,16 +281,16 @@ def test_a_tick_pauses_among_many_groups_it_need_not_forward(sink):
     groups = [Group(f"inc-{i}", "s") for i in range(600)]
     forwarder = forwarder_of(spans, sink)
     forwarder.touched.update(groups)
-    forwarder.tick(deque(), 2)
+    forwarder.tick(2)
     forwarder.touched.update(groups)  # still running: nothing to forward
-    pauses = sum(1 for _ in forwarder.tick_steps(deque(), 2))
+    pauses = sum(1 for _ in forwarder.tick_steps(2))
     assert pauses >= 2
     assert len([item for item in sink.items if item[0] == "run"]) == 600
 
 
 def test_an_adoption_counts_the_spans_it_forwards_to_the_new_process(tree, sink):
     forwarder = forwarder_of(tree, sink)
-    forwarder.tick(deque(), 2)  # both spans, to the first export process
+    forwarder.tick(2)  # both spans, to the first export process
     for span in tree.values():
         span.groups.add(Group(f"inc-{span.id}", span.id))  # still running
     for _ in forwarder.adopt():  # a second export process
@@ -303,9 +304,83 @@ def test_a_running_group_an_adoption_sent_is_not_sent_again_while_it_runs(sink):
     span = Span(("s",), "s", None, HISTORY)
     group = Group("inc-1", "s")
     span.groups.add(group)
-    forwarder = SpanForwarder({"s": span}, {}, sink, _RUNNING_STATES)
+    forwarder = SpanForwarder({"s": span}, {}, sink)
     for _ in forwarder.adopt():
         pass
     forwarder.touched.add(group)  # a task of it started or settled: still running
-    forwarder.tick(deque(), 2)
+    forwarder.tick(2)
     assert [item[0] for item in sink.items if item[0] in ("run", "done")] == ["run"]
+
+
+def test_deltas_are_forwarded_after_the_spans_they_name(tree, sink):
+    forwarder = forwarder_of(tree, sink)
+    deltas = {("execute", "c", "inc", "thread-cpu", "seconds"): 1.5}
+    forwarder.forward_deltas(deltas)
+    assert [item[0] for item in sink.items] == ["span", "span", "deltas"]
+    assert sink.items[-1] == ("deltas", deltas)
+
+
+def test_two_groups_of_one_name_in_a_span_are_told_apart(tree, sink):
+    """A task group forgotten, and a new one of the same name in the same span (as
+    a second ``submit`` of ``inc`` after the first's results were released)."""
+    first, second = Group("inc", "c", running=0, memory=1), Group("inc", "c")
+    tree["c"].groups.update((first, second))
+    forwarder = forwarder_of(tree, sink)
+    forwarder.touched.update((first, second))
+    forwarder.tick(2)
+    sent = {item[2] for item in sink.items if item[0] in ("run", "done")}
+    assert sent == {id(first), id(second)}
+
+
+def test_code_is_forwarded_once_per_snippet_with_include_code(tree, sink):
+    tree["c"]._code[("snippet-1",)] = None
+    group = Group("inc-1", "c")
+    tasks = {"inc-1": Task(group)}
+    forwarder = SpanForwarder(tree, tasks, sink, include_code=True)
+    forwarder.n_known = 0
+    for _ in range(2):
+        forwarder.pending.append((GRAPH, 1.0, None, ["inc-1"], None, None))
+        forwarder.tick(2)
+    tree["c"]._code[("snippet-2",)] = None
+    forwarder.pending.append((GRAPH, 2.0, None, ["inc-1"], None, None))
+    forwarder.tick(2)
+    assert [item for item in sink.items if item[0] == "code"] == [
+        ("code", "c", (("snippet-1",),)), ("code", "c", (("snippet-2",),)),
+    ]
+
+
+class Recorder:
+    """Every handler of the protocol, recording the calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple]] = []
+
+    def __getattr__(self, name: str):
+        return lambda *args: self.calls.append((name, args))
+
+
+def test_every_message_the_forwarder_sends_is_of_the_protocol(tree, sink):
+    group = Group("inc-1", "c")
+    tasks = {"inc-1": Task(group)}
+    forwarder = forwarder_of(tree, sink, tasks)
+    forwarder.include_code = True
+    tree["c"]._code[("snippet",)] = None
+    tree["c"].groups.add(group)
+    tree["c"]._cumulative_worker_metrics[("execute", "inc", "x", "count")] = 1
+    forwarder.pending.extend([
+        (GRAPH, 1.0, "c1", ["inc-1"], {"inc-1": {"c": {}}}, None),
+        (NOTICE, 2.0, {"ids": ["c"]}), (CLIENT_GONE, 3.0, "c1"),
+    ])
+    forwarder.touched.add(group)
+    forwarder.tick(2)
+    forwarder.forward_deltas({("execute", "c", "inc", "x", "count"): 1})
+    for _ in forwarder.adopt():
+        pass
+    recorder = Recorder()
+    for message in sink.items:
+        dispatch(recorder, message)
+    assert {name for name, _ in recorder.calls} == {
+        "on_worker_count", "on_span", "on_graph", "on_close_notice",
+        "on_client_gone", "on_group_running", "on_span_deltas", "on_span_code",
+        "on_span_metrics",
+    }
