@@ -21,11 +21,12 @@ import logging
 from typing import Any
 
 from dask_otel_spans import config as _config  # noqa: F401  (registers defaults)
-from dask_otel_spans.client import span
+from dask_otel_spans import names as _names
+from dask_otel_spans.client import span, wait_for_export
 from dask_otel_spans.plugin import OTelSpansPlugin
 
-__version__ = "0.1.0"
-__all__ = ["OTelSpansPlugin", "dask_setup", "span", "__version__"]
+__version__ = _names.VERSION
+__all__ = ["OTelSpansPlugin", "dask_setup", "span", "wait_for_export", "__version__"]
 
 logger = logging.getLogger(__name__)
 

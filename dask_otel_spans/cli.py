@@ -160,7 +160,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from distributed import Client, LocalCluster
 
     from dask_otel_spans import OTelSpansPlugin
-    from dask_otel_spans.plugin import scheduler_state
+    from dask_otel_spans.client import wait_for_export
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     logging.getLogger("dask_otel_spans").setLevel(logging.INFO)
@@ -183,11 +183,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"Workflow ran in {time.time() - t0:.2f}s; exporting ...")
         # Let the plugin emit each span once its late heartbeats are in, rather
         # than at shutdown.
-        deadline = time.monotonic() + 30
-        state = client.run_on_scheduler(scheduler_state)
-        while state.get("open") and time.monotonic() < deadline:
-            time.sleep(0.1)
-            state = client.run_on_scheduler(scheduler_state)
+        state = wait_for_export(client)
     # the cluster is closed: the plugin flushed its exporters (and its export process)
     traces_to = str(state.get("traces_to", "nowhere"))
     metrics_to = str(state.get("metrics_to", "nowhere"))

@@ -215,3 +215,23 @@ async def _send_batch(client: Any) -> None:
             "notice-failed", "could not tell the scheduler that %d span(s) closed "
             "(%s); they will close after their idle timeout", len(batch), e,
         )
+
+
+def wait_for_export(client: Any, timeout: float = 30.0) -> dict[str, Any]:
+    """Wait until the scheduler's plugin exported every span (none open), then
+    flush its exporters; its figures and destinations
+    (:func:`~dask_otel_spans.plugin.scheduler_state`), empty without the plugin.
+
+    Spans are exported once done, closed and past a short grace period: call this
+    before closing a short-lived cluster to see them exported as finished, not as
+    incomplete at shutdown. Gives up after ``timeout`` seconds, returning the state
+    then (``open`` tells what is left).
+    """
+    from dask_otel_spans.plugin import scheduler_state
+
+    deadline = time.monotonic() + timeout
+    state = client.run_on_scheduler(scheduler_state)
+    while state.get("open") and time.monotonic() < deadline:
+        time.sleep(0.1)
+        state = client.run_on_scheduler(scheduler_state)
+    return client.run_on_scheduler(scheduler_state, flush=True)

@@ -113,7 +113,7 @@ class SpanEmitter(BackgroundQueue):
     def _make_tracer(self, provider: Any) -> Any:
         if provider is None:
             return None
-        tracer = provider.get_tracer(names.INSTRUMENTATION_SCOPE)
+        tracer = provider.get_tracer(names.INSTRUMENTATION_SCOPE, names.VERSION)
         if hasattr(tracer, "id_generator"):
             # A private copy, so that the pinned ids affect no other user of the
             # provider's (cached) tracer.

@@ -4,6 +4,8 @@ These names are API (see DESIGN.md): dashboards, trace queries and tests depend 
 """
 from __future__ import annotations
 
+import importlib.metadata
+
 # -- plugin, annotation and event channel ------------------------------------------
 #: Name of the scheduler plugin in ``Scheduler.plugins``
 PLUGIN_NAME = "otel-spans"
@@ -14,6 +16,12 @@ ANNOTATION_KEY = "otel"
 EVENT_TOPIC = "otel-spans"
 #: Instrumentation scope of the tracer and meter
 INSTRUMENTATION_SCOPE = "dask_otel_spans"
+try:
+    #: The package's version (written once, in pyproject.toml), the instrumentation
+    #: scope's version
+    VERSION = importlib.metadata.version(INSTRUMENTATION_SCOPE)
+except importlib.metadata.PackageNotFoundError:  # pragma: no cover - not installed
+    VERSION = "0+unknown"
 #: Name dask gives to spans of tasks that were not annotated with a span
 DEFAULT_SPAN_TAG = "default"
 

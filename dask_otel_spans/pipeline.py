@@ -101,7 +101,7 @@ class ExportPipeline:
         emitter thread over ``providers``."""
         instruments = pump = None
         if providers.meter_provider is not None:
-            meter = providers.meter_provider.get_meter(names.INSTRUMENTATION_SCOPE)
+            meter = providers.meter_provider.get_meter(names.INSTRUMENTATION_SCOPE, names.VERSION)
             instruments = DaskInstruments(
                 meter,
                 SpanNameCap(

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator
 
 from distributed import Client, LocalCluster
 
-from dask_otel_spans import OTelSpansPlugin
+from dask_otel_spans import OTelSpansPlugin, wait_for_export
 
 
 @contextlib.contextmanager
@@ -19,9 +18,6 @@ def connect(address: str | None) -> Iterator[Client]:
         return
     with LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address=":0") as cluster:
         with Client(cluster) as client:
-            plugin = OTelSpansPlugin()
-            client.register_plugin(plugin)
+            client.register_plugin(OTelSpansPlugin())
             yield client
-            deadline = time.monotonic() + 30
-            while plugin.open_span_count and time.monotonic() < deadline:
-                time.sleep(0.1)
+            wait_for_export(client)

@@ -8,19 +8,17 @@ Set OTEL_EXPORTER_OTLP_ENDPOINT (and friends) to send to a collector instead.
 from __future__ import annotations
 
 import sys
-import time
 
 import dask.array as da
 from distributed import Client, LocalCluster
 
-from dask_otel_spans import OTelSpansPlugin, span
+from dask_otel_spans import OTelSpansPlugin, span, wait_for_export
 
 
 def main(output_dir: str = "dask-otel-spans") -> None:
     with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster:
         with Client(cluster) as client:
-            plugin = OTelSpansPlugin(output_dir=output_dir)
-            client.register_plugin(plugin)
+            client.register_plugin(OTelSpansPlugin(output_dir=output_dir))
 
             with span("quickstart"):
                 with span("load"):
@@ -28,14 +26,12 @@ def main(output_dir: str = "dask-otel-spans") -> None:
                 with span("reduce"):
                     print("mean:", x.mean().compute())
 
-            # Spans are exported once done, closed and past a short grace period.
-            deadline = time.monotonic() + 30
-            while plugin.open_span_count and time.monotonic() < deadline:
-                time.sleep(0.1)
-    # The scheduler closed: providers are flushed.
-    if plugin.providers is not None:
-        print("traces:", plugin.providers.traces_to)
-        print("metrics:", plugin.providers.metrics_to)
+            # Spans are exported once done, closed and past a short grace period:
+            # wait for that, and ask the scheduler's plugin where they went.
+            state = wait_for_export(client)
+            print("spans exported:", state["exported"])
+            print("traces:", state["traces_to"])
+            print("metrics:", state["metrics_to"])
 
 
 if __name__ == "__main__":

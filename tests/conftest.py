@@ -273,3 +273,12 @@ def otlp_grpc_env(receiver: OTLPReceiver) -> dict[str, str]:
         "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
         "OTEL_EXPORTER_OTLP_INSECURE": "true",
     }
+
+
+def wait_for_event(name: str) -> int:
+    """A task that runs until the distributed ``Event`` ``name`` is set (a task that
+    stays ``processing`` for as long as a test needs, and no longer)."""
+    from distributed import Event
+
+    Event(name).wait()
+    return 1

@@ -50,12 +50,18 @@ def spans_named(receiver, *wanted):
     return wait_for(check, timeout=30)
 
 
-def test_quickstart_writes_its_span_tree(tmp_path):
-    run_example("quickstart.py", str(tmp_path / "out"), cwd=tmp_path)
-    spans = {s["name"]: s for s in read_spans(str(tmp_path / "out" / "traces.jsonl"))}
+def test_quickstart_writes_its_span_tree_and_says_where(tmp_path):
+    out = run_example("quickstart.py", str(tmp_path / "out"), cwd=tmp_path)
+    traces = tmp_path / "out" / "traces.jsonl"
+    spans = {s["name"]: s for s in read_spans(str(traces))}
     assert spans["load"]["parentSpanId"] == spans["quickstart"]["spanId"]
     assert spans["reduce"]["parentSpanId"] == spans["quickstart"]["spanId"]
     assert spans["load"]["attributes"][names.SPAN_TASK_COUNT] == 16
+    # what it prints is what the scheduler's plugin did, read from the client
+    exported = int(re.search(r"spans exported: (\d+)", out).group(1))
+    assert exported == len([s for s in spans.values() if names.SPAN_ID in s["attributes"]])
+    assert f"traces: {traces}" in out
+    assert f"metrics: {tmp_path / 'out' / 'metrics.jsonl'}" in out
 
 
 def test_remote_scheduler_with_preload(remote, tmp_path):

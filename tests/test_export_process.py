@@ -15,7 +15,7 @@ import warnings
 
 import psutil
 import pytest
-from distributed import Client
+from distributed import Client, Event
 from distributed.utils_test import gen_cluster, inc
 
 from dask_otel_spans import OTelSpansPlugin, names, span
@@ -31,6 +31,7 @@ from conftest import (
     free_port,
     otlp_grpc_env,
     wait_for,
+    wait_for_event,
 )
 
 FAST = dict(export_delay=0.1, idle_timeout=1.0, tick_interval=0.05)
@@ -183,12 +184,13 @@ def test_export_process_ends_with_the_plugin_and_exports_open_spans(tmp_path):
         plugin = await install_process_plugin(c, tmp_path)
         child = psutil.Process(child_pid(plugin))
         with span("still running"):
-            fut = c.submit(time.sleep, 30, key="sleeper")
+            fut = c.submit(wait_for_event, "release-sleeper", key="sleeper")
             await async_wait_for(lambda: s.tasks.get("sleeper") is not None
                                  and s.tasks["sleeper"].state == "processing")
         await async_wait_for(lambda: plugin.open_span_count >= 1)
         await plugin.close()
         state["child_running"] = child.is_running() and child.status() != "zombie"
+        await Event("release-sleeper").set()
         del fut
 
     run()

@@ -193,7 +193,7 @@ def test_scheduler_shutdown_flushes_open_spans_as_incomplete(tmp_path):
                 client.submit(inc, 1).result()
             block = span("open at shutdown")
             block.__enter__()
-            future = client.submit(sleepy, 60, pure=False)
+            future = client.submit(sleepy, 5, pure=False)  # (outlives the scheduler)
             wait_for(lambda: any(client.processing().values()))
             procs.scheduler.send_signal(signal.SIGTERM)
             procs.scheduler.wait(60)

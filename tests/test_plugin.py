@@ -23,7 +23,7 @@ from opentelemetry.trace import (
 from dask_otel_spans import OTelSpansPlugin, names, span
 from dask_otel_spans.propagation import otel_span_id, otel_trace_id
 
-from conftest import MemoryProviders, async_wait_for
+from conftest import MemoryProviders, async_wait_for, wait_for_event
 
 FAST = dict(export_delay=0.1, idle_timeout=1.0, tick_interval=0.05)
 
@@ -313,9 +313,10 @@ async def test_shutdown_emits_open_span_as_incomplete(c, s, a, b):
     memory = MemoryProviders()
     await install(c, memory)
     with span("long") as long_id:
-        future = c.submit(slowinc, 1, delay=30, key="slow-1")
+        future = c.submit(wait_for_event, "release-slow-1", key="slow-1")
         await async_wait_for(lambda: s.tasks.get("slow-1") is not None and s.tasks["slow-1"].state == "processing")
         await plugin_of(s).close()
+        await Event("release-slow-1").set()
         [long] = memory.by_name("long")
         assert long.attributes[names.SPAN_INCOMPLETE] is True
         assert long.attributes[names.SPAN_CLOSE_REASON] == names.CLOSE_REASON_SHUTDOWN
@@ -465,3 +466,18 @@ def test_max_series_is_a_dask_setting():
         assert PluginConfig.from_dask_config().max_series == 50
     with dask.config.set({"otel-spans.metrics.max-series": None}):
         assert PluginConfig.from_dask_config().max_series is None
+
+
+@gen_cluster(client=True)
+async def test_the_instrumentation_scope_carries_the_package_version(c, s, a, b):
+    import dask_otel_spans
+
+    memory = MemoryProviders()
+    await install(c, memory)
+    with span("versioned"):
+        await c.submit(inc, 1, key="versioned-1")
+    await async_wait_for(lambda: memory.by_name("versioned"))
+    [versioned] = [sp for sp in memory.dask_spans() if sp.name == "versioned"]
+    assert versioned.instrumentation_scope.name == "dask_otel_spans"
+    assert versioned.instrumentation_scope.version == dask_otel_spans.__version__
+    assert dask_otel_spans.__version__ not in ("", "0+unknown")
