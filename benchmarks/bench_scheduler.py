@@ -99,11 +99,10 @@ class Cluster:
 
     def __init__(self, with_plugin: bool, workers: int, threads: int,
                  export_process: bool = False, plugin_tree: str | None = None,
-                 inert: bool = False, preload: str | None = None,
-                 child_frames: str | None = None):
+                 inert: bool = False, preload: str | None = None):
         self.with_plugin = with_plugin
         self.inert = inert
-        #: a module to preload instead of a plugin (e.g. ``bench_floor``)
+        #: a module to preload instead of a plugin
         self.preload = "bench_inert" if inert else preload
         # the plugin of this source tree, or of another one (plugin_tree); the
         # processes run in HERE, so that no package in the working directory
@@ -112,13 +111,10 @@ class Cluster:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([tree, HERE, *sys.path])}
         env = {k: v for k, v in env.items() if not k.startswith("OTEL_")}
         env.pop(bench_preload.RECORDS_VARIABLE, None)
-        env.pop(bench_preload.FRAMES_VARIABLE, None)
         self.records = None
         if with_plugin and export_process:
             self.records = self._file().replace(".json", "-records.tsv")
             env[bench_preload.RECORDS_VARIABLE] = self.records
-            if child_frames:  # (bench_child.py)
-                env[bench_preload.FRAMES_VARIABLE] = child_frames
         cmd = [sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1",
                "--port", "0", "--no-dashboard", "--scheduler-file", self._file(),
                "--preload", "bench_clock"]  # both sides: the latencies' reference
@@ -761,10 +757,12 @@ async def _memory(checkpoints: list[int], export_process: bool) -> list[dict[str
                     ext._ensure_span(("mem", f"span-{made}"), (root, str(uuid.uuid4())))
                     made += 1
                 await plugin.flush()
-            # (an export process that tracks the spans waits its own grace period,
-            # not this class's: the checkpoint counts spans emitted, not made)
+            # (each span is emitted a grace period after it is done: the checkpoint
+            # waits until none is open)
             deadline = time.monotonic() + 60
-            while plugin.emitted_count < made and time.monotonic() < deadline:
+            while (plugin.open_span_count or plugin.emitted_count < made) and (
+                time.monotonic() < deadline
+            ):
                 await asyncio.sleep(0.2)
                 await plugin.flush()
             gc.collect()
@@ -901,8 +899,8 @@ def part_export_cost(repeat: int) -> dict:
     n_attrs = len(f.attributes) + sum(len(p.attributes) for p in f.prefixes)
     series = len(sp._cumulative_worker_metrics)
     print("5. export cost of one span with 50 task prefixes, 10 activities x 2 units each")
-    print(f"   on the event loop (snapshot): {loop_side * 1e3:.3f} ms; on the emitter "
-          f"thread: translation {translation * 1e3:.2f} ms + SDK spans "
+    print(f"   on the export session's thread (snapshot): {loop_side * 1e3:.3f} ms; on "
+          f"the emitter thread: translation {translation * 1e3:.2f} ms + SDK spans "
           f"{sdk * 1e3:.2f} ms")
     print(f"   1 + {len(f.prefixes)} OTel spans, {n_attrs} attributes; {series} metric "
           f"series (+1 idle) for this span")
