@@ -230,8 +230,10 @@ def wait_for_export(client: Any, timeout: float = 30.0) -> dict[str, Any]:
     from dask_otel_spans.plugin import scheduler_state
 
     deadline = time.monotonic() + timeout
-    state = client.run_on_scheduler(scheduler_state)
+    # (each call forwards what happened so far and reads fresh figures: an export
+    # process reports its own twice a second otherwise)
+    state = client.run_on_scheduler(scheduler_state, flush=True)
     while state.get("open") and time.monotonic() < deadline:
         time.sleep(0.1)
-        state = client.run_on_scheduler(scheduler_state)
-    return client.run_on_scheduler(scheduler_state, flush=True)
+        state = client.run_on_scheduler(scheduler_state, flush=True)
+    return state

@@ -193,10 +193,12 @@ def test_scheduler_shutdown_flushes_open_spans_as_incomplete(tmp_path):
                 client.submit(inc, 1).result()
             block = span("open at shutdown")
             block.__enter__()
-            future = client.submit(sleepy, 5, pure=False)  # (outlives the scheduler)
+            future = client.submit(sleepy, 60, pure=False)
             wait_for(lambda: any(client.processing().values()))
             procs.scheduler.send_signal(signal.SIGTERM)
             procs.scheduler.wait(60)
+            for worker in procs.workers:  # (not under test: it would wait for its
+                worker.kill()             # scheduler to come back)
     finally:
         log = procs.stop()
     spans = {s["name"]: s for s in read_spans(str(tmp_path / "dask-otel-spans" / "traces.jsonl"))}
