@@ -45,7 +45,7 @@ EXPORT_PROCESS_AUTO: Literal["auto"] = "auto"
 #: (``SCHED_BATCH``: never preempts a running thread when it wakes), ``normal`` (as
 #: the scheduler)
 CPU_POLICIES = ("idle", "batch", "normal")
-CPU_POLICY_DEFAULT = "idle"
+CPU_POLICY_DEFAULT = _shipped_default("export-process-cpu-policy")
 
 _TRUE_WORDS = frozenset({"true", "yes", "on", "1"})
 _FALSE_WORDS = frozenset({"false", "no", "off", "0"})
@@ -86,34 +86,35 @@ def parse_cpu_policy(value: Any) -> str:
     return CPU_POLICY_DEFAULT
 
 
+#: Seconds between two ticks: the scheduler forwards what changed, and the export
+#: session looks at the spans that changed or whose wait ran out. A tick costs what
+#: changed, so a short interval is cheap; it bounds how long a ready span waits.
+TICK_INTERVAL = 0.1
+
+
 @dataclass(frozen=True)
 class PluginConfig:
     """Typed settings of :class:`~dask_otel_spans.OTelSpansPlugin`.
 
     Build it with :meth:`from_dask_config`; every field mirrors a key of the
-    ``otel-spans`` namespace (durations in seconds).
+    ``otel-spans`` namespace (durations in seconds), whose defaults are written
+    once, in ``otel-spans.yaml``.
     """
 
-    export_delay: float = 1.0
-    idle_timeout: float = 5.0
-    lazy_timeout: float = 600.0
-    tick_interval: float = 0.1
-    tick_budget: float = 0.001
-    prefix_spans: bool = True
-    include_code: bool = False
-    max_code_length: int = 4096
-    span_name_depth: int | None = None
-    max_span_names: int = 1000
-    max_series: int | None = 2000
-    max_span_name_length: int = 256
-    max_queue_size: int = 10000
-    send_interval: float = 1.0
-    output_dir: str = "dask-otel-spans"
-    export_process: ExportProcessSetting = EXPORT_PROCESS_AUTO
-    export_process_nice: int = 10
-    export_process_cpu_policy: str = CPU_POLICY_DEFAULT
-    providers: str | None = None
-    forward_budget: int = 100_000
+    export_delay: float
+    idle_timeout: float
+    lazy_timeout: float
+    prefix_spans: bool
+    include_code: bool
+    max_code_length: int
+    span_name_depth: int | None
+    max_span_names: int
+    max_series: int | None
+    output_dir: str
+    export_process: ExportProcessSetting
+    export_process_cpu_policy: str
+    forward_budget: int
+    providers: str | None
 
     @classmethod
     def from_dask_config(cls, **overrides: Any) -> PluginConfig:
@@ -125,6 +126,10 @@ class PluginConfig:
         def seconds(key: str) -> float:
             return float(parse_timedelta(get(key), default="seconds"))
 
+        known = {f.name for f in fields(cls)}
+        unknown = set(overrides) - known
+        if unknown:
+            raise TypeError(f"Unknown otel-spans settings: {sorted(unknown)}")
         depth = get("metrics.span-name-depth")
         series = get("metrics.max-series")
         factory = get("providers")
@@ -132,30 +137,20 @@ class PluginConfig:
             export_delay=seconds("export-delay"),
             idle_timeout=seconds("idle-timeout"),
             lazy_timeout=seconds("lazy-timeout"),
-            tick_interval=seconds("tick-interval"),
-            tick_budget=seconds("tick-budget"),
             prefix_spans=bool(get("prefix-spans")),
             include_code=bool(get("include-code")),
             max_code_length=int(get("max-code-length")),
             span_name_depth=None if depth in (None, "", "null") else int(depth),
             max_span_names=int(get("metrics.max-span-names")),
             max_series=None if series in (None, "", "null") else int(series),
-            max_span_name_length=int(get("metrics.max-span-name-length")),
-            max_queue_size=int(get("metrics.max-queue-size")),
-            send_interval=seconds("metrics.send-interval"),
             output_dir=str(get("output-dir")),
             export_process=parse_export_process(get("export-process")),
-            export_process_nice=int(get("export-process-nice")),
             export_process_cpu_policy=parse_cpu_policy(
                 get("export-process-cpu-policy")
             ),
-            providers=str(factory) if factory not in (None, "", "null") else None,
             forward_budget=int(get("forward-budget")),
+            providers=str(factory) if factory not in (None, "", "null") else None,
         )
-        known = {f.name for f in fields(cls)}
-        unknown = set(overrides) - known
-        if unknown:
-            raise TypeError(f"Unknown otel-spans settings: {sorted(unknown)}")
         if "export_process" in overrides:
             overrides = {
                 **overrides,

@@ -24,6 +24,9 @@ logger = logging.getLogger(__name__)
 
 #: Items per frame at most; a frame also goes out whenever the queue runs empty
 _BATCH_SIZE = 256
+#: Nice levels the export process runs below the scheduler: where they share a core,
+#: the scheduler's event loop goes first
+EXPORT_PROCESS_NICE = 10
 #: Counts of a child's figures that go on over a restart (:meth:`child_total`)
 _CUMULATIVE = ("handed_over", "received")
 

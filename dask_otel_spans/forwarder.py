@@ -3,7 +3,7 @@ hooks. It reads what changed since the last tick (new spans, the hooks' queued e
 task groups that started or settled, heartbeat deltas) and sends it as messages of
 the protocol (:mod:`~dask_otel_spans.events`) to the transport, keeping no state of
 the spans: work proportional to what changed, in steps that the plugin runs in
-slices of ``tick-budget``.
+slices of the plugin's tick budget.
 """
 from __future__ import annotations
 

@@ -42,6 +42,18 @@ def unit_family(unit: Any) -> tuple[str, str]:
     return names.CUSTOM_UNIT_FAMILY
 
 
+#: Longest ``dask.span.name`` metric value, in characters (span attributes follow
+#: ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT`` instead)
+MAX_SPAN_NAME_LENGTH = 256
+#: Metric updates that may wait for the metrics thread; past it they are dropped
+#: and counted
+MAX_QUEUE_SIZE = 10_000
+#: Seconds between two hand-overs of the per-series sums to the OTel SDK (and at
+#: every flush and at close): one SDK call per series that changed, however many
+#: workers and heartbeats fed it; well below the metric export interval
+SEND_INTERVAL = 1.0
+
+
 class SpanNameCap:
     """The ``dask.span.name`` metric attribute: tags joined with ``/``, cut to a depth
     and to ``max_length`` characters, and at most ``max_names`` distinct values (then
@@ -50,7 +62,8 @@ class SpanNameCap:
     Thread-safe; memory is bounded by ``max_names`` × ``max_length``.
     """
 
-    def __init__(self, depth: int | None, max_names: int, max_length: int = 256):
+    def __init__(self, depth: int | None, max_names: int,
+                 max_length: int = MAX_SPAN_NAME_LENGTH):
         self.depth = depth
         self.max_names = max(0, max_names)
         self.max_length = max(1, max_length)
@@ -183,7 +196,7 @@ class DaskInstruments:
     """The package's instruments on one meter; every method is thread-safe.
 
     Counter updates are summed per series and reach the SDK when :meth:`send` is
-    called (the :class:`MetricsPump` does, at most every ``send-interval``): one SDK
+    called (the :class:`MetricsPump` does, at most every :data:`SEND_INTERVAL`): one SDK
     call per changed series, not one per heartbeat, worker and key. Histogram
     records go to the SDK at once.
     """
@@ -342,8 +355,9 @@ class MetricsPump(BackgroundQueue):
     counted in ``dropped`` and logged once.
     """
 
-    def __init__(self, instruments: DaskInstruments, max_queue_size: int = 10000,
-                 send_interval: float = 1.0):
+    def __init__(self, instruments: DaskInstruments,
+                 max_queue_size: int = MAX_QUEUE_SIZE,
+                 send_interval: float = SEND_INTERVAL):
         super().__init__(
             "dask-otel-spans-metrics", max(1, max_queue_size), "metric updates"
         )

@@ -104,14 +104,10 @@ class ExportPipeline:
             meter = providers.meter_provider.get_meter(names.INSTRUMENTATION_SCOPE, names.VERSION)
             instruments = DaskInstruments(
                 meter,
-                SpanNameCap(
-                    config.span_name_depth,
-                    config.max_span_names,
-                    config.max_span_name_length,
-                ),
+                SpanNameCap(config.span_name_depth, config.max_span_names),
                 SeriesCap(config.max_series),
             )
-            pump = MetricsPump(instruments, config.max_queue_size, config.send_interval)
+            pump = MetricsPump(instruments)
         emitter = SpanEmitter(
             providers.tracer_provider,
             pump,

@@ -3,9 +3,9 @@ dask fine performance metrics into OTel metrics.
 
 It keeps the lifecycle, the hooks, the wrapping of the heartbeats (and its undoing)
 and the choice of transport. On the event loop the hooks only queue what happened
-(O(1) each); every ``tick-interval`` the
+(O(1) each); every tick (:data:`~dask_otel_spans.config.TICK_INTERVAL`) the
 :class:`~dask_otel_spans.forwarder.SpanForwarder` sends what changed, in slices of
-at most ``tick-budget``, through the transport (:mod:`~dask_otel_spans.transport`)
+at most :data:`TICK_BUDGET`, through the transport (:mod:`~dask_otel_spans.transport`)
 to the export session, which tracks the spans' readiness and exports them, in an
 export child process or on a thread.
 """
@@ -26,8 +26,9 @@ from distributed.metrics import time
 from tornado.ioloop import IOLoop, PeriodicCallback
 
 from dask_otel_spans import events, names
-from dask_otel_spans.config import PluginConfig
+from dask_otel_spans.config import TICK_INTERVAL, PluginConfig
 from dask_otel_spans.forwarder import SpanForwarder
+from dask_otel_spans.logonce import OnceLogger
 from dask_otel_spans.loopstats import EventLoopStats
 from dask_otel_spans.pipeline import PipelineSpec
 from dask_otel_spans.tracking.readiness import grace_period
@@ -46,6 +47,9 @@ _LOCAL_PLUGINS: weakref.WeakValueDictionary[str, OTelSpansPlugin] = (
 )
 #: Longest wait for the export to finish at scheduler close
 CLOSE_TIMEOUT = 10.0
+#: Longest slice of forwarding per event-loop callback, in seconds (a slice ends
+#: after the step that crosses it: 256 spans, keys or task groups at most)
+TICK_BUDGET = 0.001
 
 
 class OTelSpansPlugin(SchedulerPlugin):
@@ -111,7 +115,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         self._work: Iterator[None] | None = None
         self._closed = False
         self._started = False
-        self._logged: set[str] = set()
+        self._log_once = OnceLogger(logger)
         self._undo: list[Any] = []
 
     # -- pickling: keep providers when the scheduler is in this process -------------
@@ -233,7 +237,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         if previous is not None:
             await previous.close()
         self._wrap_heartbeats(ext, scheduler)
-        self._pc = PeriodicCallback(self._tick, self.config.tick_interval * 1000)
+        self._pc = PeriodicCallback(self._tick, TICK_INTERVAL * 1000)
         scheduler.periodic_callbacks[f"{self.name}-tick"] = self._pc
         self._pc.start()
 
@@ -409,7 +413,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         self._run_slice()
 
     def _run_slice(self) -> None:
-        """Run the forwarding in progress for at most ``tick-budget``; the rest goes
+        """Run the forwarding in progress for at most :data:`TICK_BUDGET`; the rest goes
         to a new event-loop callback."""
         work = self._work
         if work is None:
@@ -419,7 +423,7 @@ class OTelSpansPlugin(SchedulerPlugin):
             return
         more = False
         with self._guard("tick"):
-            deadline = _time.perf_counter() + self.config.tick_budget
+            deadline = _time.perf_counter() + TICK_BUDGET
             try:
                 for _ in work:
                     if _time.perf_counter() > deadline:
@@ -458,18 +462,8 @@ class OTelSpansPlugin(SchedulerPlugin):
             except Exception:
                 self._log_failure(where)
 
-    def _log_once(self, kind: str, msg: str, *args: Any, level: int = logging.WARNING,
-                  exc_info: bool = False) -> None:
-        if kind not in self._logged:
-            self._logged.add(kind)
-            logger.log(level, "dask_otel_spans: " + msg, *args, exc_info=exc_info)
-
     def _log_failure(self, where: str) -> None:
-        """Log (once per place) the exception being handled."""
-        self._log_once(
-            f"error:{where}", "unexpected error in %s (logged once)", where,
-            level=logging.ERROR, exc_info=True,
-        )
+        self._log_once.failure(where)
 
 
 async def scheduler_state(dask_scheduler: Scheduler, flush: bool = False

@@ -1,6 +1,6 @@
 """The export session: the one engine behind both transports. It takes the
 forwarder's messages (:mod:`~dask_otel_spans.events`) in order on a thread of its
-own, keeps the span tree copy, runs the readiness tracker every ``tick-interval``
+own, keeps the span tree copy, runs the readiness tracker every tick
 and hands what is ready to the export pipeline (translation, OTel SDK).
 
 In the scheduler process it is the transport itself (a thread); in the export
@@ -15,9 +15,10 @@ from collections.abc import Hashable, Mapping
 from typing import Any
 
 from dask_otel_spans.background import BackgroundQueue
-from dask_otel_spans.config import PluginConfig
+from dask_otel_spans.config import TICK_INTERVAL, PluginConfig
 from dask_otel_spans.events import UnknownMessage, dispatch
 from dask_otel_spans.export_share import ExportShareWatch
+from dask_otel_spans.logonce import OnceLogger
 from dask_otel_spans.pipeline import ExportPipeline
 from dask_otel_spans.tracking.readiness import ReadinessTracker
 from dask_otel_spans.tracking.tree import SpanTree
@@ -63,7 +64,7 @@ class ExportSession(BackgroundQueue):
         #: when export takes a noticeable share of the process's CPU
         self.share_watch: ExportShareWatch | None = None
         self._next_pass = time.monotonic()
-        self._logged: set[str] = set()
+        self._log_once = OnceLogger(logger)
         #: messages that were not of the protocol (skipped)
         self.unreadable = 0
 
@@ -134,7 +135,7 @@ class ExportSession(BackgroundQueue):
 
     def settle(self) -> None:
         """Run the tracker's pass and deliver what it emitted."""
-        self._next_pass = time.monotonic() + self.config.tick_interval
+        self._next_pass = time.monotonic() + TICK_INTERVAL
         try:
             self.tracker.run_pass()
         finally:
@@ -215,9 +216,3 @@ class ExportSession(BackgroundQueue):
         message sent again after a failed write changes nothing)."""
         del self.history[start:]
         self.history.extend(entries)
-
-    def _log_once(self, kind: str, msg: str, *args: Any, exc_info: bool = False
-                  ) -> None:
-        if kind not in self._logged:
-            self._logged.add(kind)
-            logger.warning("dask_otel_spans: " + msg, *args, exc_info=exc_info)

@@ -12,7 +12,11 @@ import logging
 import os
 from typing import Any, Protocol
 
-from dask_otel_spans.export_process import ExportProcess, ExportProcessError
+from dask_otel_spans.export_process import (
+    EXPORT_PROCESS_NICE,
+    ExportProcess,
+    ExportProcessError,
+)
 from dask_otel_spans.export_share import ExportShareWatch
 from dask_otel_spans.pipeline import ExportPipeline, PipelineSpec
 from dask_otel_spans.providers import (
@@ -168,7 +172,7 @@ async def open_transport(
     )
     if setting is not False and stays is None:
         process = ExportProcess(
-            spec, budget=config.forward_budget, nice=config.export_process_nice,
+            spec, budget=config.forward_budget, nice=EXPORT_PROCESS_NICE,
             cpu_policy=config.export_process_cpu_policy,
         )
         loop = asyncio.get_running_loop()

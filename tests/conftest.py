@@ -231,7 +231,6 @@ class DaskProcesses:
             "OTEL_METRIC_EXPORT_INTERVAL": "300",
             "OTEL_BSP_SCHEDULE_DELAY": "100",
             "DASK_OTEL_SPANS__EXPORT_DELAY": "0.2s",
-            "DASK_OTEL_SPANS__TICK_INTERVAL": "50ms",
             "PYTHONPATH": os.pathsep.join(sys.path),
             **env,
         }

@@ -12,7 +12,34 @@ from dask_otel_spans.config import PluginConfig, parse_export_process
 
 def test_export_process_defaults_to_auto():
     assert PluginConfig.from_dask_config().export_process == "auto"
-    assert PluginConfig().export_process == "auto"
+
+
+def test_every_default_comes_from_the_shipped_yaml():
+    """Each default is written once: the dataclass has none of its own, and every
+    setting of the YAML has a field."""
+    import dataclasses
+
+    from dask_otel_spans.config import DEFAULTS
+
+    fields = dataclasses.fields(PluginConfig)
+    assert all(f.default is dataclasses.MISSING for f in fields)
+
+    def keys(node, prefix=""):
+        for key, value in node.items():
+            if isinstance(value, dict):
+                yield from keys(value, "")
+            else:
+                yield key.replace("-", "_")
+
+    field_names = {f.name for f in fields}
+    aliases = {"span_name_depth", "max_span_names", "max_series"}  # (under metrics)
+    assert set(keys(DEFAULTS["otel-spans"])) == field_names
+    assert aliases <= field_names
+
+
+def test_an_unknown_setting_is_refused_by_name():
+    with pytest.raises(TypeError, match="tick_budget"):
+        PluginConfig.from_dask_config(tick_budget=0.5)
 
 
 @pytest.mark.parametrize(

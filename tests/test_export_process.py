@@ -19,7 +19,7 @@ from distributed import Client, Event
 from distributed.utils_test import gen_cluster, inc
 
 from dask_otel_spans import OTelSpansPlugin, names, span
-from dask_otel_spans.export_process import ExportProcess
+from dask_otel_spans.export_process import EXPORT_PROCESS_NICE, ExportProcess
 from dask_otel_spans.otlpjson import latest_points, read_metric_points, read_spans
 from dask_otel_spans.pipeline import PipelineSpec
 from dask_otel_spans.config import PluginConfig
@@ -34,7 +34,7 @@ from conftest import (
     wait_for_event,
 )
 
-FAST = dict(export_delay=0.1, idle_timeout=1.0, tick_interval=0.05)
+FAST = dict(export_delay=0.1, idle_timeout=1.0)
 
 
 async def install_process_plugin(c, output_dir, **settings) -> OTelSpansPlugin:
@@ -360,7 +360,7 @@ def test_bad_providers_factory_is_logged_and_the_scheduler_runs_on(tmp_path, cap
 
 
 def test_messages_past_the_budget_are_dropped_counted_and_said_once(caplog):
-    process = ExportProcess(PipelineSpec(PluginConfig()), budget=5, nice=10,
+    process = ExportProcess(PipelineSpec(PluginConfig.from_dask_config()), budget=5, nice=10,
                             cpu_policy="idle")
     # (no sender thread: everything sent waits)
     with caplog.at_level(logging.WARNING, logger="dask_otel_spans"):
@@ -376,7 +376,7 @@ def test_messages_past_the_budget_are_dropped_counted_and_said_once(caplog):
 
 def test_flush_after_the_export_process_is_gone_for_good_returns_false(tmp_path):
     process = ExportProcess(
-        PipelineSpec(PluginConfig(output_dir=str(tmp_path)), environ={}),
+        PipelineSpec(PluginConfig.from_dask_config(output_dir=str(tmp_path)), environ={}),
         max_restarts=0,
     )
     process.launch()
@@ -501,7 +501,7 @@ def notice(name: str, **extra) -> tuple:
 def file_export_process(tmp_path):
     """An export process writing OTLP-JSON files to ``tmp_path``, started."""
     process = ExportProcess(
-        PipelineSpec(PluginConfig(output_dir=str(tmp_path)), environ={})
+        PipelineSpec(PluginConfig.from_dask_config(output_dir=str(tmp_path)), environ={})
     )
     process.launch()
     process.start()
@@ -640,7 +640,7 @@ def test_export_process_runs_its_nice_levels_below_the_scheduler(tmp_path):
 
     @gen_cluster(client=True, timeout=120)
     async def run(c, s, a, b):
-        plugin = await install_process_plugin(c, tmp_path, export_process_nice=7)
+        plugin = await install_process_plugin(c, tmp_path)
         await export_one_span(c, plugin, "niced")  # the SDK's threads run by now
         pid = child_pid(plugin)
         state["levels"] = thread_nice_levels(pid)
@@ -648,7 +648,9 @@ def test_export_process_runs_its_nice_levels_below_the_scheduler(tmp_path):
         await plugin.close()
 
     run()
-    assert state["levels"] == {min(19, os.getpriority(os.PRIO_PROCESS, 0) + 7)}
+    assert state["levels"] == {
+        min(19, os.getpriority(os.PRIO_PROCESS, 0) + EXPORT_PROCESS_NICE)
+    }
     # by default it runs on CPU time nothing else wants
     assert state["policy"] == os.SCHED_IDLE
 
@@ -662,7 +664,7 @@ def test_export_process_cpu_policy_sets_its_scheduling_policy(
     tmp_path, nice, policy, expected
 ):
     process = ExportProcess(
-        PipelineSpec(PluginConfig(output_dir=str(tmp_path)), environ={}),
+        PipelineSpec(PluginConfig.from_dask_config(output_dir=str(tmp_path)), environ={}),
         nice=nice, cpu_policy=policy,
     )
     process.launch()
@@ -678,7 +680,7 @@ def test_export_process_cpu_policy_sets_its_scheduling_policy(
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_export_process_nice_0_keeps_the_scheduler_priority(tmp_path):
     process = ExportProcess(
-        PipelineSpec(PluginConfig(output_dir=str(tmp_path)), environ={}), nice=0
+        PipelineSpec(PluginConfig.from_dask_config(output_dir=str(tmp_path)), environ={}), nice=0
     )
     process.launch()
     try:
@@ -686,14 +688,6 @@ def test_export_process_nice_0_keeps_the_scheduler_priority(tmp_path):
         assert os.sched_getscheduler(process.pid) == os.sched_getscheduler(0)
     finally:
         process.stop(5)
-
-
-def test_export_process_nice_comes_from_dask_config():
-    import dask
-
-    assert PluginConfig.from_dask_config().export_process_nice == 10
-    with dask.config.set({"otel-spans.export-process-nice": 3}):
-        assert PluginConfig.from_dask_config().export_process_nice == 3
 
 
 def test_export_process_cpu_policy_comes_from_dask_config():
@@ -717,7 +711,7 @@ def test_export_process_leaves_its_setup_out_of_garbage_collections(tmp_path):
     from dask_otel_spans.export_child import YOUNG_GC_THRESHOLD
 
     process = ExportProcess(
-        PipelineSpec(PluginConfig(output_dir=str(tmp_path)), environ={})
+        PipelineSpec(PluginConfig.from_dask_config(output_dir=str(tmp_path)), environ={})
     )
     process.launch()
     process.start()

@@ -78,7 +78,7 @@ def configured_plugin(tmp_path, **settings) -> OTelSpansPlugin:
     """A plugin building its providers from configuration (the embedded default)."""
     return OTelSpansPlugin(
         environ={}, use_global_providers=False, output_dir=str(tmp_path),
-        export_delay=0.1, idle_timeout=1.0, tick_interval=0.05, **settings,
+        export_delay=0.1, idle_timeout=1.0, **settings,
     )
 
 

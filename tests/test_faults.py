@@ -32,19 +32,19 @@ from test_plugin import install, plugin_of
 RECEIVER_THREADS = {"threads": False}
 
 
-def env_plugin(endpoint: str) -> OTelSpansPlugin:
+def env_plugin(endpoint: str, timeout_s: int = 1) -> OTelSpansPlugin:
     """Exporting in the scheduler process, whose providers' health the tests read
     (the export process has its own: tests/test_export_process.py)."""
     return OTelSpansPlugin(
         environ={
             "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
             "OTEL_EXPORTER_OTLP_INSECURE": "true",
-            "OTEL_EXPORTER_OTLP_TIMEOUT": "1",
+            "OTEL_EXPORTER_OTLP_TIMEOUT": str(timeout_s),
             "OTEL_BSP_SCHEDULE_DELAY": "50",
             "OTEL_METRIC_EXPORT_INTERVAL": "200",
         },
         use_global_providers=False, export_process=False,
-        export_delay=0.1, idle_timeout=1.0, tick_interval=0.05,
+        export_delay=0.1, idle_timeout=1.0,
     )
 
 
@@ -112,8 +112,7 @@ def test_slow_collector_does_not_block_the_scheduler():
     try:
         @gen_cluster(client=True, clean_kwargs=RECEIVER_THREADS, timeout=120)
         async def run(c, s, a, b):
-            plugin = env_plugin(receiver.endpoint)
-            plugin._environ["OTEL_EXPORTER_OTLP_TIMEOUT"] = "10"
+            plugin = env_plugin(receiver.endpoint, timeout_s=10)
             await c.register_plugin(plugin)
             t0 = time.monotonic()
             for i in range(5):
@@ -226,7 +225,7 @@ async def test_registered_twice_hands_over_without_loss_or_duplicates(c, s, a, b
         await slow
     await async_wait_for(lambda: memory.by_name("across"))
     await asyncio.sleep(0.5)
-    assert plugin_of(s) is second and first._closed
+    assert plugin_of(s) is second and first.transport is None
     assert first.transport is None and second.transport is not None
     assert len(memory.by_name("across")) == 1
     assert len(memory.by_name("first")) == 1

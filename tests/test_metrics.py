@@ -182,7 +182,7 @@ def test_pump_records_on_its_thread_and_flushes(memory, instruments):
         assert memory.points(names.WORKER_ACTIVITY_TIME)[0][2] == 1.0
     finally:
         pump.stop()
-    assert pump._thread is None
+    assert not pump.running
 
 
 def test_pump_sends_the_sums_when_its_interval_runs_out(memory, instruments):

@@ -84,7 +84,7 @@ def http_receiver():
 def env_plugin(environ, **settings) -> OTelSpansPlugin:
     return OTelSpansPlugin(
         environ=environ, use_global_providers=False,
-        export_delay=0.1, idle_timeout=1.0, tick_interval=0.05, **settings,
+        export_delay=0.1, idle_timeout=1.0, **settings,
     )
 
 

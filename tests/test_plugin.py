@@ -25,7 +25,7 @@ from dask_otel_spans.propagation import otel_span_id, otel_trace_id
 
 from conftest import MemoryProviders, async_wait_for, wait_for_event
 
-FAST = dict(export_delay=0.1, idle_timeout=1.0, tick_interval=0.05)
+FAST = dict(export_delay=0.1, idle_timeout=1.0)
 
 
 async def install(c, memory: MemoryProviders, **settings) -> OTelSpansPlugin:

@@ -88,7 +88,7 @@ def test_otlp_over_tls_with_an_api_key(tls_files):
         @gen_cluster(client=True, clean_kwargs={"threads": False})
         async def run(c, s, a, b):
             plugin = OTelSpansPlugin(environ=environ, use_global_providers=False,
-                                     export_delay=0.1, tick_interval=0.05)
+                                     export_delay=0.1)
             await c.register_plugin(plugin)
             with span("over tls"):
                 await c.submit(identity, 1, key="identity-1")

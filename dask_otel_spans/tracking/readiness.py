@@ -7,12 +7,9 @@ process): the export session feeds it the forwarder's events and the spans of it
 """
 from __future__ import annotations
 
-import heapq
 import logging
-import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from itertools import repeat
 from typing import Any
 
 from distributed.metrics import time
@@ -21,9 +18,12 @@ from distributed.scheduler import heartbeat_interval
 from dask_otel_spans import names
 from dask_otel_spans.config import PluginConfig
 from dask_otel_spans.emitter import EmitRequest
+from dask_otel_spans.logonce import OnceLogger
 from dask_otel_spans.propagation import carried_headers
 from dask_otel_spans.snapshot import snapshot_span
-from dask_otel_spans.tracking.records import OpenSpan
+from dask_otel_spans.tracking.notices import read_notice
+from dask_otel_spans.tracking.records import OpenSpan, carried_for_translation
+from dask_otel_spans.tracking.schedule import CheckSchedule
 from dask_otel_spans.tracking.verdicts import Verdicts, a_running_group, group_done
 
 logger = logging.getLogger(__name__)
@@ -86,19 +86,10 @@ class ReadinessTracker:
         self._summarized: set[str] = set()
         self._unseen_emitted: OrderedDict[str, None] = OrderedDict()
         self._submitted_unknown: OrderedDict[str, None] = OrderedDict()
-        #: open spans to check in the next pass, deepest first: (-depth, id)
-        self._to_check: list[tuple[int, str]] = []
-        self._queued: set[str] = set()
-        #: when open spans waiting for a grace period or a timeout are due
-        self._wakeups: list[tuple[float, str]] = []
-        #: spans closed before the scheduler saw them, waiting for their graph:
-        #: id -> when lazy-timeout runs out, in that order (the graph, which comes
-        #: in most cases, drops the wait)
-        self._awaiting_graph: OrderedDict[str, float] = OrderedDict()
-        self._awaiting_until = -math.inf
+        self._schedule = CheckSchedule()
         self._metric_calls: list[tuple[str, tuple[Any, ...]]] = []
         self._requests: list[EmitRequest] = []
-        self._logged: set[str] = set()
+        self._log_once = OnceLogger(logger)
         #: spans handed over for export so far
         self.handed_over = 0
         #: readiness checks made (one per changed or due open span)
@@ -118,7 +109,7 @@ class ReadinessTracker:
     def pending_wake_ups(self) -> list[float]:
         """When the tracker will look at spans again, whatever changes: the waits
         set (some for spans emitted since) and the waits for graphs."""
-        return [when for when, _ in self._wakeups] + list(self._awaiting_graph.values())
+        return self._schedule.pending_wake_ups()
 
     @property
     def grace(self) -> float:
@@ -149,10 +140,10 @@ class ReadinessTracker:
             parent_rec.open_children.add(span.id)
         rec.span = span
         rec.last_activity = time() if now is None else now
-        self._awaiting_graph.pop(span.id, None)
+        self._schedule.graph_came(span.id)
         running = a_running_group(span)
         if running is None:
-            self._look_again(rec)
+            self._schedule.look_again(rec)
         else:
             # not done: its group's settling sets its check a grace period later
             rec.unfinished_group = running
@@ -166,7 +157,7 @@ class ReadinessTracker:
         rec = self._open.get(span_id)
         if rec is not None:
             rec.done_since = None
-            self._wake_up_at(rec, stop + self.grace)
+            self._schedule.wake_up_at(rec, stop + self.grace)
 
     def graph(self, now: float, client: str | None, span_ids: Iterable[str],
               chains: Any) -> None:
@@ -194,7 +185,7 @@ class ReadinessTracker:
                 if not rec.clients:
                     rec.client_gone = True
                     rec.last_activity = max(rec.last_activity, now)
-                    self._look_again(rec)
+                    self._schedule.look_again(rec)
 
     # -- the pass --------------------------------------------------------------------
 
@@ -202,16 +193,14 @@ class ReadinessTracker:
         """Check the open spans that changed or whose wait ran out, deepest first
         (children before their parents), and emit those that are ready."""
         now = time() if now is None else now
-        self._wake_due(now)
-        if not self._to_check:
+        schedule = self._schedule
+        schedule.wake_due(now, self._open)
+        if not schedule:
             return
         grace = self.grace
         verdicts = Verdicts(self._open)
-        to_check = self._to_check
-        while to_check:
-            _, dask_id = heapq.heappop(to_check)
-            self._queued.discard(dask_id)
-            rec = self._open.get(dask_id)
+        while schedule:
+            rec = self._open.get(schedule.pop())
             if rec is None:
                 continue
             self.readiness_checks += 1
@@ -220,14 +209,14 @@ class ReadinessTracker:
             except Exception:
                 # never drop a span: look again after a grace period
                 self._log_failure("readiness")
-                ready_at = now + max(grace, self.config.tick_interval)
+                ready_at = now + grace
             if ready_at is not None and ready_at <= now:
                 try:
                     self._emit(rec, now, complete=True, verdicts=verdicts)
                 except Exception:
                     self._log_failure("emit")
             elif ready_at is not None:
-                self._wake_up_at(rec, ready_at)
+                self._schedule.wake_up_at(rec, ready_at)
 
     def close(self, now: float | None = None) -> None:
         """Emit every open span, complete or not (the scheduler is closing)."""
@@ -280,7 +269,7 @@ class ReadinessTracker:
                     if rec.span is None:
                         # its tasks went to another span's group: its wait for a
                         # graph is over
-                        self._look_again(rec)
+                        self._schedule.look_again(rec)
                 elif dask_id not in self.spans:
                     _remember(self._submitted_unknown, dask_id)
 
@@ -300,7 +289,7 @@ class ReadinessTracker:
             absorbed.add(rec.id)
             rec.submitted = True
             if rec.span is None:
-                self._look_again(rec)
+                self._schedule.look_again(rec)
         return True
 
     def _mark_active(self, span_ids: Iterable[str], now: float,
@@ -315,7 +304,7 @@ class ReadinessTracker:
                 # before the graph came); else its tasks have it checked
                 running = a_running_group(rec.span)
                 if running is None:
-                    self._look_again(rec)
+                    self._schedule.look_again(rec)
                 else:
                     rec.unfinished_group = running
             # up the tree, stopping at an ancestor marked already: O(spans)
@@ -332,26 +321,14 @@ class ReadinessTracker:
 
     def _on_close_notice(self, msg: Any, now: float, grace: float) -> None:
         try:
-            ids = tuple(msg["ids"])
-            tags = tuple(map(str, msg["name"]))
-            opened = int(msg["opened"])
-            enter = float(msg["enter"])
-            exit_ = float(msg["exit"])
-            if not ids or len(ids) != len(tags) or not 1 <= opened <= len(ids):
-                raise ValueError("inconsistent ids/name/opened")
-            if not all(map(isinstance, ids, repeat(str))):
-                raise TypeError("span ids must be strings")
+            notice = read_notice(msg)
         except Exception as e:
             self._log_once(
                 "bad-notice", "ignoring a malformed close notice on topic %r (%s): "
                 "%.200r", names.EVENT_TOPIC, e, msg,
             )
             return
-        carried = carried_headers(msg.get("otel")) or {}
-        lazy = msg.get("lazy") is True
-        client = msg.get("client")
-        if not isinstance(client, str):
-            client = None
+        ids, tags, opened, enter, exit_, carried, lazy, client = notice
         for level in range(len(ids) - opened, len(ids)):
             dask_id = ids[level]
             rec = self._open.get(dask_id)
@@ -372,51 +349,11 @@ class ReadinessTracker:
             rec.close_reason = names.CLOSE_REASON_CLIENT
             rec.enter, rec.exit = enter, exit_
             if rec.span is not None:
-                self._look_again(rec)
+                self._schedule.look_again(rec)
             else:
                 wait_until = self._ready_at(rec, now, grace, None)
                 if wait_until is not None:
-                    self._wake_up_at(rec, wait_until)
-
-    # -- queue and wake-ups ----------------------------------------------------------
-
-    def _look_again(self, rec: OpenSpan) -> None:
-        """Queue an open span for the next readiness check (O(log n))."""
-        if rec.id not in self._queued:
-            self._queued.add(rec.id)
-            heapq.heappush(self._to_check, (-rec.depth, rec.id))
-
-    def _wake_up_at(self, rec: OpenSpan, when: float) -> None:
-        """Look at a waiting span again at ``when``, unless an earlier wake-up is
-        set (that one looks again and sets the next)."""
-        if rec.waits_for_graph:
-            awaiting = self._awaiting_graph
-            if rec.id in awaiting:
-                return
-            # (the same wait for all, from the notice's time: in order, unless the
-            # grace period grew past lazy-timeout; such a wait goes to the heap)
-            if not awaiting or when >= self._awaiting_until:
-                awaiting[rec.id] = self._awaiting_until = when
-                return
-        if rec.wake_at is None or when < rec.wake_at:
-            rec.wake_at = when
-            heapq.heappush(self._wakeups, (when, rec.id))
-
-    def _wake_due(self, now: float) -> None:
-        """Queue the spans whose wake-up time has come."""
-        wakeups = self._wakeups
-        while wakeups and wakeups[0][0] <= now:
-            _, dask_id = heapq.heappop(wakeups)
-            rec = self._open.get(dask_id)
-            if rec is not None and rec.wake_at is not None and rec.wake_at <= now:
-                rec.wake_at = None
-                self._look_again(rec)
-        awaiting = self._awaiting_graph
-        while awaiting and next(iter(awaiting.values())) <= now:
-            dask_id, _ = awaiting.popitem(last=False)
-            rec = self._open.get(dask_id)
-            if rec is not None:
-                self._look_again(rec)
+                    self._schedule.wake_up_at(rec, wait_until)
 
     # -- readiness -------------------------------------------------------------------
 
@@ -475,7 +412,7 @@ class ReadinessTracker:
                     parent_rec.unfinished_child is None
                     or parent_rec.unfinished_child == rec.id
                 ):
-                    self._look_again(parent_rec)
+                    self._schedule.look_again(parent_rec)
         quiet_since = max(rec.done_since, rec.last_activity)
         if rec.closed_at is not None:
             return max(quiet_since, rec.closed_at) + grace
@@ -512,7 +449,7 @@ class ReadinessTracker:
                     exc_info=True,
                 )
         del self._open[rec.id]
-        self._awaiting_graph.pop(rec.id, None)
+        self._schedule.graph_came(rec.id)
         keep_summary = False
         if span is None:
             _remember(self._unseen_emitted, rec.id)
@@ -528,48 +465,22 @@ class ReadinessTracker:
                     parent_rec.children_finished_at, finished
                 )
                 if parent_rec.done_since is None:
-                    self._look_again(parent_rec)
+                    self._schedule.look_again(parent_rec)
                 if keep_summary:
                     self._summarized.add(span.id)
             _remember(self._unseen_emitted, rec.id)
         self.handed_over += 1
         self._requests.append(EmitRequest(
-            rec.tags, rec.ids, self._carried_for(rec), snapshot, now, complete,
+            rec.tags, rec.ids, carried_for_translation(rec, self._open.get(rec.ids[0])), snapshot, now, complete,
             rec.close_reason, rec.enter, rec.exit, keep_summary, rec.counted,
         ))
         if span is not None and self.on_emitted is not None:
             self.on_emitted(span)
 
-    def _carried_for(self, rec: OpenSpan) -> dict[str, Any]:
-        """The carried headers the translation reads: the root's (which an open root
-        may hold alone) and the span's own; empty carriers left out."""
-        ids, carried = rec.ids, rec.carried
-        root_id, own_id = ids[0], rec.id
-        sent = {}
-        carrier = carried.get(own_id)
-        if carrier is not None and (type(carrier) is not dict or carrier):
-            sent[own_id] = carrier
-        if root_id != own_id:
-            carrier = carried.get(root_id)
-            if carrier is None:
-                root = self._open.get(root_id)
-                if root is not None:
-                    carrier = root.carried.get(root_id)
-            if carrier is not None and (type(carrier) is not dict or carrier):
-                sent[root_id] = carrier
-        return sent
-
     # -- logging ---------------------------------------------------------------------
 
-    def _log_once(self, kind: str, msg: str, *args: Any, level: int = logging.WARNING,
-                  exc_info: bool = False) -> None:
-        if kind not in self._logged:
-            self._logged.add(kind)
-            logger.log(level, "dask_otel_spans: " + msg, *args, exc_info=exc_info)
-
     def _log_failure(self, where: str) -> None:
-        self._log_once(f"error:{where}", "unexpected error in %s (logged once)", where,
-                       level=logging.ERROR, exc_info=True)
+        self._log_once.failure(where)
 
     def _log_bad_annotation(self, value: Any) -> None:
         self._log_once(

@@ -76,3 +76,22 @@ class OpenSpan:
         return self.span is None and self.awaiting_graph and not (
             self.submitted or self.client_gone
         )
+
+
+def carried_for_translation(rec: OpenSpan, root: OpenSpan | None) -> dict[str, Any]:
+    """The carried headers the translation reads of a span: the root's (which an open
+    ``root`` record may hold alone) and its own; empty carriers left out (they say
+    what no carrier says)."""
+    ids, carried = rec.ids, rec.carried
+    root_id, own_id = ids[0], rec.id
+    sent = {}
+    carrier = carried.get(own_id)
+    if carrier is not None and (type(carrier) is not dict or carrier):
+        sent[own_id] = carrier
+    if root_id != own_id:
+        carrier = carried.get(root_id)
+        if carrier is None and root is not None:
+            carrier = root.carried.get(root_id)
+        if carrier is not None and (type(carrier) is not dict or carrier):
+            sent[root_id] = carrier
+    return sent
