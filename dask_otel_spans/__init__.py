@@ -41,4 +41,19 @@ def dask_setup(server: Any) -> None:
             type(server).__name__,
         )
         return
+    _log_as_distributed_does()
     server.add_plugin(OTelSpansPlugin())
+
+
+def _log_as_distributed_does() -> None:
+    """Let the package's lines (INFO and up: where data goes, export process or
+    not) reach the scheduler's log as distributed's own do, unless logging was
+    configured for the package already."""
+    package = logging.getLogger(__name__)
+    distributed = logging.getLogger("distributed")
+    if package.handlers or package.level != logging.NOTSET or not distributed.handlers:
+        return
+    for handler in distributed.handlers:
+        package.addHandler(handler)
+    package.setLevel(logging.INFO)
+    package.propagate = False

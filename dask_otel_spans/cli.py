@@ -3,6 +3,7 @@ plugin and prints the exported span tree; ``tree PATH`` prints it from saved fil
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
@@ -156,7 +157,28 @@ def run_workflow(client: Any) -> None:
             client.gather(client.map(_fit_model, range(8)))
 
 
+#: What the demo's workflow imports beyond the package's own dependencies: the
+#: ``demo`` extra
+DEMO_MODULES = ("numpy", "pandas", "dask.array", "dask.dataframe")
+
+
+def missing_demo_modules() -> list[str]:
+    """The modules of the ``demo`` extra that cannot be imported here."""
+    missing = []
+    for name in DEMO_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    return missing
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
+    missing = missing_demo_modules()
+    if missing:
+        print(f"dask-otel-spans demo needs the demo extra ({', '.join(missing)} cannot "
+              "be imported): pip install 'dask_otel_spans[demo]'", file=sys.stderr)
+        return 1
     from distributed import Client, LocalCluster
 
     from dask_otel_spans import OTelSpansPlugin
@@ -210,7 +232,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="dask-otel-spans",
         description="Dask spans and fine performance metrics as OpenTelemetry data",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version",
+                        version=f"%(prog)s {names.VERSION}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser(
         "demo", help="run a small workflow on a LocalCluster and print its span tree"
     )
@@ -219,12 +243,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="dask-otel-spans",
         help="directory of the embedded default exporter (default: %(default)s)",
     )
-    demo.add_argument("--workers", type=int, default=2)
+    demo.add_argument("--workers", type=int, default=2,
+                      help="worker processes of the LocalCluster, 2 threads each "
+                           "(default: %(default)s)")
     demo.set_defaults(func=cmd_demo)
     tree = sub.add_parser("tree", help="print the span tree of saved OTLP-JSON lines")
     tree.add_argument("path", help="traces.jsonl, or the directory holding it")
     tree.set_defaults(func=cmd_tree)
     args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
     return args.func(args)
 
 

@@ -114,6 +114,7 @@ class PluginConfig:
     export_process: ExportProcessSetting
     export_process_cpu_policy: str
     forward_budget: int
+    shutdown_timeout: float
     providers: str | None
 
     @classmethod
@@ -149,6 +150,7 @@ class PluginConfig:
                 get("export-process-cpu-policy")
             ),
             forward_budget=int(get("forward-budget")),
+            shutdown_timeout=seconds("shutdown-timeout"),
             providers=str(factory) if factory not in (None, "", "null") else None,
         )
         if "export_process" in overrides:
@@ -163,4 +165,24 @@ class PluginConfig:
                     overrides["export_process_cpu_policy"]
                 ),
             }
-        return replace(cfg, **overrides) if overrides else cfg
+        cfg = replace(cfg, **overrides) if overrides else cfg
+        return cfg._without_negative_durations()
+
+    def _without_negative_durations(self) -> PluginConfig:
+        """The settings, a negative duration replaced by its default (said once)."""
+        fixed = {}
+        for key in DURATIONS:
+            name = key.replace("-", "_")
+            value = getattr(self, name)
+            if value < 0:
+                default = float(parse_timedelta(_shipped_default(key), default="seconds"))
+                logger.error(
+                    "dask_otel_spans: otel-spans.%s must not be negative, not %gs; "
+                    "using the default, %gs", key, value, default,
+                )
+                fixed[name] = default
+        return replace(self, **fixed) if fixed else self
+
+
+#: The settings that are durations
+DURATIONS = ("export-delay", "idle-timeout", "lazy-timeout", "shutdown-timeout")

@@ -106,6 +106,8 @@ class SpanEmitter(BackgroundQueue):
         self.code_max_length = code_max_length
         self.summaries: dict[str, SpanSummary] = {}
         self.exported_count = 0
+        #: OTel spans ended (a dask span's own, and its prefix spans')
+        self.otel_spans = 0
         self._ids = _PinnedIdGenerator()
         self.deterministic_ids = False
         self._tracer = self._make_tracer(tracer_provider)
@@ -196,7 +198,9 @@ class SpanEmitter(BackgroundQueue):
                     prefix.start_ns,
                 )
                 child.end(end_time=prefix.end_ns)
+                self.otel_spans += 1
         otel_span.end(end_time=fields.end_ns)
+        self.otel_spans += 1
 
     def _start_span(
         self, tracer: Any, name: str, span_id: int, context: Context,

@@ -47,6 +47,15 @@ class GroupDone(NamedTuple):
     figures: tuple[Any, ...]
 
 
+class GroupErred(NamedTuple):
+    """``count`` tasks of the group erred since the last tick: counted when they err
+    (the group's state counts forget an error once the task is released)."""
+
+    span_id: str
+    group: int
+    count: int
+
+
 class SpanMetrics(NamedTuple):
     """The cumulative fine metrics of a span adopted when the plugin started."""
 
@@ -117,6 +126,7 @@ TABLE: dict[str, tuple[type[tuple], str]] = {
     "span": (SpanAdded, "on_span"),
     "run": (GroupRunning, "on_group_running"),
     "done": (GroupDone, "on_group_done"),
+    "erred": (GroupErred, "on_group_erred"),
     "metrics": (SpanMetrics, "on_span_metrics"),
     "code": (SpanCode, "on_span_code"),
     "workers": (WorkerCount, "on_worker_count"),
@@ -129,7 +139,8 @@ TABLE: dict[str, tuple[type[tuple], str]] = {
 }
 
 #: The kinds, by name, for the code that makes messages
-SPAN, RUN, DONE, METRICS, CODE, WORKERS = "span", "run", "done", "metrics", "code", "workers"
+SPAN, RUN, DONE, ERRED = "span", "run", "done", "erred"
+METRICS, CODE, WORKERS = "metrics", "code", "workers"
 GRAPH, NOTICE, CLIENT_GONE = "graph", "notice", "client-gone"
 DELTAS, WORKER_DELTAS, HISTORY = "deltas", "worker-deltas", "history"
 

@@ -38,8 +38,6 @@ logger = logging.getLogger("dask_otel_spans.export_child")
 
 #: Seconds between two looks at whether the figures changed
 _STATS_INTERVAL = 0.5
-#: Longest wait for the final export at the end
-_STOP_TIMEOUT = 10.0
 #: Allocations between two collections of the garbage collector's youngest
 #: generation in this process (Python's default: 700; :func:`settle_garbage_collector`)
 YOUNG_GC_THRESHOLD = 10_000
@@ -148,7 +146,7 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
     except EOFError:
         return 0
     except Exception as e:
-        logger.exception("dask_otel_spans: the export process cannot set up exporters")
+        # (the scheduler says it, once, with what it does instead)
         outbox.send(("failed", f"{type(e).__name__}: {e}"))
         return 1
     outbox.send((
@@ -192,7 +190,7 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
             outbox.send_made(lambda: ("flushed", token, ok, _stats(session)))
         session.send(messages)
     stopped.set()
-    session.stop(_STOP_TIMEOUT)
+    session.stop(spec.config.shutdown_timeout)
     outbox.send(("stopped", _stats(session)))
     return 0
 
@@ -268,4 +266,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover - run as a child process
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Not sys.exit: the SDK's exit handlers would shut the providers down again and
+    # wait for an unreachable collector past the shutdown timeout already spent.
+    os._exit(code)

@@ -32,7 +32,14 @@ _CUMULATIVE = ("handed_over", "received")
 
 
 class ExportProcessError(RuntimeError):
-    """The export process could not be started."""
+    """The export process could not be started.
+
+    ``setup_failed``: it started but could not set up its exporters (the scheduler
+    process could not either); otherwise it did not start or answer."""
+
+    def __init__(self, reason: str, setup_failed: bool = False):
+        super().__init__(reason)
+        self.setup_failed = setup_failed
 
 
 class _Flush:
@@ -204,7 +211,7 @@ class ExportProcess(BackgroundQueue):
                 else f"exit code {proc.poll()}"
             )
             self._end(proc, reader, timeout=1.0)
-            raise ExportProcessError(reason)
+            raise ExportProcessError(reason, setup_failed="failed" in answer)
         self._proc, self._reader = proc, reader
         self.launches += 1
         self._history_sent = 0  # a new child has none of it

@@ -108,6 +108,9 @@ class SpanForwarder:
         #: task groups whose tasks started or settled since the last tick (the
         #: plugin's ``transition`` hook adds them)
         self.touched: set[Any] = set()
+        #: task group -> tasks of it that erred since the last tick (the plugin's
+        #: ``transition`` hook counts them)
+        self.erred: dict[Any, int] = {}
         #: task groups forwarded as running and not as done since (as many as the
         #: groups running now): not told again while they run
         self.running_forwarded: set[Any] = set()
@@ -126,7 +129,7 @@ class SpanForwarder:
         transport this one keeps) was: nothing is forwarded twice or left out."""
         self.pending.extend(previous.pending)
         previous.pending.clear()
-        for name in ("n_known", "touched", "running_forwarded", "code_sent",
+        for name in ("n_known", "touched", "erred", "running_forwarded", "code_sent",
                      "workers", "forwarded_spans", "forwarded_before_adoption",
                      "forwarded_groups"):
             setattr(self, name, getattr(previous, name))
@@ -230,8 +233,10 @@ class SpanForwarder:
         # (after the graphs: their new tasks' groups are touched by then); a group
         # goes when it is done, or when it runs and was not running there
         touched, self.touched = self.touched, set()
+        erred, self.erred = self.erred, {}
         running_forwarded = self.running_forwarded
-        out = []
+        out = [(events.ERRED, tg.span_id, id(tg), n)
+               for tg, n in erred.items() if tg.span_id is not None]
         for i, tg in enumerate(touched, 1):
             if i % SPANS_PER_STEP == 0:
                 self._send(out)

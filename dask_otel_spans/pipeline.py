@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -15,7 +17,12 @@ from dask_otel_spans.config import PluginConfig
 from dask_otel_spans.emitter import SpanEmitter
 from dask_otel_spans.export_health import rate_limit_sdk_logs
 from dask_otel_spans.metrics import DaskInstruments, MetricsPump, SeriesCap, SpanNameCap
-from dask_otel_spans.providers import Providers, resolve_providers
+from dask_otel_spans.providers import (
+    ConfigurationError,
+    Providers,
+    check_environ,
+    resolve_providers,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +74,23 @@ class PipelineSpec:
             metric_series_limit=self.config.max_series,
             **explicit,
         )
+
+
+    def check(self) -> None:
+        """Raise :class:`~dask_otel_spans.providers.ConfigurationError` (saying
+        which setting, its value and what it accepts) when providers could not be
+        built from this spec's configuration: checked in the scheduler before any
+        export process starts."""
+        if self.providers_factory:
+            try:
+                load_factory(self.providers_factory)
+            except Exception as e:
+                raise ConfigurationError(
+                    f"otel-spans.providers={self.providers_factory!r} cannot be "
+                    f"loaded ({type(e).__name__}: {e})"
+                ) from None
+            return
+        check_environ(os.environ if self.environ is None else self.environ)
 
 
 def load_factory(path: str) -> Callable[[], tuple[Any, Any]]:
@@ -164,6 +188,42 @@ class ExportPipeline:
             # kept until the providers' final flush is over
             self._undo_log_limit()
             self._undo_log_limit = None
+
+    def shut_down(self, timeout: float) -> bool:
+        """Stop the threads and close the providers, waiting at most ``timeout``
+        seconds in all (a collector that is down makes exporters retry for longer);
+        then say in one line what the exporters could not deliver. False when they
+        did not finish in time."""
+        deadline = time.monotonic() + timeout
+        self.stop_threads(timeout)
+        closing = threading.Thread(
+            target=self.close_providers, args=(max(0.0, deadline - time.monotonic()),),
+            name="dask-otel-spans-close-providers", daemon=True,
+        )
+        closing.start()
+        closing.join(max(0.0, deadline - time.monotonic()))
+        if not closing.is_alive():
+            return True
+        traces = self.providers.traces_to
+        logger.warning(
+            "dask_otel_spans: the exporters did not finish within %.1f s "
+            "(otel-spans.shutdown-timeout); not delivered: %s to %s, and the metric "
+            "points since the last export to %s", timeout,
+            self._undelivered_spans(), traces, self.providers.metrics_to,
+        )
+        return False
+
+    def _undelivered_spans(self) -> str:
+        """How many spans the SDK was handed and its exporters did not report
+        (exported or dropped), where the pipeline built them ("some" otherwise)."""
+        health = [h for h in self.providers.health if h.signal == "traces"]
+        if not health:
+            return "some spans"
+        # (each dask span is 1 + its task prefixes OTel spans: counted as exported
+        # by the emitter once per dask span, by the exporters once per OTel span)
+        reported = min(h.exported + h.dropped for h in health)
+        handed = self.emitter.otel_spans
+        return f"{max(0, handed - reported)} spans"
 
     def cpu_seconds(self) -> float:
         """CPU seconds of the pipeline's threads (emitter and metrics) so far."""

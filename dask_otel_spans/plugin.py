@@ -45,8 +45,6 @@ logger = logging.getLogger(__name__)
 _LOCAL_PLUGINS: weakref.WeakValueDictionary[str, OTelSpansPlugin] = (
     weakref.WeakValueDictionary()
 )
-#: Longest wait for the export to finish at scheduler close
-CLOSE_TIMEOUT = 10.0
 #: Longest slice of forwarding per event-loop callback, in seconds (a slice ends
 #: after the step that crosses it: 256 spans, keys or task groups at most)
 TICK_BUDGET = 0.001
@@ -213,10 +211,11 @@ class OTelSpansPlugin(SchedulerPlugin):
                 return
             destinations = self.transport.destinations
             logger.info(
-                "dask_otel_spans: traces to %s; metrics to %s%s",
+                "dask_otel_spans: traces to %s; metrics to %s; %s",
                 destinations.get("traces_to"), destinations.get("metrics_to"),
-                f" (export process pid {destinations.get('pid')})"
-                if destinations.get("export_process") else "",
+                f"export process pid {destinations.get('pid')}"
+                if destinations.get("export_process")
+                else "exporting on a thread of the scheduler process",
             )
         self._tasks = scheduler.tasks
         self.forwarder = SpanForwarder(
@@ -274,7 +273,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         transport, self.transport = self.transport, None
         if transport is not None:
             loop = asyncio.get_running_loop()
-            await loop.run_in_executor(None, transport.stop, CLOSE_TIMEOUT)
+            await loop.run_in_executor(None, transport.stop, self.config.shutdown_timeout)
         _LOCAL_PLUGINS.pop(self._token, None)
 
     async def flush(self, timeout: float = 10.0) -> bool:
@@ -393,7 +392,11 @@ class OTelSpansPlugin(SchedulerPlugin):
         try:
             ts = tasks.get(key)
             if ts is not None:
-                self.forwarder.touched.add(ts.group)
+                tg = ts.group
+                self.forwarder.touched.add(tg)
+                if finish == "erred":
+                    erred = self.forwarder.erred
+                    erred[tg] = erred.get(tg, 0) + 1
         except Exception:
             self._log_failure("transition")
 

@@ -109,13 +109,75 @@ def _signal_setting(
     )
 
 
+#: What each exporter variable accepts
+TRACE_EXPORTERS = ("otlp", "console", "none", FILE_EXPORTER)
+METRIC_EXPORTERS = ("otlp", "console", "prometheus", "none", FILE_EXPORTER)
+OTLP_PROTOCOLS = ("grpc", "http/protobuf")
+OTLP_COMPRESSIONS = ("gzip", "deflate", "none")
+
+
+def _variable_of(environ: Mapping[str, str], signal: str, name: str) -> str:
+    """Which variable gives ``OTEL_EXPORTER_OTLP_[<SIGNAL>_]<NAME>``."""
+    specific = f"OTEL_EXPORTER_OTLP_{signal}_{name}"
+    return specific if environ.get(specific) else f"OTEL_EXPORTER_OTLP_{name}"
+
+
+def _not_one_of(variable: str, value: str, accepted: tuple[str, ...]) -> ConfigurationError:
+    return ConfigurationError(
+        f"{variable}={value!r} is not one of {', '.join(accepted)}"
+    )
+
+
 def _otlp_protocol(environ: Mapping[str, str], signal: str) -> str:
     protocol = (_signal_setting(environ, signal, "PROTOCOL") or "grpc").strip()
-    if protocol not in ("grpc", "http/protobuf"):
-        raise ConfigurationError(
-            f"unsupported OTLP protocol {protocol!r} (use grpc or http/protobuf)"
-        )
+    if protocol not in OTLP_PROTOCOLS:
+        raise _not_one_of(_variable_of(environ, signal, "PROTOCOL"), protocol,
+                          OTLP_PROTOCOLS)
     return protocol
+
+
+def check_environ(environ: Mapping[str, str]) -> None:
+    """Raise :class:`ConfigurationError`, naming the variable, its value and what it
+    accepts, for the first ``OTEL_*`` value the providers could not be built from."""
+    if is_unconfigured(environ):
+        return
+    for variable, accepted, signal in (
+        ("OTEL_TRACES_EXPORTER", TRACE_EXPORTERS, "TRACES"),
+        ("OTEL_METRICS_EXPORTER", METRIC_EXPORTERS, "METRICS"),
+    ):
+        chosen = exporter_names(environ, variable)
+        for name in chosen:
+            if name not in accepted:
+                raise _not_one_of(variable, name, accepted)
+        if "otlp" not in chosen:
+            continue
+        _otlp_protocol(environ, signal)
+        compression = _signal_setting(environ, signal, "COMPRESSION")
+        if compression and compression.strip().lower() not in OTLP_COMPRESSIONS:
+            raise _not_one_of(_variable_of(environ, signal, "COMPRESSION"),
+                              compression, OTLP_COMPRESSIONS)
+        timeout = _signal_setting(environ, signal, "TIMEOUT")
+        if timeout:
+            try:
+                ok = float(timeout) > 0
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ConfigurationError(
+                    f"{_variable_of(environ, signal, 'TIMEOUT')}={timeout!r} is not a "
+                    "positive number of seconds"
+                )
+    for variable in ("OTEL_METRIC_EXPORT_INTERVAL", "OTEL_BSP_SCHEDULE_DELAY"):
+        value = environ.get(variable)
+        if value:
+            try:
+                ok = float(value) >= 0
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ConfigurationError(
+                    f"{variable}={value!r} is not a non-negative number of milliseconds"
+                )
 
 
 #: gRPC channel options of the OTLP exporters: reconnect to a collector that came
@@ -172,8 +234,10 @@ def otlp_exporter_kwargs(
 
 
 def _compression(value: str, protocol: str) -> Any:
-    if value not in ("gzip", "deflate", "none"):
-        raise ConfigurationError(f"unsupported OTLP compression {value!r}")
+    if value not in OTLP_COMPRESSIONS:
+        raise ConfigurationError(
+            f"OTLP compression {value!r} is not one of {', '.join(OTLP_COMPRESSIONS)}"
+        )
     if protocol == "grpc":
         import grpc
 
@@ -226,7 +290,7 @@ def _span_exporter(name: str, environ: Mapping[str, str], output_dir: str) -> An
     if name == FILE_EXPORTER:
         exporter = OTLPJsonLinesSpanExporter(os.path.join(output_dir, TRACES_FILE))
         return exporter, exporter.path
-    raise ConfigurationError(f"unsupported OTEL_TRACES_EXPORTER {name!r}")
+    raise _not_one_of("OTEL_TRACES_EXPORTER", name, TRACE_EXPORTERS)
 
 
 def _metric_reader(
@@ -257,7 +321,7 @@ def _metric_reader(
     elif name == "prometheus":
         return _prometheus_reader(environ)
     else:
-        raise ConfigurationError(f"unsupported OTEL_METRICS_EXPORTER {name!r}")
+        raise _not_one_of("OTEL_METRICS_EXPORTER", name, METRIC_EXPORTERS)
     exporter_health = ExportHealth("metrics", where)
     if health is not None:
         health.append(exporter_health)

@@ -3,8 +3,9 @@ forwarder's messages (:mod:`~dask_otel_spans.events`) in order on a thread of it
 own, keeps the span tree copy, runs the readiness tracker every tick
 and hands what is ready to the export pipeline (translation, OTel SDK).
 
-In the scheduler process it is the transport itself (a thread); in the export
-process, the child's reader feeds it the frames it reads from the pipe
+In the scheduler process the plugin's messages reach it directly
+(:class:`~dask_otel_spans.transport.ThreadTransport`); in the export process, the
+child's reader feeds it the frames it reads from the pipe
 (:mod:`~dask_otel_spans.export_child`).
 """
 from __future__ import annotations
@@ -85,15 +86,15 @@ class ExportSession(BackgroundQueue):
 
     def stop(self, timeout: float = 10) -> None:
         """Apply what is queued, emit every span still open (complete or not: the
-        scheduler is closing), then stop the pipeline and its providers."""
+        scheduler is closing), then stop the pipeline and its providers, waiting
+        at most about ``timeout`` seconds for the exporters."""
         super().stop(timeout)
         try:
             self.tracker.close()
             self._deliver()
         except Exception:
             logger.exception("dask_otel_spans: cannot emit the spans still open")
-        self.pipeline.stop_threads(timeout)
-        self.pipeline.close_providers(timeout)
+        self.pipeline.shut_down(timeout)
 
     def stats(self) -> dict[str, Any]:
         """Figures of the tree, the tracker and the pipeline."""
@@ -180,6 +181,9 @@ class ExportSession(BackgroundQueue):
         tg = self.tree.group(span_id, group, figures[0], figures)
         if tg is not None:
             self.tracker.group_settled(span_id, tg.stop)
+
+    def on_group_erred(self, span_id: str, group: int, count: int) -> None:
+        self.tree.group_erred(span_id, group, count)
 
     def on_span_metrics(self, span_id: str, metrics: Mapping[Hashable, float]) -> None:
         self.tree.add_metrics(span_id, metrics)

@@ -19,6 +19,7 @@ from dask_otel_spans.export_process import (
 )
 from dask_otel_spans.export_share import ExportShareWatch
 from dask_otel_spans.pipeline import ExportPipeline, PipelineSpec
+from dask_otel_spans.providers import ConfigurationError
 from dask_otel_spans.providers import (
     exporter_names,
     global_sdk_meter_provider,
@@ -27,6 +28,10 @@ from dask_otel_spans.providers import (
 from dask_otel_spans.session import ExportSession
 
 logger = logging.getLogger(__name__)
+
+#: Seconds an export process is given to exit, past its own wait for its exporters,
+#: before it is killed
+CHILD_EXIT_MARGIN = 5.0
 
 
 class Transport(Protocol):
@@ -112,7 +117,8 @@ class ChildTransport:
         return self.process.flush(timeout)
 
     def stop(self, timeout: float) -> None:
-        self.process.stop(timeout)
+        # (the child waits ``timeout`` for its exporters itself, then exits)
+        self.process.stop(timeout + CHILD_EXIT_MARGIN)
 
     def stats(self) -> dict[str, Any]:
         return self.process.stats()
@@ -134,12 +140,17 @@ def why_export_stays_here(
     ):
         return ("OTEL_METRICS_EXPORTER=prometheus on the scheduler's own /metrics "
                 "(set OTEL_EXPORTER_PROMETHEUS_PORT to serve from the export process)")
-    if use_global and (
-        global_sdk_tracer_provider() is not None
-        or global_sdk_meter_provider() is not None
-    ):
+    if use_global and has_global_providers():
         return "the process's global providers"
     return None
+
+
+def has_global_providers() -> bool:
+    """Whether the process has SDK providers installed as its global ones."""
+    return (
+        global_sdk_tracer_provider() is not None
+        or global_sdk_meter_provider() is not None
+    )
 
 
 async def open_transport(
@@ -166,10 +177,15 @@ async def open_transport(
     """
     config = spec.config
     setting = config.export_process
-    stays = why_export_stays_here(
-        spec, given_providers=tracer_provider is not None or meter_provider is not None,
-        use_global=use_global,
-    )
+    given = tracer_provider is not None or meter_provider is not None
+    stays = why_export_stays_here(spec, given_providers=given, use_global=use_global)
+    if not given and not (use_global and has_global_providers()):
+        try:  # (providers from configuration: a bad value is said once, here)
+            spec.check()
+        except ConfigurationError as e:
+            logger.error("dask_otel_spans: %s; the plugin stays idle: nothing is "
+                         "exported until this is fixed", e)
+            return None
     if setting is not False and stays is None:
         process = ExportProcess(
             spec, budget=config.forward_budget, nice=EXPORT_PROCESS_NICE,
@@ -179,6 +195,10 @@ async def open_transport(
         try:
             await loop.run_in_executor(None, process.launch)
         except ExportProcessError as e:
+            if e.setup_failed:  # (the scheduler process would fail the same way)
+                logger.error("dask_otel_spans: cannot set up exporters (%s); the "
+                             "plugin stays idle: nothing is exported", e)
+                return None
             logger.log(
                 logging.ERROR if setting is True else logging.WARNING,
                 "dask_otel_spans: the export process did not start (%s); exporting "
@@ -202,8 +222,8 @@ async def open_transport(
         )
         pipeline = ExportPipeline.build(providers, config)
     except Exception as e:
-        logger.error("dask_otel_spans: cannot set up exporters (%s); the plugin stays "
-                     "idle", e)
+        logger.error("dask_otel_spans: cannot set up exporters (%s: %s); the plugin "
+                     "stays idle: nothing is exported", type(e).__name__, e)
         return None
     session = ExportSession(pipeline, config, nthreads_history)
     if setting is False and stays is None:

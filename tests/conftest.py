@@ -281,3 +281,8 @@ def wait_for_event(name: str) -> int:
 
     Event(name).wait()
     return 1
+
+
+def failing_providers():
+    """A providers factory (``otel-spans.providers``) that fails when called."""
+    raise RuntimeError("no collector credentials")

@@ -156,3 +156,64 @@ async def test_custom_metrics_with_odd_activity_and_unit(c, s, a, b):
     assert custom[0][1][names.ACTIVITY] == str(("not", "a", "string"))
     counts = memory.points(names.SPAN_ACTIVITY_COUNT)
     assert any(p[1][names.ACTIVITY] == "fine" and p[2] == 3 for p in counts)
+
+
+BAD_CONFIGURATION = [
+    ({"OTEL_TRACES_EXPORTER": "bogus"}, {}, "OTEL_TRACES_EXPORTER='bogus' is not one "
+     "of otlp, console, none, otlp_json_file"),
+    ({"OTEL_METRICS_EXPORTER": "statsd"}, {}, "OTEL_METRICS_EXPORTER='statsd' is not "
+     "one of otlp, console, prometheus, none, otlp_json_file"),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1",
+      "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "udp"}, {},
+     "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL='udp' is not one of grpc, http/protobuf"),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1",
+      "OTEL_EXPORTER_OTLP_COMPRESSION": "zip"}, {},
+     "OTEL_EXPORTER_OTLP_COMPRESSION='zip' is not one of gzip, deflate, none"),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1",
+      "OTEL_EXPORTER_OTLP_TIMEOUT": "-5"}, {},
+     "OTEL_EXPORTER_OTLP_TIMEOUT='-5' is not a positive number of seconds"),
+    ({}, {"providers": "no_such_module_xyz:make"},
+     "otel-spans.providers='no_such_module_xyz:make' cannot be loaded "
+     "(ModuleNotFoundError"),
+]
+
+
+@pytest.mark.parametrize("environ, settings, said", BAD_CONFIGURATION,
+                         ids=[said.split("=")[0] for _, _, said in BAD_CONFIGURATION])
+@gen_cluster(client=True)
+async def test_a_configuration_that_cannot_work_is_one_error_line_and_the_plugin_idles(
+    c, s, a, b, caplog, environ, settings, said
+):
+    from dask_otel_spans import OTelSpansPlugin
+
+    with caplog.at_level(logging.DEBUG, logger="dask_otel_spans"):
+        plugin = OTelSpansPlugin(environ=environ, use_global_providers=False,
+                                 **settings)
+        await c.register_plugin(plugin)
+        with span("unexported"):
+            assert await c.submit(inc, 1, key="unexported-1") == 2
+    [error] = [r for r in caplog.records if r.levelno >= logging.WARNING
+               and r.name.startswith("dask_otel_spans")]
+    assert error.levelno == logging.ERROR and error.exc_info is None
+    assert said in error.getMessage()
+    assert "the plugin stays idle: nothing is exported" in error.getMessage()
+    assert plugin.transport is None
+
+
+@gen_cluster(client=True)
+async def test_a_negative_duration_is_said_once_and_its_default_used(c, s, a, b, caplog):
+    from dask_otel_spans import OTelSpansPlugin
+
+    memory = MemoryProviders()
+    with caplog.at_level(logging.WARNING, logger="dask_otel_spans"):
+        plugin = OTelSpansPlugin(tracer_provider=memory.tracer_provider,
+                                 meter_provider=memory.meter_provider,
+                                 export_delay=-2, idle_timeout=1.0)
+        await c.register_plugin(plugin)
+        with span("still exported"):
+            await c.submit(inc, 1, key="still-1")
+        await async_wait_for(lambda: memory.by_name("still exported"))
+    assert plugin.config.export_delay == 1.0
+    [line] = [r.getMessage() for r in caplog.records
+              if r.name.startswith("dask_otel_spans")]
+    assert "otel-spans.export-delay must not be negative, not -2s" in line

@@ -102,3 +102,41 @@ def test_render_tree_nests_by_parent():
         "  wf  2.000s  3 tasks  | thread-cpu 1.5s",
         "    · inc  1.000s  3 tasks",
     ]
+
+
+def run_cli(*args: str, code: str | None = None) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "dask_otel_spans.cli", *args]
+    if code is not None:
+        command = [sys.executable, "-c", code]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+
+def test_no_command_prints_the_help():
+    proc = run_cli()
+    assert proc.returncode == 2
+    assert "usage: dask-otel-spans" in proc.stdout
+    assert "demo" in proc.stdout and "tree" in proc.stdout and not proc.stderr
+
+
+def test_version_is_the_packages():
+    import dask_otel_spans
+
+    proc = run_cli("--version")
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == f"dask-otel-spans {dask_otel_spans.__version__}"
+
+
+def test_every_demo_option_has_help_text():
+    proc = run_cli("demo", "--help")
+    assert "worker processes of the LocalCluster" in proc.stdout
+    assert "directory of the embedded default exporter" in proc.stdout
+
+
+def test_demo_without_its_extra_says_which_extra_in_one_line_before_anything():
+    # (numpy cannot be imported, as after a plain `pip install dask_otel_spans`)
+    proc = run_cli(code="import sys; sys.modules['numpy'] = None; "
+                        "from dask_otel_spans.cli import main; sys.exit(main(['demo']))")
+    assert proc.returncode == 1
+    assert proc.stdout == ""  # nothing announced
+    [line] = proc.stderr.strip().splitlines()
+    assert "pip install 'dask_otel_spans[demo]'" in line and "numpy" in line

@@ -341,22 +341,33 @@ async def test_given_providers_keep_export_in_the_scheduler(c, s, a, b):
     memory.shutdown()
 
 
-def test_bad_providers_factory_is_logged_and_the_scheduler_runs_on(tmp_path, caplog):
+def test_a_providers_factory_that_fails_in_the_export_process_is_one_error_line(
+    tmp_path, caplog
+):
+    """It loads (the scheduler's check passes) but raises when the export process
+    calls it: one line, no traceback, no second try in the scheduler process."""
     state = {}
 
     @gen_cluster(client=True, timeout=120)
     async def run(c, s, a, b):
-        plugin = await install_process_plugin(c, tmp_path, providers="no_such_module_xyz:make")
+        plugin = await install_process_plugin(
+            c, tmp_path, providers="conftest:failing_providers"
+        )
         state["idle"] = plugin.transport is None
         with span("unexported"):
             state["result"] = await c.submit(inc, 1, key="u-1")
         await plugin.close()
 
-    with caplog.at_level(logging.ERROR, logger="dask_otel_spans"):
+    with caplog.at_level(logging.WARNING, logger="dask_otel_spans"):
         run()
     assert state == {"idle": True, "result": 2}
-    assert "the export process did not start (ModuleNotFoundError" in caplog.text
-    assert "cannot set up exporters" in caplog.text
+    [error] = [r for r in caplog.records if r.levelno >= logging.WARNING
+               and r.name.startswith("dask_otel_spans")]
+    assert error.exc_info is None
+    assert "cannot set up exporters (RuntimeError: no collector credentials)" in (
+        error.getMessage()
+    )
+    assert "the plugin stays idle: nothing is exported" in error.getMessage()
 
 
 def test_messages_past_the_budget_are_dropped_counted_and_said_once(caplog):

@@ -260,3 +260,62 @@ async def test_client_restart(c, s, a, b):
     await asyncio.sleep(0.5)
     assert len(memory.by_name("before restart")) == 1
     assert len(memory.by_name("after restart")) == 1
+
+
+@pytest.fixture(scope="module")
+def closed_with_an_unreachable_collector(tmp_path_factory):
+    """A real scheduler exporting to a closed port, closed (SIGTERM) after one span:
+    its log and how long it took to exit."""
+    port = free_port()  # (nothing listens there)
+    procs = DaskProcesses(
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+         "OTEL_EXPORTER_OTLP_INSECURE": "true"},
+        cwd=str(tmp_path_factory.mktemp("unreachable")),
+    )
+    try:
+        with Client(procs.address, timeout=60) as client:
+            client.wait_for_workers(1, timeout=60)
+            with span("never delivered"):
+                client.submit(inc, 1, key="never-1").result()
+            # the span is handed to the SDK (its exporter now retries)
+            wait_for(lambda: client.run_on_scheduler(
+                lambda dask_scheduler: dask_scheduler.plugins["otel-spans"]
+                .handed_over_count) >= 1)
+        t0 = time.monotonic()
+        procs.scheduler.send_signal(signal.SIGTERM)
+        procs.scheduler.wait(60)
+        elapsed = time.monotonic() - t0
+        for worker in procs.workers:
+            worker.kill()
+    finally:
+        log = procs.stop()
+    return log, elapsed
+
+
+def test_shutdown_waits_for_an_unreachable_collector_a_bounded_time(
+    closed_with_an_unreachable_collector
+):
+    _, elapsed = closed_with_an_unreachable_collector
+    # shutdown-timeout (3 s) and the scheduler's own close; it took 8.6 s unbounded
+    assert elapsed < 3.0 + 3.0
+
+
+def test_shutdown_says_in_one_line_what_it_could_not_deliver(
+    closed_with_an_unreachable_collector
+):
+    log, _ = closed_with_an_unreachable_collector
+    lines = [line for line in log.splitlines() if "did not finish within" in line]
+    assert len(lines) == 1
+    assert "otel-spans.shutdown-timeout" in lines[0]
+    assert "spans to OTLP grpc to http://127.0.0.1:" in lines[0]
+
+
+def test_the_scheduler_log_says_where_data_goes_at_start(
+    closed_with_an_unreachable_collector
+):
+    log, _ = closed_with_an_unreachable_collector
+    [line] = [line for line in log.splitlines() if "dask_otel_spans: traces to" in line]
+    assert "INFO" in line
+    assert "traces to OTLP grpc to http://127.0.0.1:" in line
+    assert "metrics to OTLP grpc to http://127.0.0.1:" in line
+    assert "export process pid" in line

@@ -399,3 +399,15 @@ def test_a_new_span_is_forwarded_with_the_groups_it_has(tree, sink):
     forwarder.touched.add(running)  # still running: not sent again
     forwarder.tick(2)
     assert len([item for item in sink.items if item[0] == "run"]) == 1
+
+
+def test_errors_are_forwarded_as_they_were_counted_before_the_groups(tree, sink):
+    group = Group("div-1", "c", running=0, memory=0)
+    forwarder = forwarder_of(tree, sink)
+    forwarder.erred[group] = 3  # (the transition hook counts tasks that err)
+    forwarder.touched.add(group)
+    forwarder.tick(2)
+    kinds = [item[0] for item in sink.items if item[0] in ("erred", "done")]
+    assert kinds == ["erred", "done"]
+    assert ("erred", "c", id(group), 3) in sink.items
+    assert forwarder.erred == {}

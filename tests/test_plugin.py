@@ -481,3 +481,27 @@ async def test_the_instrumentation_scope_carries_the_package_version(c, s, a, b)
     assert versioned.instrumentation_scope.name == "dask_otel_spans"
     assert versioned.instrumentation_scope.version == dask_otel_spans.__version__
     assert dask_otel_spans.__version__ not in ("", "0+unknown")
+
+
+def fails_on_odd(x: int) -> int:
+    if x % 2:
+        raise ValueError(f"odd: {x}")
+    return x
+
+
+@gen_cluster(client=True)
+async def test_errors_are_kept_when_the_futures_are_released_before_export(c, s, a, b):
+    """The usual case: ``compute()`` raised, the futures went out of scope right
+    after the block; the span is exported later with its errors counted."""
+    memory = MemoryProviders()
+    await install(c, memory)
+    with span("fails"):
+        futures = c.map(fails_on_odd, range(40), key=[("fails", i) for i in range(40)])
+        await wait(futures)
+    del futures
+    await async_wait_for(lambda: not any(("fails", i) in s.tasks for i in range(40)))
+    await async_wait_for(lambda: [sp for sp in memory.dask_spans() if sp.name == "fails"])
+    [fails] = [sp for sp in memory.dask_spans() if sp.name == "fails"]
+    assert fails.attributes[names.SPAN_ERRED_COUNT] == 20
+    assert fails.attributes[names.SPAN_TASK_COUNT] == 40
+    assert fails.status.status_code == StatusCode.ERROR

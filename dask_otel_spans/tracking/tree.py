@@ -39,7 +39,7 @@ class TreeGroup:
     snapshots read, as last forwarded."""
 
     __slots__ = ("key", "prefix", "span_id", "states", "start", "stop", "duration",
-                 "nbytes_total")
+                 "nbytes_total", "erred_seen")
 
     def __init__(self, key: int, prefix: str, span_id: str):
         #: tells the span's groups apart (see :class:`~dask_otel_spans.events.GroupDone`)
@@ -49,12 +49,16 @@ class TreeGroup:
         self.states: dict[str, int] = RUNNING
         self.start = self.stop = self.duration = 0.0
         self.nbytes_total = 0
+        #: tasks seen erring (the group's state counts forget an error once the
+        #: task is released, as when a client lets erred futures go)
+        self.erred_seen = 0
 
     def settle(self, figures: Any) -> None:
         prefix, start, stop, nbytes_total, duration, task_count, erred = figures
         self.prefix = Prefix(str(prefix))
         self.start, self.stop, self.duration = start, stop, duration
         self.nbytes_total = nbytes_total
+        erred = min(task_count, max(erred, self.erred_seen))
         self.states = {"memory": task_count - erred, "erred": erred}
 
 
@@ -137,6 +141,17 @@ class SpanTree:
         else:
             tg.settle(figures)
         return tg
+
+    def group_erred(self, span_id: str, key: int, count: int) -> None:
+        """``count`` more tasks of a group erred (the group is made if it is new: it
+        errs before it settles)."""
+        span = self.spans.get(span_id)
+        if span is None:
+            return
+        tg = self.groups.get((span_id, key))
+        if tg is None:
+            tg = self.group(span_id, key, "")
+        tg.erred_seen += count
 
     def add_metrics(self, span_id: str, metrics: Mapping[Hashable, float]) -> None:
         span = self.spans.get(span_id)
