@@ -719,13 +719,13 @@ def _environ(**values: str):
 
 async def _memory(checkpoints: list[int], export_process: bool) -> list[dict[str, int]]:
     from distributed import Scheduler
+    from distributed.scheduler import TaskGroup, TaskPrefix
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
     from dask_otel_spans import OTelSpansPlugin
-
 
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(bench_preload.LatencyExporter()))
@@ -754,7 +754,16 @@ async def _memory(checkpoints: list[int], export_process: bool) -> list[dict[str
                 batch = min(1000, target - made)
                 for _ in range(batch):
                     root = str(uuid.uuid4())
-                    ext._ensure_span(("mem", f"span-{made}"), (root, str(uuid.uuid4())))
+                    leaf = ext._ensure_span(("mem", f"span-{made}"),
+                                            (root, str(uuid.uuid4())))
+                    # (as distributed makes a span: with its first task group, here
+                    # done, which the forwarder is told of as the transition hook
+                    # would)
+                    tg = TaskGroup(f"mem{made}", TaskPrefix("mem"))
+                    tg.states["memory"] = 1
+                    tg.span_id = leaf.id
+                    leaf.groups.add(tg)
+                    plugin.forwarder.touched.add(tg)
                     made += 1
                 await plugin.flush()
             # (each span is emitted a grace period after it is done: the checkpoint

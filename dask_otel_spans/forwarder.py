@@ -150,22 +150,8 @@ class SpanForwarder:
             return
         fresh = list(islice(reversed(spans.values()), 0, n - start))
         self.n_known = n
-        fresh.reverse()
-        for position, span in enumerate(fresh, start):
-            self._new_span(span, position, out)
+        out.extend(map(span_message, reversed(fresh), range(start, n)))
         self.forwarded_spans += len(fresh)
-
-    def _new_span(self, span: Span, position: int, out: list[tuple[Any, ...]]) -> None:
-        """A new span's message, then its task groups' (distributed attaches a new
-        span's groups as it makes it: the export side never sees it without them)."""
-        out.append(span_message(span, position))
-        running_forwarded = self.running_forwarded
-        for tg in list(span.groups):
-            if group_done(tg):
-                out.append((events.DONE, span.id, id(tg), snapshot_group(tg)))
-            elif tg not in running_forwarded:
-                running_forwarded.add(tg)
-                out.append((events.RUN, span.id, id(tg), str(tg.prefix.name)))
 
     def _send(self, out: list[tuple[Any, ...]]) -> None:
         """Send ``out``, the spans created meanwhile first: what the messages name
@@ -202,10 +188,9 @@ class SpanForwarder:
                 break
             upto = min(n, at + SPANS_PER_STEP)
             self.n_known = max(self.n_known, upto)
-            out: list[tuple[Any, ...]] = []
-            for position in range(at, upto):
-                self._new_span(fresh[position - start], position, out)
-            self.sink.send(out)
+            self.sink.send(list(map(
+                span_message, fresh[at - start:upto - start], range(at, upto)
+            )))
             self.forwarded_spans += upto - at
             at = upto
             yield

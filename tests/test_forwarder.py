@@ -386,21 +386,6 @@ def test_every_message_the_forwarder_sends_is_of_the_protocol(tree, sink):
     }
 
 
-def test_a_new_span_is_forwarded_with_the_groups_it_has(tree, sink):
-    """distributed makes a span with its first task groups: the export side gets
-    them with the span, never a span without its groups (which would look done)."""
-    running, done = Group("inc-1", "c"), Group("sum-1", "c", running=0, memory=2)
-    tree["c"].groups.update((running, done))
-    forwarder = forwarder_of(tree, sink)
-    forwarder.tick(2)
-    kinds = [(item[0], item[1]) for item in sink.items if item[0] != "workers"]
-    assert kinds[:2] == [("span", ("r",)), ("span", ("r", "c"))]
-    assert sorted(kinds[2:]) == [("done", "c"), ("run", "c")]
-    forwarder.touched.add(running)  # still running: not sent again
-    forwarder.tick(2)
-    assert len([item for item in sink.items if item[0] == "run"]) == 1
-
-
 def test_errors_are_forwarded_as_they_were_counted_before_the_groups(tree, sink):
     group = Group("div-1", "c", running=0, memory=0)
     forwarder = forwarder_of(tree, sink)

@@ -366,3 +366,22 @@ def test_a_malformed_notice_or_annotation_is_logged_once_and_ignored(feed, caplo
     assert caplog.text.count("malformed close notice") == 1
     assert caplog.text.count("annotation that is not a mapping") == 1
     assert feed.tracker.open_count == 0
+
+
+def test_a_span_whose_task_group_has_not_come_yet_is_not_done(feed):
+    """distributed makes a span with its first task group; the group's message may
+    come in a later batch than the span's (a large graph is forwarded in slices)."""
+    feed.span("s", at=0.0)
+    feed.close("s", at=0.0)
+    assert feed.run(10.0) == []
+    feed.group("s", stop=10.0)
+    assert feed.run(11.1) == ["s"]
+    assert feed.emitted[0].snapshot.groups[0].task_count == 1
+
+
+def test_a_parent_without_groups_of_its_own_is_done_with_its_children(feed):
+    feed.span("p", at=0.0)
+    feed.span("p", "c", at=0.0)
+    feed.group("c", stop=1.0)
+    feed.close("p", "c", at=1.0, opened=2)
+    assert feed.run(2.1) == ["c", "p"]

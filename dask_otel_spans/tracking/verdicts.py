@@ -73,6 +73,10 @@ class Verdicts:
         return out
 
     def _is_done(self, rec: OpenSpan) -> bool:
+        if not rec.span.groups and not rec.span.children:
+            # distributed makes a span with its first task group (or as the parent
+            # of one that has it): this one's group is on its way
+            return False
         if not self.own_groups_done(rec):
             return False
         if not rec.open_children:
