@@ -128,8 +128,8 @@ class ExportSession(BackgroundQueue):
                                "(logged once per kind)", message[0], exc_info=True)
         if time.monotonic() >= self._next_pass:
             self.settle()
-        else:
-            self._deliver()
+        # (else what the messages made the tracker count goes with the next pass's
+        # spans: one hand-over to the pipeline's threads per pass, not per batch)
 
     def next_settle_in(self) -> float | None:
         return max(0.0, self._next_pass - time.monotonic())
