@@ -220,14 +220,14 @@ async def _send_batch(client: Any) -> None:
 def wait_for_export(client: Any, timeout: float = 30.0) -> dict[str, Any]:
     """Wait until the scheduler's plugin exported every span (none open), then
     flush its exporters; its figures and destinations
-    (:func:`~dask_otel_spans.plugin.scheduler_state`), empty without the plugin.
+    (:func:`~dask_otel_spans.state.scheduler_state`), empty without the plugin.
 
     Spans are exported once done, closed and past a short grace period: call this
     before closing a short-lived cluster to see them exported as finished, not as
     incomplete at shutdown. Gives up after ``timeout`` seconds, returning the state
     then (``open`` tells what is left).
     """
-    from dask_otel_spans.plugin import scheduler_state
+    from dask_otel_spans.state import scheduler_state
 
     deadline = time.monotonic() + timeout
     # (each call forwards what happened so far and reads fresh figures: an export

@@ -74,9 +74,6 @@ class ExportProcess(BackgroundQueue):
     ----------
     spec:
         How the child builds its providers
-    maxsize:
-        Largest number of items waiting for the sender thread; 0 (the default) for
-        no limit, as the in-process emitter
     start_timeout:
         Seconds to wait for a child to report ready
     max_restarts:
@@ -98,7 +95,6 @@ class ExportProcess(BackgroundQueue):
         self,
         spec: PipelineSpec,
         *,
-        maxsize: int = 0,
         start_timeout: float = 60.0,
         max_restarts: int = 3,
         budget: int = 100_000,
@@ -106,7 +102,7 @@ class ExportProcess(BackgroundQueue):
         cpu_policy: str = "normal",
     ):
         super().__init__(
-            "dask-otel-spans-export-sender", maxsize, "spans and metric updates"
+            "dask-otel-spans-export-sender", 0, "forwarded messages"
         )
         self.budget = max(1, budget)
         #: messages sent (event loop) and taken by the sender thread: each count
