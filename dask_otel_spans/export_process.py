@@ -13,6 +13,7 @@ from itertools import count
 from typing import Any
 
 from dask_otel_spans.background import BackgroundQueue
+from dask_otel_spans.budget import ForwardBudget
 from dask_otel_spans.pipeline import PipelineSpec
 from dask_otel_spans.wire import (
     encode_batch,
@@ -80,9 +81,7 @@ class ExportProcess(BackgroundQueue):
         Children started after the first one died
     budget:
         Messages that may wait in this process for the export process
-        (``forward-budget``); past it the newest are dropped and counted
-        (:attr:`dropped_by_kind`), with one warning when it starts and one when
-        the backlog is back under half of it
+        (``forward-budget``; :class:`~dask_otel_spans.budget.ForwardBudget`)
     nice:
         Nice levels the child runs below this process: 0 for the same priority
     cpu_policy:
@@ -104,19 +103,15 @@ class ExportProcess(BackgroundQueue):
         super().__init__(
             "dask-otel-spans-export-sender", 0, "forwarded messages"
         )
-        self.budget = max(1, budget)
-        #: messages sent (event loop) and taken by the sender thread: each count
-        #: written by one thread only
-        self._sent = self._taken = 0
-        #: messages dropped past the budget, by kind (``span``, ``deltas``, ...)
-        self.dropped_by_kind: dict[str, int] = {}
-        self._over_budget = False
-        self._dropped_then = 0
         self.spec = spec
         self.start_timeout = start_timeout
         self.max_restarts = max_restarts
         self.nice = max(0, int(nice))
         self.cpu_policy = cpu_policy
+        #: what may wait for the child (:meth:`send`)
+        self.budget = ForwardBudget(
+            budget, f"it runs at nice {self.nice}, CPU policy {cpu_policy}"
+        )
         self.restarts = 0
         #: children started so far (a new one knows nothing of the spans forwarded
         #: to the one before)
@@ -328,50 +323,14 @@ class ExportProcess(BackgroundQueue):
     def send(self, messages: list[tuple[Any, ...]]) -> None:
         """Queue messages of the protocol (:mod:`~dask_otel_spans.events`) for the
         export process, in order; never blocks. Past the budget they are dropped
-        and counted."""
-        if not messages:
-            return
-        waiting = self._sent - self._taken
-        if waiting + len(messages) > self.budget:
-            self._drop(messages, waiting)
-            return
-        if self._over_budget and waiting <= self.budget // 2:
-            self._back_under_budget()
-        self._sent += len(messages)
-        self.put(messages)
+        and counted (:class:`~dask_otel_spans.budget.ForwardBudget`)."""
+        if messages and self.budget.admit(messages):
+            self.put(messages)
 
     @property
     def waiting(self) -> int:
         """Messages sent and not yet written to the export process (or lost)."""
-        return self._sent - self._taken
-
-    def _drop(self, messages: list[tuple[Any, ...]], waiting: int) -> None:
-        dropped = self.dropped_by_kind
-        for message in messages:
-            kind = message[0] if message else "?"
-            dropped[kind] = dropped.get(kind, 0) + 1
-        if not self._over_budget:
-            self._over_budget = True
-            self._dropped_then = sum(dropped.values()) - len(messages)
-            logger.warning(
-                "dask_otel_spans: %d messages wait in the scheduler for the export "
-                "process, which is behind (stopped, or starved of CPU: it runs at "
-                "nice %d, CPU policy %s); dropping new spans, task groups and metric "
-                "deltas until it catches up (counted; otel-spans.forward-budget, now "
-                "%d, raises the budget)", waiting, self.nice, self.cpu_policy,
-                self.budget,
-            )
-
-    def _back_under_budget(self) -> None:
-        self._over_budget = False
-        dropped = {k: v for k, v in self.dropped_by_kind.items() if v}
-        lost = sum(dropped.values()) - self._dropped_then
-        logger.warning(
-            "dask_otel_spans: the export process caught up; %d messages were dropped "
-            "while it was behind (so far, by kind: %s; otel-spans.forward-budget "
-            "raises the budget)", lost,
-            ", ".join(f"{kind} {n}" for kind, n in sorted(dropped.items())),
-        )
+        return self.budget.waiting
 
     def stats(self) -> dict[str, Any]:
         """The export process's figures as last reported, its counts with those
@@ -381,7 +340,7 @@ class ExportProcess(BackgroundQueue):
         for name in _CUMULATIVE:
             out[name] = self.child_total(name)
         out["lost"] = self.lost
-        out["dropped_by_kind"] = dict(self.dropped_by_kind)
+        out["dropped_by_kind"] = dict(self.budget.dropped_by_kind)
         out["waiting"] = self.waiting
         return out
 
@@ -472,7 +431,7 @@ class ExportProcess(BackgroundQueue):
         try:
             self._write(batch)
         finally:
-            self._taken += sum(1 for item in batch if item[0] != "flush")
+            self.budget.written += sum(1 for item in batch if item[0] != "flush")
 
     def _write(self, batch: list[tuple[Any, ...]]) -> None:
         for _ in range(2):  # the running child, or else a new one

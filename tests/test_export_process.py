@@ -379,7 +379,7 @@ def test_messages_past_the_budget_are_dropped_counted_and_said_once(caplog):
         process.send([("span", ("a",), ("a",), 0.0, 0, 0), ("deltas", {})])
         process.send([("deltas", {})] * 3)
     assert process.waiting == 4
-    assert process.dropped_by_kind == {"span": 1, "deltas": 4}
+    assert process.stats()["dropped_by_kind"] == {"span": 1, "deltas": 4}
     [warning] = [r.getMessage() for r in caplog.records]
     assert "5 messages wait" not in warning and "4 messages wait" in warning
     assert "otel-spans.forward-budget, now 5" in warning and "CPU policy idle" in warning
