@@ -83,7 +83,7 @@ def settle_garbage_collector() -> None:
     :data:`YOUNG_GC_THRESHOLD` allocations instead of 700 visits far fewer of them
     (a few hundred KiB more of them alive between collections at most). On the
     nested workload the collector took a fifth to a quarter of this process's CPU
-    before (``benchmarks/bench_child.py``).
+    before (run BL, benchmarks/README.md).
     """
     global _frozen_objects
     gc.collect()
