@@ -121,28 +121,28 @@ class NthreadsHistory(NamedTuple):
     entries: tuple[tuple[float, int], ...]
 
 
-#: kind -> (fields, name of the handler's method)
-TABLE: dict[str, tuple[type[tuple], str]] = {
-    "span": (SpanAdded, "on_span"),
-    "run": (GroupRunning, "on_group_running"),
-    "done": (GroupDone, "on_group_done"),
-    "erred": (GroupErred, "on_group_erred"),
-    "metrics": (SpanMetrics, "on_span_metrics"),
-    "code": (SpanCode, "on_span_code"),
-    "workers": (WorkerCount, "on_worker_count"),
-    "graph": (GraphSubmitted, "on_graph"),
-    "notice": (CloseNotice, "on_close_notice"),
-    "client-gone": (ClientGone, "on_client_gone"),
-    "deltas": (SpanDeltas, "on_span_deltas"),
-    "worker-deltas": (WorkerDeltas, "on_worker_deltas"),
-    "history": (NthreadsHistory, "on_nthreads_history"),
-}
-
 #: The kinds, by name, for the code that makes messages
 SPAN, RUN, DONE, ERRED = "span", "run", "done", "erred"
 METRICS, CODE, WORKERS = "metrics", "code", "workers"
 GRAPH, NOTICE, CLIENT_GONE = "graph", "notice", "client-gone"
 DELTAS, WORKER_DELTAS, HISTORY = "deltas", "worker-deltas", "history"
+
+#: kind -> (fields, name of the handler's method)
+TABLE: dict[str, tuple[type[tuple], str]] = {
+    SPAN: (SpanAdded, "on_span"),
+    RUN: (GroupRunning, "on_group_running"),
+    DONE: (GroupDone, "on_group_done"),
+    ERRED: (GroupErred, "on_group_erred"),
+    METRICS: (SpanMetrics, "on_span_metrics"),
+    CODE: (SpanCode, "on_span_code"),
+    WORKERS: (WorkerCount, "on_worker_count"),
+    GRAPH: (GraphSubmitted, "on_graph"),
+    NOTICE: (CloseNotice, "on_close_notice"),
+    CLIENT_GONE: (ClientGone, "on_client_gone"),
+    DELTAS: (SpanDeltas, "on_span_deltas"),
+    WORKER_DELTAS: (WorkerDeltas, "on_worker_deltas"),
+    HISTORY: (NthreadsHistory, "on_nthreads_history"),
+}
 
 
 class UnknownMessage(ValueError):
@@ -161,9 +161,3 @@ def dispatch(handler: Any, message: tuple[Any, ...]) -> None:
             f"{len(message) - 1}"
         )
     getattr(handler, method)(*message[1:])
-
-
-def named(message: tuple[Any, ...]) -> tuple[Any, ...]:
-    """The named view of ``message`` (its fields by name), for tests and logs."""
-    fields, _ = TABLE[message[0]]
-    return fields._make(message[1:])

@@ -286,3 +286,13 @@ def wait_for_event(name: str) -> int:
 def failing_providers():
     """A providers factory (``otel-spans.providers``) that fails when called."""
     raise RuntimeError("no collector credentials")
+
+
+class Recorder:
+    """Every handler of the protocol (``on_*``), recording its calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple]] = []
+
+    def __getattr__(self, name: str):
+        return lambda *args: self.calls.append((name, args))

@@ -11,6 +11,8 @@ from distributed.spans import Span
 from dask_otel_spans.events import dispatch
 from dask_otel_spans.forwarder import CLIENT_GONE, GRAPH, NOTICE, SpanForwarder
 
+from conftest import Recorder
+
 
 class Prefix:
     def __init__(self, name: str):
@@ -347,16 +349,6 @@ def test_code_is_forwarded_once_per_snippet_with_include_code(tree, sink):
     assert [item for item in sink.items if item[0] == "code"] == [
         ("code", "c", (("snippet-1",),)), ("code", "c", (("snippet-2",),)),
     ]
-
-
-class Recorder:
-    """Every handler of the protocol, recording the calls."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, tuple]] = []
-
-    def __getattr__(self, name: str):
-        return lambda *args: self.calls.append((name, args))
 
 
 def test_every_message_the_forwarder_sends_is_of_the_protocol(tree, sink):
