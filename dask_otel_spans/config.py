@@ -10,6 +10,8 @@ import dask.config
 import yaml
 from dask.utils import parse_timedelta
 
+from dask_otel_spans.task_sampling import TASK_SPAN_MODES
+
 logger = logging.getLogger(__name__)
 
 _DEFAULTS_FILE = os.path.join(os.path.dirname(__file__), "otel-spans.yaml")
@@ -46,6 +48,7 @@ EXPORT_PROCESS_AUTO: Literal["auto"] = "auto"
 #: the scheduler)
 CPU_POLICIES = ("idle", "batch", "normal")
 CPU_POLICY_DEFAULT = _shipped_default("export-process-cpu-policy")
+TASK_SPANS_DEFAULT = _shipped_default("task-spans")
 
 _TRUE_WORDS = frozenset({"true", "yes", "on", "1"})
 _FALSE_WORDS = frozenset({"false", "no", "off", "0"})
@@ -86,6 +89,19 @@ def parse_cpu_policy(value: Any) -> str:
     return CPU_POLICY_DEFAULT
 
 
+def parse_task_spans(value: Any) -> str:
+    """``task-spans`` as one of :data:`~dask_otel_spans.task_sampling.TASK_SPAN_MODES`;
+    anything else is logged and taken as the default."""
+    word = str(value).strip().lower()
+    if word in TASK_SPAN_MODES:
+        return word
+    logger.warning(
+        "dask_otel_spans: otel-spans.task-spans must be one of %s, not %r; using %s",
+        ", ".join(TASK_SPAN_MODES), value, TASK_SPANS_DEFAULT,
+    )
+    return TASK_SPANS_DEFAULT
+
+
 #: Seconds between two ticks: the scheduler forwards what changed, and the export
 #: session looks at the spans that changed or whose wait ran out. A tick costs what
 #: changed, so a short interval is cheap; it bounds how long a ready span waits.
@@ -105,6 +121,9 @@ class PluginConfig:
     idle_timeout: float
     lazy_timeout: float
     prefix_spans: bool
+    task_spans: str
+    max_task_spans: int
+    record_exceptions: bool
     include_code: bool
     max_code_length: int
     span_name_depth: int | None
@@ -139,6 +158,9 @@ class PluginConfig:
             idle_timeout=seconds("idle-timeout"),
             lazy_timeout=seconds("lazy-timeout"),
             prefix_spans=bool(get("prefix-spans")),
+            task_spans=parse_task_spans(get("task-spans")),
+            max_task_spans=max(0, int(get("max-task-spans"))),
+            record_exceptions=bool(get("record-exceptions")),
             include_code=bool(get("include-code")),
             max_code_length=int(get("max-code-length")),
             span_name_depth=None if depth in (None, "", "null") else int(depth),
@@ -157,6 +179,10 @@ class PluginConfig:
             overrides = {
                 **overrides,
                 "export_process": parse_export_process(overrides["export_process"]),
+            }
+        if "task_spans" in overrides:
+            overrides = {
+                **overrides, "task_spans": parse_task_spans(overrides["task_spans"])
             }
         if "export_process_cpu_policy" in overrides:
             overrides = {

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from opentelemetry import trace
 from opentelemetry.context import Context
+from opentelemetry.sdk.trace import SpanLimits
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -25,6 +26,7 @@ from dask_otel_spans.traces import (
 
 if TYPE_CHECKING:
     from dask_otel_spans.metrics import MetricsPump
+    from dask_otel_spans.task_spans import TaskSpanFields
     from dask_otel_spans.snapshot import SpanSnapshot
 
 logger = logging.getLogger(__name__)
@@ -46,6 +48,20 @@ class _PinnedIdGenerator(IdGenerator):
 
     def is_trace_id_random(self) -> bool:
         return False
+
+
+def attribute_length_limit(provider: Any) -> int | None:
+    """The attribute value length limit that spans of ``provider`` get: the SDK
+    provider's own span limits when it has them, else the environment's
+    (``OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT``, then
+    ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT``); None when there is none."""
+    limits = getattr(provider, "_span_limits", None)
+    if not isinstance(limits, SpanLimits):
+        try:
+            limits = SpanLimits()
+        except ValueError:  # a malformed value: the SDK says so when it builds spans
+            return None
+    return limits.max_span_attribute_length
 
 
 class EmitRequest(NamedTuple):
@@ -84,6 +100,8 @@ class SpanEmitter(BackgroundQueue):
         Whether to add one child span per task prefix
     code_max_length:
         Include span code cut to this length; None leaves it out
+    record_exceptions:
+        Put the message and stack trace of erred tasks' exceptions on their spans
 
     Notes
     -----
@@ -99,11 +117,13 @@ class SpanEmitter(BackgroundQueue):
         *,
         prefix_spans: bool = True,
         code_max_length: int | None = None,
+        record_exceptions: bool = True,
     ):
         super().__init__("dask-otel-spans-emitter", 0, "spans")
         self.pump = pump
         self.prefix_spans = prefix_spans
         self.code_max_length = code_max_length
+        self.record_exceptions = record_exceptions
         self.summaries: dict[str, SpanSummary] = {}
         self.exported_count = 0
         #: OTel spans ended (a dask span's own, and its prefix spans')
@@ -111,6 +131,9 @@ class SpanEmitter(BackgroundQueue):
         self._ids = _PinnedIdGenerator()
         self.deterministic_ids = False
         self._tracer = self._make_tracer(tracer_provider)
+        #: span names (user data: tags, prefixes) are cut to the attribute value
+        #: length limit, as the SDK cuts attribute values; None: no limit
+        self.max_name_length = attribute_length_limit(tracer_provider)
 
     def _make_tracer(self, provider: Any) -> Any:
         if provider is None:
@@ -141,8 +164,10 @@ class SpanEmitter(BackgroundQueue):
         self.export(fields)
         self.exported_count += 1
         if self.pump is not None:
+            ids = fields.ids
             self.pump.submit(
-                "span_emitted", request.tags, fields.duration_s, idle, request.counted
+                "span_emitted", request.tags, fields.duration_s, idle, request.counted,
+                (ids.trace_id, ids.span_id, int(ids.trace_flags)),
             )
 
     def translate(self, request: EmitRequest) -> tuple[SpanFields, float]:
@@ -170,6 +195,7 @@ class SpanEmitter(BackgroundQueue):
             snap, ids, summary, now=request.now, complete=request.complete,
             close_reason=request.close_reason, prefix_spans=self.prefix_spans,
             code_max_length=self.code_max_length,
+            record_exceptions=self.record_exceptions,
         )
         return fields, float(fields.attributes.get(_IDLE_ATTRIBUTE, 0.0))
 
@@ -190,23 +216,42 @@ class SpanEmitter(BackgroundQueue):
         )
         if fields.error:
             otel_span.set_status(Status(StatusCode.ERROR, fields.error))
-        if fields.prefixes and otel_span.is_recording():
+        if otel_span.is_recording():
             child_ctx = trace.set_span_in_context(otel_span)
             for prefix in fields.prefixes:
                 child = self._start_span(
                     tracer, prefix.name, prefix.span_id, child_ctx, prefix.attributes,
                     prefix.start_ns,
                 )
+                if prefix.tasks:
+                    self._task_spans(tracer, prefix.tasks,
+                                     trace.set_span_in_context(child))
                 child.end(end_time=prefix.end_ns)
                 self.otel_spans += 1
+            self._task_spans(tracer, fields.tasks, child_ctx)
         otel_span.end(end_time=fields.end_ns)
         self.otel_spans += 1
+
+    def _task_spans(self, tracer: Any, tasks: list[TaskSpanFields],
+                    parent: Context) -> None:
+        for task in tasks:
+            span = self._start_span(tracer, task.name, task.span_id, parent,
+                                    task.attributes, task.start_ns)
+            for event in task.events:
+                span.add_event(event.name, event.attributes, timestamp=event.time_ns)
+            if task.error:
+                span.set_status(Status(StatusCode.ERROR, task.error))
+            span.end(end_time=task.end_ns)
+            self.otel_spans += 1
 
     def _start_span(
         self, tracer: Any, name: str, span_id: int, context: Context,
         attributes: dict[str, Any], start_ns: int,
     ) -> Any:
         self._ids.span_id = span_id
+        limit = self.max_name_length
+        if limit is not None and len(name) > limit:
+            name = name[:limit]
         return tracer.start_span(
             name, context=context, kind=SpanKind.INTERNAL, attributes=attributes,
             start_time=start_ns,

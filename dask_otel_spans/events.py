@@ -56,6 +56,19 @@ class GroupErred(NamedTuple):
     count: int
 
 
+class GroupTasks(NamedTuple):
+    """Tasks of a group chosen for task spans (``task-spans``), forwarded with the
+    group: ``records`` as :class:`~dask_otel_spans.task_sampling.TaskRecord` tuples,
+    and how many erred and finished tasks could have been chosen."""
+
+    span_id: str
+    group: int
+    prefix: str
+    records: list[tuple[Any, ...]]
+    erred_seen: int
+    others_seen: int
+
+
 class SpanMetrics(NamedTuple):
     """The cumulative fine metrics of a span adopted when the plugin started."""
 
@@ -77,13 +90,15 @@ class WorkerCount(NamedTuple):
 
 
 class GraphSubmitted(NamedTuple):
-    """A graph reached the scheduler: the ids of the spans of its tasks, and the
-    distinct chains of W3C contexts of its ``otel`` annotation."""
+    """A graph reached the scheduler: the ids of the spans of its tasks, the
+    distinct chains of W3C contexts of its ``otel`` annotation, and the TaskGroup
+    collisions seen in it: ``[(asked span id, span id dask chose, group), ...]``."""
 
     time: float
     client: str | None
     span_ids: list[str]
     chains: Any
+    collisions: list[tuple[str, str, str]]
 
 
 class CloseNotice(NamedTuple):
@@ -122,7 +137,7 @@ class NthreadsHistory(NamedTuple):
 
 
 #: The kinds, by name, for the code that makes messages
-SPAN, RUN, DONE, ERRED = "span", "run", "done", "erred"
+SPAN, RUN, DONE, ERRED, TASKS = "span", "run", "done", "erred", "tasks"
 METRICS, CODE, WORKERS = "metrics", "code", "workers"
 GRAPH, NOTICE, CLIENT_GONE = "graph", "notice", "client-gone"
 DELTAS, WORKER_DELTAS, HISTORY = "deltas", "worker-deltas", "history"
@@ -133,6 +148,7 @@ TABLE: dict[str, tuple[type[tuple], str]] = {
     RUN: (GroupRunning, "on_group_running"),
     DONE: (GroupDone, "on_group_done"),
     ERRED: (GroupErred, "on_group_erred"),
+    TASKS: (GroupTasks, "on_group_tasks"),
     METRICS: (SpanMetrics, "on_span_metrics"),
     CODE: (SpanCode, "on_span_code"),
     WORKERS: (WorkerCount, "on_worker_count"),

@@ -12,8 +12,11 @@ from collections.abc import Iterator, Mapping
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+from distributed.utils import key_split_group
+
 from dask_otel_spans import events
 from dask_otel_spans.snapshot import snapshot_group
+from dask_otel_spans.task_sampling import NONE, TaskSampler
 from dask_otel_spans.tracking.verdicts import group_done
 
 if TYPE_CHECKING:
@@ -36,15 +39,26 @@ def chain_ids(span: Span) -> tuple[str, ...]:
 
 
 def collect_span_ids(keys: Any, span_of_key: Any, tasks: Mapping[Any, Any],
-                     span_ids: set[str], step: int = SPANS_PER_STEP
+                     span_ids: set[str], step: int = SPANS_PER_STEP, *,
+                     otel: Any = None,
+                     collisions: set[tuple[str, str, str]] | None = None,
                      ) -> Iterator[None]:
     """Add to ``span_ids`` the ids of the spans a graph's tasks are in: from the
     ``span`` annotation the scheduler passed (it outlives the task, which may be
     forgotten by now), else from the task's group. Pauses (yields) every ``step``
-    keys."""
+    keys.
+
+    With the ``otel`` annotation of the client helper and a ``collisions`` set, adds
+    to it ``(asked span id, span id dask chose, task group)`` where dask put tasks
+    in a span that is neither the one their block asked for nor inside it (their
+    TaskGroup belonged to an earlier span): checked once per distinct pair of
+    annotation values, which all tasks of one block share.
+    """
     if not isinstance(span_of_key, Mapping):
         span_of_key = {}
-    last_group = None
+    if not isinstance(otel, Mapping) or collisions is None:
+        otel = None
+    last_group = last_ann = last_chain = None
     for i, key in enumerate(keys, 1):
         if i % step == 0:
             yield
@@ -52,9 +66,15 @@ def collect_span_ids(keys: Any, span_of_key: Any, tasks: Mapping[Any, Any],
         if ann:
             try:
                 span_ids.add(ann["ids"][-1])
-                continue
             except (KeyError, IndexError, TypeError):
                 pass  # not distributed's shape: the task's group says
+            else:
+                if otel is not None:
+                    chain = otel.get(key)
+                    if chain is not last_chain or ann is not last_ann:
+                        last_chain, last_ann = chain, ann
+                        _note_collision(key, ann, chain, tasks, collisions)
+                continue
         ts = tasks.get(key)
         if ts is None:
             continue
@@ -63,6 +83,21 @@ def collect_span_ids(keys: Any, span_of_key: Any, tasks: Mapping[Any, Any],
             last_group = tg
             if tg.span_id is not None:
                 span_ids.add(tg.span_id)
+
+
+def _note_collision(key: Any, ann: Any, chain: Any, tasks: Mapping[Any, Any],
+                    collisions: set[tuple[str, str, str]]) -> None:
+    """Add the collision of ``key``'s tasks to ``collisions``, if there is one."""
+    if not isinstance(chain, Mapping) or not chain:
+        return
+    asked = next(reversed(chain))
+    ids = ann["ids"]
+    if asked in ids:
+        return  # the asked span, or a plain distributed.span inside it
+    ts = tasks.get(key)
+    # (a task released by now: its group is named after its key, as dask does)
+    group = str(ts.group.name) if ts is not None else key_split_group(key)
+    collisions.add((str(asked), str(ids[-1]), group))
 
 
 def span_message(span: Span, position: int) -> tuple[Any, ...]:
@@ -87,6 +122,9 @@ class SpanForwarder:
         The transport: its ``send(messages)`` queues messages, never blocking
     include_code:
         Forward the source code snippets the client sent for each span
+    sampler:
+        Keeps the tasks that get task spans (the plugin's ``transition`` hook feeds
+        it); default: none
     """
 
     def __init__(
@@ -95,11 +133,13 @@ class SpanForwarder:
         tasks: Mapping[Any, Any],
         sink: Any,
         include_code: bool = False,
+        sampler: TaskSampler | None = None,
     ):
         self.spans = spans
         self.tasks = tasks
         self.sink = sink
         self.include_code = include_code
+        self.sampler = sampler if sampler is not None else TaskSampler(NONE, 0)
         #: the hooks' events not forwarded yet: ``(GRAPH, time, client, keys, otel,
         #: span_of_key)``, ``(NOTICE, time, msg)``, ``(CLIENT_GONE, time, client)``
         self.pending: deque[tuple[Any, ...]] = deque()
@@ -129,6 +169,7 @@ class SpanForwarder:
         transport this one keeps) was: nothing is forwarded twice or left out."""
         self.pending.extend(previous.pending)
         previous.pending.clear()
+        self.sampler.groups.update(previous.sampler.groups)
         for name in ("n_known", "touched", "erred", "running_forwarded", "code_sent",
                      "workers", "forwarded_spans", "forwarded_before_adoption",
                      "forwarded_groups"):
@@ -202,14 +243,17 @@ class SpanForwarder:
             if kind == GRAPH:
                 _, now, client, keys, otel, span_of_key = event
                 span_ids: set[str] = set()
+                collisions: set[tuple[str, str, str]] = set()
                 if out and _large(keys):
                     self._send(out)  # (what came before it, first)
                     out = []
-                yield from collect_span_ids(keys, span_of_key, self.tasks, span_ids)
+                yield from collect_span_ids(keys, span_of_key, self.tasks, span_ids,
+                                            otel=otel, collisions=collisions)
                 ids = [s for s in span_ids if type(s) is str]
                 if self.include_code:
                     self._code_of(ids, out)
-                out.append((events.GRAPH, now, client, ids, _chains(otel)))
+                out.append((events.GRAPH, now, client, ids, _chains(otel),
+                            sorted(collisions)))
             elif kind == NOTICE:
                 out.append((events.NOTICE, event[1], event[2]))
             elif kind == CLIENT_GONE:
@@ -233,12 +277,29 @@ class SpanForwarder:
             if group_done(tg):
                 running_forwarded.discard(tg)
                 out.append((events.DONE, span_id, id(tg), snapshot_group(tg)))
+                self._tasks_of(tg, span_id, out)
             elif tg not in running_forwarded:
                 running_forwarded.add(tg)
                 out.append((events.RUN, span_id, id(tg), str(tg.prefix.name)))
             else:
                 continue
             self.forwarded_groups += 1
+        self._send(out)
+
+    def _tasks_of(self, tg: Any, span_id: str, out: list[tuple[Any, ...]]) -> None:
+        """The ``tasks`` message of a group, when the sampler kept some."""
+        tasks = self.sampler.take(tg)
+        if tasks is not None:
+            out.append((events.TASKS, span_id, id(tg), str(tg.prefix.name),
+                        *tasks.message_fields()))
+
+    def forward_tasks_left(self) -> None:
+        """Forward the tasks kept of groups not done (the scheduler is closing)."""
+        out: list[tuple[Any, ...]] = []
+        for tg in list(self.sampler.groups):
+            if tg.span_id is not None:
+                self._tasks_of(tg, tg.span_id, out)
+        self.sampler.groups.clear()
         self._send(out)
 
     def _code_of(self, span_ids: list[str], out: list[tuple[Any, ...]]) -> None:

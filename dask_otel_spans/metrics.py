@@ -10,10 +10,18 @@ from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
+from opentelemetry.context import Context
 from opentelemetry.metrics import Counter, Meter
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    SpanContext,
+    TraceFlags,
+    set_span_in_context,
+)
 
 from dask_otel_spans import names
 from dask_otel_spans.background import BackgroundQueue
+from dask_otel_spans.propagation import prefix_span_id
 
 logger = logging.getLogger(__name__)
 
@@ -160,14 +168,29 @@ class SeriesCap:
         )
 
 
+def exemplar_context(trace: tuple[int, int, int] | None) -> Context | None:
+    """A context holding the span ``(trace id, span id, trace flags)``, which a
+    measurement recorded in it gets as its exemplar (when the trace is sampled, as
+    the SDK's default ``trace_based`` exemplar filter asks); None for None."""
+    if trace is None:
+        return None
+    trace_id, span_id, flags = trace
+    return set_span_in_context(NonRecordingSpan(SpanContext(
+        trace_id, span_id, is_remote=False, trace_flags=TraceFlags(flags)
+    )))
+
+
 class _Series:
-    """One metric series: its instrument, attributes and identity."""
+    """One metric series: its instrument, attributes and identity, and the context
+    of the span its points are exemplars of."""
 
-    __slots__ = ("instrument", "attributes", "key")
+    __slots__ = ("instrument", "attributes", "key", "context")
 
-    def __init__(self, instrument: Any, attributes: dict[str, Any]):
+    def __init__(self, instrument: Any, attributes: dict[str, Any],
+                 context: Context | None = None):
         self.instrument = instrument
         self.attributes = attributes
+        self.context = context
         #: equal for equal (instrument, attributes): e.g. every span past the
         #: span-name cap lands in the same ``__other__`` series
         self.key = (id(instrument), *attributes.values())
@@ -202,9 +225,12 @@ class DaskInstruments:
     """
 
     def __init__(
-        self, meter: Meter, span_names: SpanNameCap, series_cap: SeriesCap | None = None
+        self, meter: Meter, span_names: SpanNameCap, series_cap: SeriesCap | None = None,
+        prefix_spans: bool = True,
     ):
         self.span_names = span_names
+        #: exemplars point at prefix spans (``prefix-spans``), else at dask spans
+        self.prefix_spans = prefix_spans
         self.series_cap = series_cap if series_cap is not None else SeriesCap()
         self._span_counters = self._counters(meter, "dask.span.activity.")
         self._worker_counters = self._counters(meter, "dask.worker.activity.")
@@ -243,9 +269,13 @@ class DaskInstruments:
         self,
         deltas: Mapping[Hashable, float],
         span_tags: Mapping[str, Sequence[str]],
+        span_traces: Mapping[str, tuple[int, int, int]] | None = None,
     ) -> None:
         """Heartbeat deltas ``{(context, span_id, prefix, activity, unit): value}``;
-        ``span_tags`` maps the span ids in them to the span's tags."""
+        ``span_tags`` maps the span ids in them to the span's tags, and
+        ``span_traces`` to its ``(trace id, OTel span id, trace flags)``: the sums
+        get exemplars of the span's prefix span (or of the span itself, without
+        prefix spans)."""
         span_names: dict[Any, str] = {}  # the name of each span, once per call
         for key, value in deltas.items():
             if not isinstance(key, tuple) or len(key) < 4:
@@ -268,6 +298,12 @@ class DaskInstruments:
                     names.UNIT: str(unit),
                 }
                 series = self._series(self._span_counters[unit_family(unit)[0]], attrs)
+                trace = (span_traces or {}).get(span_id)
+                if trace is not None:
+                    if self.prefix_spans and middle and middle[0] != names.IDLE_PREFIX:
+                        trace = (trace[0], prefix_span_id(span_id, str(middle[0])),
+                                 trace[2])
+                    series.context = exemplar_context(trace)
                 self._cache.put(key, series)
             self._sum(series, value)
 
@@ -297,13 +333,16 @@ class DaskInstruments:
         self._sum(self._series(self.span_active, {names.SPAN_NAME: name}), 1)
 
     def span_emitted(
-        self, tags: Sequence[str], duration: float, idle_seconds: float, opened: bool
+        self, tags: Sequence[str], duration: float, idle_seconds: float, opened: bool,
+        trace: tuple[int, int, int] | None = None,
     ) -> None:
         """A span was emitted: its duration, its closing ``idle or other spans``
-        seconds, and (when it was counted as open) one fewer active span."""
+        seconds, and (when it was counted as open) one fewer active span; ``trace``
+        (its ``(trace id, OTel span id, trace flags)``) is the duration's exemplar."""
         name = self.span_names(tags)
         duration_series = self._series(self.span_duration, {names.SPAN_NAME: name})
-        self.span_duration.record(max(0.0, duration), duration_series.attributes)
+        self.span_duration.record(max(0.0, duration), duration_series.attributes,
+                                  context=exemplar_context(trace))
         if opened:
             self._sum(self._series(self.span_active, {names.SPAN_NAME: name}), -1)
         if idle_seconds > 0:
@@ -317,6 +356,7 @@ class DaskInstruments:
                     names.UNIT: "seconds",
                 },
             )
+            idle.context = exemplar_context(trace)
             self._sum(idle, idle_seconds)
 
     def _series(self, instrument: Any, attributes: dict[str, Any]) -> _Series:
@@ -330,6 +370,8 @@ class DaskInstruments:
                 self._unsent[series.key] = [series, value]
             else:
                 entry[1] += value
+                if series.context is not None:  # (the latest span: the exemplar)
+                    entry[0] = series
 
     @property
     def has_unsent(self) -> bool:
@@ -342,7 +384,8 @@ class DaskInstruments:
             unsent, self._unsent = self._unsent, {}
         for series, value in unsent.values():
             if value:
-                series.instrument.add(value, series.attributes)
+                series.instrument.add(value, series.attributes,
+                                      context=series.context)
                 self.sdk_calls += 1
 
 

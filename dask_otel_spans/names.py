@@ -58,6 +58,21 @@ TASK_GROUP_COUNT = "dask.task_group.count"
 TASK_GROUP_TASK_COUNT = "dask.task_group.task_count"
 TASK_GROUP_NBYTES_TOTAL = "dask.task_group.nbytes_total"
 
+# -- task span attributes and events (task-spans) --------------------------------------
+TASK_KEY = "dask.task.key"
+WORKER_ADDRESS = "dask.worker.address"
+TASK_NBYTES = "dask.task.nbytes"
+#: On a prefix span (or the dask span, without prefix spans): tasks that could have
+#: had a task span and have none, past ``max-task-spans``
+TASK_SPANS_LEFT_OUT = "dask.task_spans.left_out"
+#: Attribute of a task span's action events (``transfer``, ``disk-read``...): seconds
+TASK_ACTION_DURATION = "dask.task.action.duration"
+#: OpenTelemetry's exception event and attributes
+EXCEPTION_EVENT = "exception"
+EXCEPTION_TYPE = "exception.type"
+EXCEPTION_MESSAGE = "exception.message"
+EXCEPTION_STACKTRACE = "exception.stacktrace"
+
 # -- metric attributes ---------------------------------------------------------------
 CONTEXT = "dask.context"
 ACTIVITY = "dask.activity"

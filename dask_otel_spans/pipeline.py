@@ -130,6 +130,7 @@ class ExportPipeline:
                 meter,
                 SpanNameCap(config.span_name_depth, config.max_span_names),
                 SeriesCap(config.max_series),
+                prefix_spans=config.prefix_spans,
             )
             pump = MetricsPump(instruments)
         emitter = SpanEmitter(
@@ -137,6 +138,7 @@ class ExportPipeline:
             pump,
             prefix_spans=config.prefix_spans,
             code_max_length=config.max_code_length if config.include_code else None,
+            record_exceptions=config.record_exceptions,
         )
         # threads (and the SDK log filter) start once everything is built: a failure
         # above leaves nothing behind

@@ -31,6 +31,7 @@ from dask_otel_spans.forwarder import SpanForwarder
 from dask_otel_spans.logonce import OnceLogger
 from dask_otel_spans.loopstats import EventLoopStats
 from dask_otel_spans.pipeline import PipelineSpec
+from dask_otel_spans.task_sampling import TaskSampler
 from dask_otel_spans.tracking.readiness import grace_period
 from dask_otel_spans.tracking.verdicts import SETTLED_STATES
 from dask_otel_spans.transport import Transport, open_transport
@@ -219,7 +220,8 @@ class OTelSpansPlugin(SchedulerPlugin):
             )
         self._tasks = scheduler.tasks
         self.forwarder = SpanForwarder(
-            ext.spans, scheduler.tasks, self.transport, self.config.include_code
+            ext.spans, scheduler.tasks, self.transport, self.config.include_code,
+            TaskSampler(self.config.task_spans, self.config.max_task_spans),
         )
         if previous is not None and previous.transport is self.transport:
             # the same export session carries on: the forwarding goes on from
@@ -264,6 +266,8 @@ class OTelSpansPlugin(SchedulerPlugin):
         with self._guard("close"):
             # (the export session emits what is open when it stops)
             self._forward_all()
+            if self.forwarder is not None:
+                self.forwarder.forward_tasks_left()
         for undo in reversed(self._undo):
             try:
                 undo()
@@ -384,6 +388,8 @@ class OTelSpansPlugin(SchedulerPlugin):
         # Called for every transition of every task: the group of a task that
         # settles or starts (again) is noted, once per tick. From one settled state
         # to another (memory -> released -> forgotten) its ``done`` cannot change.
+        # Tasks that err, and under task-spans slowest or all those that finish,
+        # go to the task sampler (from the worker's report in ``kwargs``).
         if (finish in SETTLED_STATES) is (start in SETTLED_STATES):
             return
         tasks = self._tasks
@@ -393,10 +399,16 @@ class OTelSpansPlugin(SchedulerPlugin):
             ts = tasks.get(key)
             if ts is not None:
                 tg = ts.group
-                self.forwarder.touched.add(tg)
+                forwarder = self.forwarder
+                forwarder.touched.add(tg)
                 if finish == "erred":
-                    erred = self.forwarder.erred
+                    erred = forwarder.erred
                     erred[tg] = erred.get(tg, 0) + 1
+                    if start == "processing":  # (it ran: not erred by a dependency)
+                        forwarder.sampler.erred(tg, key, kwargs)
+                elif (forwarder.sampler.finished is not None and finish == "memory"
+                      and start == "processing"):
+                    forwarder.sampler.finished(tg, key, kwargs)
         except Exception:
             self._log_failure("transition")
 

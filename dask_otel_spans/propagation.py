@@ -71,6 +71,12 @@ def prefix_span_id(dask_span_id: str, prefix: str) -> int:
     return ((low & _UUID_VARIANT_CLEAR) | _UUID_VARIANT_RFC4122) or 1
 
 
+def task_span_id(dask_span_id: str, key: str) -> int:
+    """Deterministic OTel span id of a task span: as :func:`prefix_span_id`, with
+    ``"task/" + key`` (the task key as ``str``) in place of the prefix."""
+    return prefix_span_id(dask_span_id, "task/" + key)
+
+
 def carrier_from_context(ctx: Context | None = None) -> dict[str, str]:
     """W3C headers of the span current in ``ctx``; empty when there is none."""
     carrier: dict[str, str] = {}

@@ -12,17 +12,21 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Hashable, Mapping
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 from dask_otel_spans.background import BackgroundQueue
+from dask_otel_spans.collisions import CollisionWarnings
 from dask_otel_spans.config import TICK_INTERVAL, PluginConfig
 from dask_otel_spans.events import UnknownMessage, dispatch
 from dask_otel_spans.export_share import ExportShareWatch
 from dask_otel_spans.logonce import OnceLogger
 from dask_otel_spans.pipeline import ExportPipeline
+from dask_otel_spans.propagation import parse_carried, resolve_chain
+from dask_otel_spans.task_sampling import SLOWEST
 from dask_otel_spans.tracking.readiness import ReadinessTracker
-from dask_otel_spans.tracking.tree import SpanTree
+from dask_otel_spans.tracking.tree import RECENT_TAGS, SpanTree
 from dask_otel_spans.wire import span_tags_of
 
 logger = logging.getLogger(__name__)
@@ -56,15 +60,21 @@ class ExportSession(BackgroundQueue):
         self.history: list[tuple[float, int]] = (
             [] if nthreads_history is None else nthreads_history
         )
-        self.tree = SpanTree(self.history)
+        self.tree = SpanTree(
+            self.history, config.max_task_spans, config.task_spans == SLOWEST
+        )
         self.tracker = ReadinessTracker(
             self.tree.spans, self.tree.chain_of, config,
             n_workers=lambda: self.tree.n_workers, on_emitted=self.tree.forget,
         )
+        #: says which blocks' tasks dask counted in another span
+        self.collisions = CollisionWarnings()
         #: in the scheduler process, with providers from configuration: says once
         #: when export takes a noticeable share of the process's CPU
         self.share_watch: ExportShareWatch | None = None
         self._next_pass = time.monotonic()
+        #: span id -> (trace id, span id, flags), for exemplars (the latest spans)
+        self._traces: OrderedDict[str, tuple[int, int, int]] = OrderedDict()
         self._log_once = OnceLogger(logger)
         #: messages that were not of the protocol (skipped)
         self.unreadable = 0
@@ -185,6 +195,10 @@ class ExportSession(BackgroundQueue):
     def on_group_erred(self, span_id: str, group: int, count: int) -> None:
         self.tree.group_erred(span_id, group, count)
 
+    def on_group_tasks(self, span_id: str, group: int, prefix: str, records: Any,
+                       erred_seen: int, others_seen: int) -> None:
+        self.tree.add_tasks(span_id, prefix, records, erred_seen, others_seen)
+
     def on_span_metrics(self, span_id: str, metrics: Mapping[Hashable, float]) -> None:
         self.tree.add_metrics(span_id, metrics)
 
@@ -195,11 +209,14 @@ class ExportSession(BackgroundQueue):
         self.tree.n_workers = int(n)
 
     def on_graph(self, time: float, client: str | None, span_ids: list[str],
-                 chains: Any) -> None:
+                 chains: Any, collisions: list[tuple[str, str, str]]) -> None:
         self.tracker.graph(time, client, span_ids, chains)
+        if collisions:
+            self.collisions.seen(collisions, self.tree.tags)
 
     def on_close_notice(self, time: float, msg: Any) -> None:
         self.tracker.close_notice(time, msg)
+        self.collisions.notice(msg)
 
     def on_client_gone(self, time: float, client: str) -> None:
         self.tracker.client_gone(time, client)
@@ -208,7 +225,28 @@ class ExportSession(BackgroundQueue):
         self.tree.add_deltas(deltas)
         pump = self.pipeline.pump
         if pump is not None:
-            pump.submit("add_span_deltas", deltas, span_tags_of(deltas, self.tree.tags))
+            tags = span_tags_of(deltas, self.tree.tags)
+            pump.submit("add_span_deltas", deltas, tags, self._traces_of(tags))
+
+    def _traces_of(self, span_ids: Iterable[str]) -> dict[str, tuple[int, int, int]]:
+        """``(trace id, OTel span id, trace flags)`` of the open spans among
+        ``span_ids``, for the exemplars of their metric points (worked out once per
+        span)."""
+        out = {}
+        known = self._traces
+        for span_id in span_ids:
+            ids = known.get(span_id)
+            if ids is None:
+                carried = self.tracker.carried_of(span_id)
+                if carried is None:
+                    continue
+                chain = resolve_chain(carried[0], parse_carried(carried[1]) or {})
+                ids = (chain.trace_id, chain.span_id, int(chain.trace_flags))
+                known[span_id] = ids
+                while len(known) > RECENT_TAGS:
+                    known.popitem(last=False)
+            out[span_id] = ids
+        return out
 
     def on_worker_deltas(self, deltas: Mapping[Hashable, float]) -> None:
         pump = self.pipeline.pump

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Union
 if TYPE_CHECKING:
     from distributed.spans import Span
 
+    from dask_otel_spans.task_sampling import TaskRecord
+
 
 class GroupSnapshot(NamedTuple):
     """The figures of one ``TaskGroup`` that the translation reads (forwarded as a
@@ -42,6 +44,8 @@ class SpanSnapshot(NamedTuple):
     #: reference to the (append-only) ``total_nthreads_history`` the span reads
     nthreads_history: Sequence[tuple[float, int]]
     nthreads_offset: int
+    #: prefix -> (the tasks that get task spans, how many were left out past the cap)
+    tasks: dict[str, tuple[list[TaskRecord], int]] = {}
 
 
 def snapshot_group(tg: Any) -> tuple[Any, ...]:
@@ -84,4 +88,8 @@ def snapshot_span(
         tuple(span.code) if with_code else (),
         getattr(span, "_total_nthreads_history", ()),
         getattr(span, "_total_nthreads_offset", 0),
+        {
+            prefix: (sample.chosen(), sample.left_out)
+            for prefix, sample in (getattr(span, "task_samples", None) or {}).items()
+        },
     )

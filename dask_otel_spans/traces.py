@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from dask_otel_spans import names
 from dask_otel_spans.propagation import ChainIds, prefix_span_id
+from dask_otel_spans.task_spans import TaskSpanFields, task_span_fields
 
 if TYPE_CHECKING:
     from dask_otel_spans.snapshot import GroupSnapshot, SpanSnapshot
@@ -165,6 +166,8 @@ class PrefixSpanFields:
     start_ns: int
     end_ns: int
     attributes: dict[str, Any]
+    #: its task spans (``task-spans``)
+    tasks: list[TaskSpanFields] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -179,6 +182,8 @@ class SpanFields:
     #: set when tasks erred: the status description
     error: str | None
     prefixes: list[PrefixSpanFields]
+    #: task spans right below it (without prefix spans)
+    tasks: list[TaskSpanFields] = field(default_factory=list)
 
     @property
     def duration_s(self) -> float:
@@ -212,9 +217,11 @@ def _error(summary: SpanSummary) -> str | None:
 
 
 def prefix_fields(
-    span: SpanSnapshot, *, default_start: float, default_stop: float
+    span: SpanSnapshot, *, default_start: float, default_stop: float,
+    record_exceptions: bool = True,
 ) -> list[PrefixSpanFields]:
-    """One child span per task prefix among the span's own groups (merged)."""
+    """One child span per task prefix among the span's own groups (merged), with
+    the task spans of the tasks the span kept of it."""
     by_prefix: dict[str, list[GroupSnapshot]] = defaultdict(list)
     for tg in span.groups:
         by_prefix[tg.prefix].append(tg)
@@ -240,6 +247,9 @@ def prefix_fields(
             names.TASK_GROUP_NBYTES_TOTAL: fig.nbytes_total,
         }
         attributes.update(metrics.get(prefix, {}))
+        records, left_out = span.tasks.get(prefix, ((), 0))
+        if left_out:
+            attributes[names.TASK_SPANS_LEFT_OUT] = left_out
         out.append(
             PrefixSpanFields(
                 name=prefix,
@@ -247,9 +257,30 @@ def prefix_fields(
                 start_ns=to_ns(start),
                 end_ns=to_ns(stop),
                 attributes=attributes,
+                tasks=task_span_fields(
+                    span.id, prefix, records, default_start=start,
+                    default_stop=stop, record_exceptions=record_exceptions,
+                ),
             )
         )
     return out
+
+
+def own_task_fields(
+    span: SpanSnapshot, *, default_start: float, default_stop: float,
+    record_exceptions: bool = True,
+) -> tuple[list[TaskSpanFields], int]:
+    """The task spans of every prefix of the span (without prefix spans), and how
+    many tasks were left out past the caps."""
+    tasks: list[TaskSpanFields] = []
+    left_out = 0
+    for prefix, (records, n) in sorted(span.tasks.items()):
+        left_out += n
+        tasks.extend(task_span_fields(
+            span.id, prefix, records, default_start=default_start,
+            default_stop=default_stop, record_exceptions=record_exceptions,
+        ))
+    return tasks, left_out
 
 
 def span_fields(
@@ -262,6 +293,7 @@ def span_fields(
     close_reason: str,
     prefix_spans: bool = True,
     code_max_length: int | None = None,
+    record_exceptions: bool = True,
 ) -> SpanFields:
     """OTel fields of a dask span the scheduler knows.
 
@@ -284,6 +316,8 @@ def span_fields(
         Whether to build one child span per task prefix
     code_max_length:
         Include the snapshot's code cut to this length; None leaves it out
+    record_exceptions:
+        Put the message and stack trace of erred tasks' exceptions on their spans
     """
     start = span.enqueued
     stop = summary.stop if complete and summary.stop else now
@@ -304,11 +338,15 @@ def span_fields(
         code = code_attribute(span.code, code_max_length)
         if code:
             attributes[names.SPAN_CODE] = code
-    prefixes = (
-        prefix_fields(span, default_start=start, default_stop=stop)
-        if prefix_spans
-        else []
-    )
+    window = {"default_start": start, "default_stop": stop,
+              "record_exceptions": record_exceptions}
+    prefixes, tasks = [], []
+    if prefix_spans:
+        prefixes = prefix_fields(span, **window)
+    else:
+        tasks, left_out = own_task_fields(span, **window)
+        if left_out:
+            attributes[names.TASK_SPANS_LEFT_OUT] = left_out
     return SpanFields(
         name=span_display_name(span.name),
         ids=ids,
@@ -317,6 +355,7 @@ def span_fields(
         attributes=attributes,
         error=_error(summary),
         prefixes=prefixes,
+        tasks=tasks,
     )
 
 

@@ -9,7 +9,7 @@ from distributed import Client
 from opentelemetry.sdk.trace import TracerProvider
 
 from dask_otel_spans import names, span
-from dask_otel_spans.propagation import otel_span_id
+from dask_otel_spans.propagation import otel_span_id, prefix_span_id
 
 from conftest import DaskProcesses, otlp_grpc_env, wait_for
 
@@ -108,3 +108,73 @@ def test_trace_and_metrics_over_otlp_grpc_from_real_processes(cluster, otlp_rece
         got = wait_for(exported, timeout=30, interval=0.2)
         sleep_seconds = sum(v for k, v in got.items() if k[1] == "sleepy" and k[2] in ("thread-cpu", "thread-noncpu"))
         assert sleep_seconds == pytest.approx(0.6, abs=0.15)
+
+
+def fails_on_odd(x: int) -> int:
+    if x % 2:
+        raise ValueError(f"odd {x}")
+    time.sleep(0.01)
+    return x
+
+
+def exemplars_of(receiver, metric_name: str, span_name: str) -> list:
+    """The exemplars of a metric's points for one ``dask.span.name``, off the wire."""
+    out = []
+    for req in list(receiver.metric_requests):
+        for rm in req.resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    if m.name != metric_name:
+                        continue
+                    data = m.sum if m.HasField("sum") else m.histogram
+                    for dp in data.data_points:
+                        attrs = {kv.key: kv.value.string_value for kv in dp.attributes}
+                        if attrs.get(names.SPAN_NAME) == span_name:
+                            out += [(attrs.get(names.TASK_PREFIX), e)
+                                    for e in dp.exemplars]
+    return out
+
+
+def test_erred_tasks_and_exemplars_over_otlp_from_real_processes(cluster, otlp_receiver):
+    address, _ = cluster
+    tracer = TracerProvider().get_tracer("client-app")
+    with Client(address, timeout=60) as client:
+        client.wait_for_workers(1, timeout=60)
+        with tracer.start_as_current_span("client request") as request:
+            with span("fails") as span_id:
+                futures = client.map(fails_on_odd, range(40))
+                client.gather(futures, errors="skip")
+        del futures  # (released before export: the errors stay counted)
+        trace_hex = f"{request.get_span_context().trace_id:032x}"
+        prefix_hex = f"{prefix_span_id(span_id, 'fails_on_odd'):016x}"
+
+        def exported():
+            spans = otlp_receiver.spans()
+            tasks = [s for s in spans if names.TASK_KEY in s["attributes"]]
+            dask_spans = [s for s in spans if s["name"] == "fails"]
+            return (dask_spans, tasks) if dask_spans and tasks else None
+
+        (dask_span,), tasks = wait_for(exported, timeout=30)
+        assert dask_span["attributes"][names.SPAN_ERRED_COUNT] == 20
+        assert len(tasks) == 10
+        workers = set(client.scheduler_info()["workers"])
+        for task in tasks:
+            assert task["traceId"] == trace_hex
+            assert task["parentSpanId"] == prefix_hex
+            assert task["status"]["code"] == 2  # STATUS_CODE_ERROR
+            assert task["attributes"][names.WORKER_ADDRESS] in workers
+            (event,) = task["events"]
+            attrs = {a["key"]: a["value"]["stringValue"] for a in event["attributes"]}
+            assert event["name"] == "exception"
+            assert attrs["exception.type"] == "ValueError"
+            assert attrs["exception.message"].startswith("odd ")
+            assert 'raise ValueError(f"odd {x}")' in attrs["exception.stacktrace"]
+
+        def exemplars():
+            found = exemplars_of(otlp_receiver, names.SPAN_ACTIVITY_TIME, "fails")
+            return found if any(p == "fails_on_odd" for p, _ in found) else None
+
+        for prefix, exemplar in wait_for(exemplars, timeout=30):
+            assert exemplar.trace_id.hex() == trace_hex
+            if prefix == "fails_on_odd":
+                assert exemplar.span_id.hex() == prefix_hex

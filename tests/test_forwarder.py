@@ -98,7 +98,7 @@ def test_a_graph_is_forwarded_as_the_ids_of_its_spans_and_its_distinct_chains(tr
     otel = {("inc-1", 0): chain, ("inc-1", 1): chain}
     forwarder.pending.append((GRAPH, 10.0, "client-1", list(tasks), otel, None))
     forwarder.tick(2)
-    assert sink.events == [("graph", 10.0, "client-1", ["c"], [chain])]
+    assert sink.events == [("graph", 10.0, "client-1", ["c"], [chain], [])]
     assert not forwarder.pending
 
 

@@ -425,6 +425,15 @@ class ReadinessTracker:
             )
         return ready_at
 
+    def carried_of(self, span_id: str) -> tuple[tuple[str, ...], dict[str, Any]] | None:
+        """The chain of ids of an open span and the headers its translation reads
+        (:func:`~dask_otel_spans.tracking.records.carried_for_translation`); None
+        when the span is not open."""
+        rec = self._open.get(span_id)
+        if rec is None:
+            return None
+        return rec.ids, carried_for_translation(rec, self._open.get(rec.ids[0]))
+
     # -- emission --------------------------------------------------------------------
 
     def _emit(self, rec: OpenSpan, now: float, *, complete: bool,
@@ -471,7 +480,8 @@ class ReadinessTracker:
             _remember(self._unseen_emitted, rec.id)
         self.handed_over += 1
         self._requests.append(EmitRequest(
-            rec.tags, rec.ids, carried_for_translation(rec, self._open.get(rec.ids[0])), snapshot, now, complete,
+            rec.tags, rec.ids, carried_for_translation(rec, self._open.get(rec.ids[0])),
+            snapshot, now, complete,
             rec.close_reason, rec.enter, rec.exit, keep_summary, rec.counted,
         ))
         if span is not None and self.on_emitted is not None:

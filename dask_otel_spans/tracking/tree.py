@@ -16,6 +16,8 @@ from typing import Any
 
 from distributed.spans import Span
 
+from dask_otel_spans.task_sampling import PrefixTasks
+
 logger = logging.getLogger(__name__)
 
 #: Tags of emitted spans kept for heartbeat deltas that come after the emission
@@ -67,7 +69,7 @@ class TreeSpan(Span):
     forgets emitted spans, which a weak reference would then lose while a child
     is open) until the parent is forgotten."""
 
-    __slots__ = ("_parent_span",)
+    __slots__ = ("_parent_span", "task_samples")
 
     @property
     def parent(self) -> Span | None:
@@ -82,10 +84,18 @@ class SpanTree:
     nthreads_history:
         The scheduler's ``total_nthreads_history`` (in process), or the session's
         copy of it, which the spans refer to
+    max_task_spans:
+        The most task spans per prefix per span (``max-task-spans``)
+    slowest_tasks:
+        Whether the finished tasks kept are the slowest (``task-spans: slowest``)
+        rather than the first (``all``)
     """
 
-    def __init__(self, nthreads_history: list[tuple[float, int]]):
+    def __init__(self, nthreads_history: list[tuple[float, int]],
+                 max_task_spans: int = 0, slowest_tasks: bool = False):
         self.history = nthreads_history
+        self.max_task_spans = max_task_spans
+        self.slowest_tasks = slowest_tasks
         #: span id -> Span, of the spans not emitted yet
         self.spans: dict[str, TreeSpan] = {}
         #: (span id, group key) -> group, of the spans in ``spans``
@@ -116,6 +126,8 @@ class SpanTree:
         history = self.history or [(enqueued, 0)]
         span = TreeSpan(tuple(name), span_id, parent, history)
         span._parent_span = parent
+        #: prefix -> the tasks of its own groups that get task spans
+        span.task_samples = {}
         span.enqueued = enqueued
         span._total_nthreads_offset = offset
         if parent is not None:
@@ -152,6 +164,20 @@ class SpanTree:
         if tg is None:
             tg = self.group(span_id, key, "")
         tg.erred_seen += count
+
+    def add_tasks(self, span_id: str, prefix: str, records: Any, erred_seen: int,
+                  others_seen: int) -> None:
+        """Tasks of a group of the span chosen for task spans, merged into its
+        prefix's under the cap (nothing when the span was emitted already)."""
+        span = self.spans.get(span_id)
+        if span is None:
+            return
+        tasks = span.task_samples.get(prefix)
+        if tasks is None:
+            tasks = span.task_samples[prefix] = PrefixTasks(
+                self.max_task_spans, self.slowest_tasks
+            )
+        tasks.add(records, erred_seen, others_seen)
 
     def add_metrics(self, span_id: str, metrics: Mapping[Hashable, float]) -> None:
         span = self.spans.get(span_id)

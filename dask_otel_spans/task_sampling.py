@@ -1,0 +1,209 @@
+"""Which tasks get a task span (setting ``task-spans``), bounded by ``max-task-spans``
+per task prefix per dask span: on the event loop, a :class:`TaskSampler` keeps the
+chosen tasks of each task group from the ``transition`` hook's arguments; in the
+export session, a :class:`PrefixTasks` merges the groups of one prefix of one span
+under the same cap.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+#: ``task-spans`` values: spans for the erred tasks; the erred and the slowest; every
+#: task; none
+ERRED, SLOWEST, ALL, NONE = "erred", "slowest", "all", "none"
+TASK_SPAN_MODES = (ERRED, SLOWEST, ALL, NONE)
+#: Longest ``exception.message`` and ``exception.stacktrace`` kept (characters);
+#: the scheduler cuts them, so a task span holds at most this much
+MAX_EXCEPTION_MESSAGE_LENGTH = 4096
+MAX_STACKTRACE_LENGTH = 16384
+#: Longest ``dask.task.key`` kept (characters) before the attribute length limit
+MAX_KEY_LENGTH = 1024
+
+
+class TaskRecord(NamedTuple):
+    """One task's fate, as the scheduler heard it (plain built-ins: it crosses to the
+    export process as they are). Times are on the scheduler's clock."""
+
+    key: str
+    worker: str
+    #: the compute action's start and stop; 0 when the worker reported none
+    start: float
+    stop: float
+    #: -1 for a task that erred
+    nbytes: int
+    #: the other actions: ``((action, start, stop), ...)``
+    actions: tuple[tuple[str, float, float], ...]
+    #: ``repr`` of the exception and the traceback's text (``None`` unless erred)
+    exception: str | None
+    traceback: str | None
+
+    @property
+    def erred(self) -> bool:
+        return self.exception is not None
+
+
+def task_record(key: Any, kwargs: Mapping[str, Any], erred: bool) -> TaskRecord:
+    """The record of a task that finished (``processing -> memory``) or erred
+    (``processing -> erred``), from the ``transition`` hook's keyword arguments."""
+    start = stop = 0.0
+    actions = []
+    for ss in kwargs.get("startstops") or ():
+        try:
+            action, a, b = str(ss["action"]), float(ss["start"]), float(ss["stop"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if action == "compute":
+            start, stop = a, b
+        else:
+            actions.append((action, a, b))
+    exception = traceback = None
+    if erred:
+        exception = str(kwargs.get("exception_text") or "Exception()")
+        exception = exception[:MAX_EXCEPTION_MESSAGE_LENGTH]
+        traceback = str(kwargs.get("traceback_text") or "")[:MAX_STACKTRACE_LENGTH]
+    nbytes = kwargs.get("nbytes")
+    return TaskRecord(
+        str(key)[:MAX_KEY_LENGTH], str(kwargs.get("worker") or ""), start, stop,
+        int(nbytes) if isinstance(nbytes, int) and not erred else -1,
+        tuple(actions), exception, traceback,
+    )
+
+
+def compute_seconds(kwargs: Mapping[str, Any]) -> float:
+    """How long the task's compute action took (0 when not reported)."""
+    for ss in kwargs.get("startstops") or ():
+        try:
+            if ss["action"] == "compute":
+                return float(ss["stop"]) - float(ss["start"])
+        except (KeyError, TypeError, ValueError):
+            return 0.0
+    return 0.0
+
+
+class GroupTasks:
+    """The tasks of one task group chosen so far, and how many could have been."""
+
+    __slots__ = ("erred", "others", "erred_seen", "others_seen")
+
+    def __init__(self) -> None:
+        self.erred: list[TaskRecord] = []
+        #: ``(sort key, tie-break, record)``: a min-heap under ``slowest``
+        self.others: list[tuple[float, int, TaskRecord]] = []
+        self.erred_seen = 0
+        self.others_seen = 0
+
+    def message_fields(self) -> tuple[Any, ...]:
+        """``(records, erred_seen, others_seen)`` as the ``tasks`` message has them."""
+        records = [tuple(r) for r in self.erred]
+        records.extend(tuple(r) for _, _, r in self.others)
+        return records, self.erred_seen, self.others_seen
+
+
+class TaskSampler:
+    """Keep, per task group, the tasks whose spans ``mode`` asks for, at most ``cap``
+    of each kind; the forwarder takes a group's tasks when it forwards the group.
+
+    The hooks call :meth:`erred` for each task that erred and, under ``slowest``
+    and ``all`` only, :attr:`finished` for each that finished (None otherwise, so
+    that a graph without errors costs nothing more under ``erred``).
+    """
+
+    def __init__(self, mode: str, cap: int):
+        self.mode = mode
+        self.cap = max(0, int(cap))
+        on = mode != NONE and self.cap > 0
+        #: keeps erred tasks
+        self.keeps_erred = on
+        #: ``finished(group, key, kwargs)``, or None when finished tasks are not kept
+        self.finished = (
+            {SLOWEST: self._slowest, ALL: self._first}.get(mode) if on else None
+        )
+        self.groups: dict[Any, GroupTasks] = {}
+        self._tie = itertools.count()
+
+    def _of(self, group: Any) -> GroupTasks:
+        tasks = self.groups.get(group)
+        if tasks is None:
+            tasks = self.groups[group] = GroupTasks()
+        return tasks
+
+    def erred(self, group: Any, key: Any, kwargs: Mapping[str, Any]) -> None:
+        if not self.keeps_erred:
+            return
+        tasks = self._of(group)
+        tasks.erred_seen += 1
+        if len(tasks.erred) < self.cap:
+            tasks.erred.append(task_record(key, kwargs, True))
+
+    def _slowest(self, group: Any, key: Any, kwargs: Mapping[str, Any]) -> None:
+        tasks = self._of(group)
+        tasks.others_seen += 1
+        seconds = compute_seconds(kwargs)
+        heap = tasks.others
+        if len(heap) < self.cap:
+            heapq.heappush(heap, (seconds, next(self._tie),
+                                  task_record(key, kwargs, False)))
+        elif seconds > heap[0][0]:
+            heapq.heapreplace(heap, (seconds, next(self._tie),
+                                     task_record(key, kwargs, False)))
+
+    def _first(self, group: Any, key: Any, kwargs: Mapping[str, Any]) -> None:
+        tasks = self._of(group)
+        tasks.others_seen += 1
+        if len(tasks.others) < self.cap:
+            tasks.others.append((0.0, 0, task_record(key, kwargs, False)))
+
+    def take(self, group: Any) -> GroupTasks | None:
+        """The tasks kept of ``group`` since it was last taken, forgotten here."""
+        return self.groups.pop(group, None)
+
+
+class PrefixTasks:
+    """The tasks of one prefix of one dask span that get spans: the erred first, then
+    the others (the slowest, or the first), ``cap`` in all."""
+
+    __slots__ = ("cap", "slowest", "erred", "others", "seen", "_tie")
+
+    def __init__(self, cap: int, slowest: bool):
+        self.cap = cap
+        self.slowest = slowest
+        self.erred: list[TaskRecord] = []
+        self.others: list[tuple[float, int, TaskRecord]] = []
+        #: tasks that could have had a span (erred, and finished where kept)
+        self.seen = 0
+        self._tie = 0
+
+    def add(self, records: Any, erred_seen: int, others_seen: int) -> None:
+        """Merge a group's records (as the ``tasks`` message carries them)."""
+        self.seen += int(erred_seen) + int(others_seen)
+        for fields in records:
+            record = TaskRecord._make(fields)
+            if record.erred:
+                if len(self.erred) < self.cap:
+                    self.erred.append(record)
+                continue
+            self._tie += 1
+            item = (record.stop - record.start if self.slowest else 0.0,
+                    -self._tie if not self.slowest else self._tie, record)
+            if len(self.others) < self.cap:
+                heapq.heappush(self.others, item)
+            elif item[:2] > self.others[0][:2]:
+                heapq.heapreplace(self.others, item)
+
+    def chosen(self) -> list[TaskRecord]:
+        """The records that get spans: the erred, then the others (slowest first, or
+        in the order they came), ``cap`` in all."""
+        room = max(0, self.cap - len(self.erred))
+        others = sorted(self.others, reverse=True)[:room]
+        return self.erred + [r for _, _, r in others]
+
+    @property
+    def left_out(self) -> int:
+        """Tasks that could have had a span and have none (past the cap)."""
+        return max(0, self.seen - len(self.erred) - min(
+            len(self.others), max(0, self.cap - len(self.erred))
+        ))
+

@@ -1,0 +1,124 @@
+"""Pure translation of the task records a dask span kept (``task-spans``) into OTel
+task span fields: times, attributes, action events, and an erred task's status and
+``exception`` event, as OpenTelemetry's exception conventions name them."""
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from dask_otel_spans import names
+from dask_otel_spans.propagation import task_span_id
+
+if TYPE_CHECKING:
+    from dask_otel_spans.task_sampling import TaskRecord
+
+#: ``repr(exception)`` as dask's ``error_message`` sends it: ``Type(args)``
+_REPR = re.compile(r"([A-Za-z_][\w.]*)\((.*)\)", re.DOTALL)
+
+
+def _ns(seconds: float) -> int:
+    return int(round(seconds * 1e9))
+
+
+@dataclass(frozen=True)
+class TaskEvent:
+    """A span event: name, time (ns), attributes."""
+
+    name: str
+    time_ns: int
+    attributes: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class TaskSpanFields:
+    """Fields of the OTel span of one task."""
+
+    name: str
+    span_id: int
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any]
+    events: list[TaskEvent]
+    #: the exception type, for an erred task (status ERROR, as its description)
+    error: str | None
+
+
+def exception_parts(text: str) -> tuple[str, str]:
+    """``(type, message)`` of an exception from its ``repr`` (what the worker sends
+    as ``exception_text``): ``ValueError('boom')`` gives ``("ValueError", "boom")``,
+    as ``type(e).__name__`` and ``str(e)`` would. A ``repr`` of another shape gives
+    ``("Exception", text)``."""
+    match = _REPR.fullmatch(text.strip())
+    if match is None:
+        return "Exception", text
+    kind, inner = match.groups()
+    try:
+        args = ast.literal_eval(f"({inner},)") if inner.strip() else ()
+    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+        return kind, inner
+    if len(args) == 1:
+        return kind, str(args[0])
+    return kind, str(args) if args else ""
+
+
+def exception_attributes(record: TaskRecord, with_details: bool) -> dict[str, Any]:
+    """The ``exception`` event's attributes: the type, and unless ``with_details``
+    is off (``record-exceptions: false``) the message and a stack trace in Python's
+    format (the worker's frames, then the exception line)."""
+    kind, message = exception_parts(record.exception or "")
+    attributes: dict[str, Any] = {names.EXCEPTION_TYPE: kind}
+    if with_details:
+        attributes[names.EXCEPTION_MESSAGE] = message
+        attributes[names.EXCEPTION_STACKTRACE] = (
+            "Traceback (most recent call last):\n"
+            f"{record.traceback or ''}{kind}: {message}"
+        )
+    return attributes
+
+
+def task_span_fields(
+    dask_id: str,
+    prefix: str,
+    records: Iterable[TaskRecord],
+    *,
+    default_start: float,
+    default_stop: float,
+    record_exceptions: bool = True,
+) -> list[TaskSpanFields]:
+    """The task spans of one prefix of a dask span. A task the worker reported no
+    compute for (it erred before running) takes ``default_start`` and
+    ``default_stop`` (its prefix span's times)."""
+    out = []
+    for record in records:
+        start, stop = record.start, record.stop
+        if not start or not stop:
+            start, stop = default_start, default_stop
+        attributes: dict[str, Any] = {
+            names.TASK_PREFIX: prefix,
+            names.TASK_KEY: record.key,
+            names.WORKER_ADDRESS: record.worker,
+        }
+        if record.nbytes >= 0:
+            attributes[names.TASK_NBYTES] = record.nbytes
+        events = [
+            TaskEvent(action, _ns(a), {names.TASK_ACTION_DURATION: max(0.0, b - a)})
+            for action, a, b in record.actions
+        ]
+        error = None
+        if record.erred:
+            exc = exception_attributes(record, record_exceptions)
+            error = exc[names.EXCEPTION_TYPE]
+            events.append(TaskEvent(names.EXCEPTION_EVENT, _ns(stop), exc))
+        out.append(TaskSpanFields(
+            name=prefix,
+            span_id=task_span_id(dask_id, record.key),
+            start_ns=_ns(start),
+            end_ns=_ns(max(start, stop)),
+            attributes=attributes,
+            events=events,
+            error=error,
+        ))
+    return out

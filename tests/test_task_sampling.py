@@ -1,0 +1,142 @@
+"""Which tasks get task spans (pure: no cluster), and how an erred task's record
+becomes its span's fields."""
+from __future__ import annotations
+
+import pytest
+
+from dask_otel_spans import names
+from dask_otel_spans.task_sampling import (
+    ALL,
+    ERRED,
+    MAX_EXCEPTION_MESSAGE_LENGTH,
+    NONE,
+    SLOWEST,
+    PrefixTasks,
+    TaskRecord,
+    TaskSampler,
+    task_record,
+)
+from dask_otel_spans.task_spans import exception_parts, task_span_fields
+
+
+def finished(seconds: float, start: float = 100.0, **extra) -> dict:
+    return {"startstops": [{"action": "compute", "start": start,
+                            "stop": start + seconds}],
+            "worker": "tcp://127.0.0.1:1", "nbytes": 28, **extra}
+
+
+def erred(text: str = "ValueError('boom')") -> dict:
+    return {"startstops": [{"action": "compute", "start": 1.0, "stop": 2.0}],
+            "worker": "tcp://127.0.0.1:2", "exception_text": text,
+            "traceback_text": '  File "x.py", line 3, in f\n    raise ValueError\n'}
+
+
+def records_of(sampler: TaskSampler, group: str) -> list[TaskRecord]:
+    taken = sampler.take(group)
+    records, _, _ = taken.message_fields()
+    return [TaskRecord._make(r) for r in records]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("ValueError('boom 3')", ("ValueError", "boom 3")),
+    ("KeyError('a', 2)", ("KeyError", "('a', 2)")),
+    ("RuntimeError()", ("RuntimeError", "")),
+    ("mod.CustomError(\"it's\\nbad\")", ("mod.CustomError", "it's\nbad")),
+    ("<not a repr>", ("Exception", "<not a repr>")),
+    ("Odd(object at 0x1)", ("Odd", "object at 0x1")),
+])
+def test_exception_type_and_message_are_read_from_its_repr(text, expected):
+    assert exception_parts(text) == expected
+
+
+def test_a_record_has_the_compute_times_and_the_other_actions_as_actions():
+    kwargs = finished(0.5)
+    kwargs["startstops"].insert(0, {"action": "transfer", "start": 99.0, "stop": 99.5,
+                                    "source": "tcp://x"})
+    record = task_record(("inc-1", 3), kwargs, False)
+    assert record.key == "('inc-1', 3)"
+    assert (record.start, record.stop, record.nbytes) == (100.0, 100.5, 28)
+    assert record.actions == (("transfer", 99.0, 99.5),)
+    assert not record.erred
+
+
+def test_an_erred_record_keeps_its_exception_cut_to_the_documented_length():
+    record = task_record("f-1", erred("ValueError('" + "x" * 10_000 + "')"), True)
+    assert record.erred and record.nbytes == -1
+    assert len(record.exception) == MAX_EXCEPTION_MESSAGE_LENGTH
+
+
+def test_under_erred_finished_tasks_are_not_looked_at():
+    sampler = TaskSampler(ERRED, 10)
+    assert sampler.finished is None
+    sampler.erred("g", "f-1", erred())
+    assert [r.key for r in records_of(sampler, "g")] == ["f-1"]
+
+
+def test_under_none_nothing_is_kept():
+    sampler = TaskSampler(NONE, 10)
+    sampler.erred("g", "f-1", erred())
+    assert sampler.finished is None and sampler.take("g") is None
+
+
+def test_a_group_keeps_its_slowest_tasks_up_to_the_cap():
+    sampler = TaskSampler(SLOWEST, 3)
+    for i, seconds in enumerate([0.1, 0.9, 0.2, 0.8, 0.05, 0.7]):
+        sampler.finished("g", f"f-{i}", finished(seconds))
+    kept = sorted(r.stop - r.start for r in records_of(sampler, "g"))
+    assert kept == pytest.approx([0.7, 0.8, 0.9])
+
+
+def test_a_prefix_keeps_the_erred_first_then_the_slowest_within_the_cap():
+    tasks = PrefixTasks(cap=3, slowest=True)
+    group = TaskSampler(SLOWEST, 3)
+    for i, seconds in enumerate([0.3, 0.1, 0.5]):
+        group.finished("g1", f"f-{i}", finished(seconds))
+    group.erred("g2", "f-err", erred())
+    for g in ("g1", "g2"):
+        tasks.add(*group.take(g).message_fields())
+    chosen = tasks.chosen()
+    assert [r.key for r in chosen] == ["f-err", "f-2", "f-0"]
+    assert tasks.left_out == 1  # 4 could have had a span, 3 have one
+
+
+def test_under_all_a_prefix_keeps_the_first_tasks_that_came():
+    tasks = PrefixTasks(cap=2, slowest=False)
+    sampler = TaskSampler(ALL, 2)
+    for g in ("g1", "g2"):
+        for i in range(2):
+            sampler.finished(g, f"{g}-{i}", finished(0.1 * (i + 1)))
+        tasks.add(*sampler.take(g).message_fields())
+    assert [r.key for r in tasks.chosen()] == ["g1-0", "g1-1"]
+    assert tasks.left_out == 2
+
+
+def test_an_erred_task_span_has_status_error_and_an_exception_event():
+    record = task_record("f-1", erred("ValueError('boom')"), True)
+    (fields,) = task_span_fields("0" * 32, "f", [record], default_start=0.0,
+                                 default_stop=5.0)
+    assert fields.error == "ValueError"
+    (event,) = fields.events
+    assert event.name == names.EXCEPTION_EVENT
+    assert event.attributes[names.EXCEPTION_TYPE] == "ValueError"
+    assert event.attributes[names.EXCEPTION_MESSAGE] == "boom"
+    trace = event.attributes[names.EXCEPTION_STACKTRACE]
+    assert trace.startswith("Traceback (most recent call last):\n  File \"x.py\"")
+    assert trace.endswith("ValueError: boom")
+    assert names.TASK_NBYTES not in fields.attributes
+    assert (fields.start_ns, fields.end_ns) == (1_000_000_000, 2_000_000_000)
+
+
+def test_without_recorded_exceptions_the_event_keeps_the_type_only():
+    record = task_record("f-1", erred(), True)
+    (fields,) = task_span_fields("0" * 32, "f", [record], default_start=0.0,
+                                 default_stop=5.0, record_exceptions=False)
+    (event,) = fields.events
+    assert event.attributes == {names.EXCEPTION_TYPE: "ValueError"}
+
+
+def test_a_task_without_compute_times_takes_its_prefix_span_times():
+    record = task_record("f-1", {"exception_text": "KilledWorker()"}, True)
+    (fields,) = task_span_fields("0" * 32, "f", [record], default_start=3.0,
+                                 default_stop=4.0)
+    assert (fields.start_ns, fields.end_ns) == (3_000_000_000, 4_000_000_000)
