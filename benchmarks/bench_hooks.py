@@ -2,6 +2,7 @@
 
     python benchmarks/bench_hooks.py            # 5 x 300,000 calls per transition
     python benchmarks/bench_hooks.py --calls 20000 --repeat 3   # quicker
+    python benchmarks/bench_hooks.py --task-spans none,erred,slowest,all
 
 distributed calls ``transition`` on every scheduler plugin for every transition of every
 task, as ``plugin.transition(key, start, finish, stimulus_id=..., **kwargs)`` (the
@@ -13,7 +14,10 @@ five transitions of a task that runs and is released; and a hook with the same
 signature doing nothing, for what being a plugin costs apart from the hook's work.
 
 The hook adds a started or settled task's group to the span forwarder's set of
-touched groups. The plugin is a real one, started on an in-process scheduler (with
+touched groups, and hands tasks to the task sampler as ``task-spans`` asks: erred ones
+(none here: the graph has no errors) and, under ``slowest`` and ``all``, finished ones
+(``slowest`` compares the compute time with the slowest kept; the task's group keeps
+``max-task-spans`` of them, so after the first ten calls this is the steady state). The plugin is a real one, started on an in-process scheduler (with
 an exporter that discards), whose task dict holds the one task the calls name.
 """
 from __future__ import annotations
@@ -33,7 +37,8 @@ from dask_otel_spans import OTelSpansPlugin
 
 #: keyword arguments of ``processing -> memory`` (``Scheduler.stimulus_task_finished``)
 FINISHED_KWARGS = dict(worker="tcp://127.0.0.1:40000", nbytes=28, type=b"int",
-                       typename="int", metadata={}, run_id=3, startstops=({},))
+                       typename="int", metadata={}, run_id=3,
+                       startstops=[{"action": "compute", "start": 1.0, "stop": 1.5}])
 #: the transitions of a task that runs and is then released, with their keyword arguments
 TRANSITIONS: list[tuple[str, str, dict]] = [
     ("released", "waiting", {}),
@@ -65,11 +70,12 @@ class NoOpHook:
 
 
 @asynccontextmanager
-async def started_plugin() -> AsyncIterator[OTelSpansPlugin]:
+async def started_plugin(task_spans: str = "erred") -> AsyncIterator[OTelSpansPlugin]:
     """The plugin, started on an in-process scheduler whose task dict holds the task
     ``"key"`` (of a group in a span)."""
     async with Scheduler(dashboard_address=":0", port=0) as scheduler:
-        plugin = OTelSpansPlugin(tracer_provider=TracerProvider())
+        plugin = OTelSpansPlugin(tracer_provider=TracerProvider(),
+                                 task_spans=task_spans)
         await scheduler.register_scheduler_plugin(plugin=plugin, idempotent=False)
         scheduler.tasks["key"] = _Task()
         try:
@@ -92,29 +98,33 @@ def cost_per_call(hook: Any, start: str, finish: str, kwargs: dict, calls: int,
     return timed({"p": hook}) - timed({})
 
 
-async def measure(calls: int, repeat: int) -> None:
-    async with started_plugin() as plugin:
-        hooks: dict[str, Any] = {
-            "OTelSpansPlugin.transition": plugin, "a no-op hook": NoOpHook(),
-        }
-        for name, hook in hooks.items():
-            total = 0.0
-            print(f"{name}, per call (best of {repeat} x {calls}):")
-            for start, finish, kwargs in TRANSITIONS:
-                seconds = cost_per_call(hook, start, finish, kwargs, calls, repeat)
-                total += seconds
-                print(f"   {start} -> {finish} ({len(kwargs)} keyword arguments): "
-                      f"{seconds * 1e6:.3f} µs")
-            print(f"   per task (these {len(TRANSITIONS)} transitions): "
-                  f"{total * 1e6:.2f} µs")
+def report(name: str, hook: Any, calls: int, repeat: int) -> None:
+    total = 0.0
+    print(f"{name}, per call (best of {repeat} x {calls}):")
+    for start, finish, kwargs in TRANSITIONS:
+        seconds = cost_per_call(hook, start, finish, kwargs, calls, repeat)
+        total += seconds
+        print(f"   {start} -> {finish} ({len(kwargs)} keyword arguments): "
+              f"{seconds * 1e6:.3f} µs")
+    print(f"   per task (these {len(TRANSITIONS)} transitions): {total * 1e6:.2f} µs")
+
+
+async def measure(calls: int, repeat: int, modes: list[str]) -> None:
+    for mode in modes:
+        async with started_plugin(mode) as plugin:
+            report(f"OTelSpansPlugin.transition, task-spans: {mode}", plugin, calls,
+                   repeat)
+    report("a no-op hook", NoOpHook(), calls, repeat)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300_000)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--task-spans", default="erred",
+                        help="task-spans settings to measure, comma-separated")
     args = parser.parse_args(argv)
-    asyncio.run(measure(args.calls, args.repeat))
+    asyncio.run(measure(args.calls, args.repeat, args.task_spans.split(",")))
     return 0
 
 
