@@ -351,7 +351,7 @@ def plugin_cpu_in_scheduler(stats: dict | None) -> float:
 
 def run_once(with_plugin: bool, scale: dict[str, Any], workers: int, threads: int,
              export_process: bool = False, plugin_tree: str | None = None,
-             inert: bool = False):
+             inert: bool = False, settle_s: float = SETTLE_S):
     cluster = Cluster(with_plugin, workers, threads, export_process, plugin_tree, inert)
     out: dict[str, tuple[float, ...]] = {}
     stats = None
@@ -361,7 +361,7 @@ def run_once(with_plugin: bool, scale: dict[str, Any], workers: int, threads: in
         # both sides start the first workload on a scheduler quiet for as long (the
         # plugin's side also waits for the warm-up's spans to be exported): a
         # baseline starting right after the warm-up ran its futures ~10 % faster
-        time.sleep(SETTLE_S)
+        time.sleep(settle_s)
         if with_plugin:
             wait_until_plugin_idle(client)
             client.run_on_scheduler(bench_preload.reset)
@@ -377,7 +377,7 @@ def run_once(with_plugin: bool, scale: dict[str, Any], workers: int, threads: in
             child0, workers0 = cluster.export_cpu(), cluster.workers_cpu()
             n = fn(client, *args)
             wall = time.perf_counter() - t0
-            time.sleep(SETTLE_S)
+            time.sleep(settle_s)
             cpu = cluster.cpu() - cpu0
             loop = cluster.loop_cpu() - loop0
             workers = cluster.workers_cpu() - workers0
@@ -477,14 +477,16 @@ def rounds_within(pairs: int, deadline: float | None,
 
 
 def part_throughput(pairs: int, scale: dict[str, Any], workers: int, threads: int,
-                    variants: list[Variant], deadline: float | None = None) -> dict:
+                    variants: list[Variant], deadline: float | None = None,
+                    settle_s: float = SETTLE_S) -> dict:
     """``variants``: the plugins to run, each against the same baselines; a round runs
     the baseline and each variant once, in rotating order. ``deadline``
     (``time.monotonic``): see :func:`rounds_within`."""
     ratios_by: dict[Variant, dict[str, dict[str, list[float]]]] = {v: {} for v in variants}
     stats_by: dict[Variant, list[dict]] = {v: [] for v in variants}
     for i in rounds_within(pairs, deadline):
-        _round(i, pairs, scale, workers, threads, variants, ratios_by, stats_by)
+        _round(i, pairs, scale, workers, threads, variants, ratios_by, stats_by,
+               settle_s)
     out = {}
     for variant in variants:
         if len(variants) > 1:
@@ -501,7 +503,7 @@ def part_throughput(pairs: int, scale: dict[str, Any], workers: int, threads: in
 def _round(i: int, pairs: int, scale: dict[str, Any], workers: int, threads: int,
            variants: list[Variant],
            ratios_by: dict[Variant, dict[str, dict[str, list[float]]]],
-           stats_by: dict[Variant, list[dict]]) -> None:
+           stats_by: dict[Variant, list[dict]], settle_s: float = SETTLE_S) -> None:
     """Round ``i``: the baseline and each variant once, in rotating order."""
     configs: list[Variant | None] = [None, *variants]  # None: the baseline
     shift = i % len(configs)
@@ -510,7 +512,7 @@ def _round(i: int, pairs: int, scale: dict[str, Any], workers: int, threads: int
         runs[config], stats = run_once(
             config is not None and not config.inert, scale, workers, threads,
             bool(config and config.export_process), config and config.tree,
-            bool(config and config.inert))
+            bool(config and config.inert), settle_s)
         if stats:
             stats_by[config].append(stats)
     base = runs[None]
@@ -976,7 +978,8 @@ def main(argv: list[str] | None = None) -> int:
                  "big-graph": (1000,), "wide": (200,)}
         scale.update({"delayed-list": scale["delayed"], "nested-list": scale["nested"],
                       "nested-x10": scale["nested"]})
-        pairs, checkpoints, repeat = args.pairs or 1, [200, 1000, 2000], 5
+        pairs, checkpoints, repeat = args.pairs or 1, [100, 300, 600], 5
+        settle_s = 1.5  # (past the 1 s grace: a smoke run's figures are not read)
     else:
         scale = {"futures": (200, 100), "interactive": (200, 10),
                  "delayed": (200, 100), "nested": (10, 10, 20),
@@ -984,6 +987,7 @@ def main(argv: list[str] | None = None) -> int:
         scale.update({"delayed-list": scale["delayed"], "nested-list": scale["nested"],
                       "nested-x10": scale["nested"]})
         pairs, checkpoints, repeat = args.pairs or 3, [1000, 10_000, 100_000], 50
+        settle_s = SETTLE_S
     scale = {name: shape for name, shape in scale.items() if name in workloads}
     modes = [False, True] if args.both_modes else [args.export_process]
     print(f"machine: {os.cpu_count()} cores; {args.workers} workers x {args.threads} "
@@ -999,7 +1003,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.inert:
             variants.append(Variant(False, inert=True))
         deadline = None if args.time_limit is None else started + args.time_limit
-        part_throughput(pairs, scale, args.workers, args.threads, variants, deadline)
+        part_throughput(pairs, scale, args.workers, args.threads, variants, deadline,
+                        settle_s)
     if "memory" in parts:
         part_memory(checkpoints, modes)
     if "export" in parts:

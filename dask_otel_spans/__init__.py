@@ -7,13 +7,16 @@ Client code::
     with span("Alice's workflow", "data load"):
         df = dd.read_parquet(...).persist()
 
-Scheduler::
+Scheduler and workers::
 
     dask scheduler --preload dask_otel_spans
+    dask worker --preload dask_otel_spans   # task code inside the span's trace
 
-or ``client.register_plugin(OTelSpansPlugin())``. Exporters are configured with the
+or ``client.register_plugin(OTelSpansPlugin())`` and
+``client.register_plugin(OTelWorkerPlugin())``. Exporters are configured with the
 standard ``OTEL_*`` variables; with none, OTLP-JSON lines files are written to
-``./dask-otel-spans`` on the scheduler.
+``./dask-otel-spans`` (the scheduler's, and one directory per worker process below
+``./dask-otel-spans/workers``).
 """
 from __future__ import annotations
 
@@ -24,30 +27,37 @@ from dask_otel_spans import config as _config  # noqa: F401  (registers defaults
 from dask_otel_spans import names as _names
 from dask_otel_spans.client import span, wait_for_export
 from dask_otel_spans.plugin import OTelSpansPlugin
+from dask_otel_spans.worker import OTelWorkerPlugin
 
 __version__ = _names.VERSION
-__all__ = ["OTelSpansPlugin", "dask_setup", "span", "wait_for_export", "__version__"]
+__all__ = ["OTelSpansPlugin", "OTelWorkerPlugin", "dask_setup", "span",
+           "wait_for_export", "__version__"]
 
 logger = logging.getLogger(__name__)
 
 
-def dask_setup(server: Any) -> None:
-    """Preload entry point: ``dask scheduler --preload dask_otel_spans``."""
-    from distributed import Scheduler
+def dask_setup(server: Any) -> Any:
+    """Preload entry point: ``dask scheduler --preload dask_otel_spans`` and
+    ``dask worker --preload dask_otel_spans``."""
+    from distributed import Scheduler, Worker
 
-    if not isinstance(server, Scheduler):
-        logger.info(
-            "dask_otel_spans: preload is for the scheduler; nothing to do on %s",
-            type(server).__name__,
-        )
-        return
-    _log_as_distributed_does()
-    server.add_plugin(OTelSpansPlugin())
+    if isinstance(server, Scheduler):
+        _log_as_distributed_does()
+        server.add_plugin(OTelSpansPlugin())
+        return None
+    if isinstance(server, Worker):
+        _log_as_distributed_does()
+        return server.plugin_add(OTelWorkerPlugin())
+    logger.info(
+        "dask_otel_spans: preload is for schedulers and workers; nothing to do on %s",
+        type(server).__name__,
+    )
+    return None
 
 
 def _log_as_distributed_does() -> None:
     """Let the package's lines (INFO and up: where data goes, export process or
-    not) reach the scheduler's log as distributed's own do, unless logging was
+    not) reach the scheduler's or worker's log as distributed's own do, unless logging was
     configured for the package already."""
     package = logging.getLogger(__name__)
     distributed = logging.getLogger("distributed")

@@ -51,28 +51,31 @@ def collect_span_ids(keys: Any, span_of_key: Any, tasks: Mapping[Any, Any],
     With the ``otel`` annotation of the client helper and a ``collisions`` set, adds
     to it ``(asked span id, span id dask chose, task group)`` where dask put tasks
     in a span that is neither the one their block asked for nor inside it (their
-    TaskGroup belonged to an earlier span): checked once per distinct pair of
-    annotation values, which all tasks of one block share.
+    TaskGroup belonged to an earlier span): checked when the chain or the span
+    changes from one key to the next (all tasks of one block share them).
     """
     if not isinstance(span_of_key, Mapping):
         span_of_key = {}
     if not isinstance(otel, Mapping) or collisions is None:
         otel = None
-    last_group = last_ann = last_chain = None
+    last_group = last_chain = last_span = None
     for i, key in enumerate(keys, 1):
         if i % step == 0:
             yield
         ann = span_of_key.get(key)
         if ann:
             try:
-                span_ids.add(ann["ids"][-1])
+                span_id = ann["ids"][-1]
             except (KeyError, IndexError, TypeError):
                 pass  # not distributed's shape: the task's group says
             else:
+                span_ids.add(span_id)
                 if otel is not None:
+                    # (dask builds each key's annotation anew, but the span id in
+                    # it is the span's own string, and the chain is shared)
                     chain = otel.get(key)
-                    if chain is not last_chain or ann is not last_ann:
-                        last_chain, last_ann = chain, ann
+                    if chain is not last_chain or span_id is not last_span:
+                        last_chain, last_span = chain, span_id
                         _note_collision(key, ann, chain, tasks, collisions)
                 continue
         ts = tasks.get(key)

@@ -9,6 +9,8 @@ import importlib.metadata
 # -- plugin, annotation and event channel ------------------------------------------
 #: Name of the scheduler plugin in ``Scheduler.plugins``
 PLUGIN_NAME = "otel-spans"
+#: Name of the worker plugin in ``Worker.plugins``
+WORKER_PLUGIN_NAME = "otel-spans-worker"
 #: Graph annotation key that carries the client's W3C trace context, one entry per
 #: dask span id of the chain: ``{"<dask span id>": {"traceparent": ..., ...}}``
 ANNOTATION_KEY = "otel"
@@ -29,6 +31,9 @@ DEFAULT_SPAN_TAG = "default"
 SERVICE_NAME = "service.name"
 DEFAULT_SERVICE_NAME = "dask-scheduler"
 SCHEDULER_ADDRESS = "dask.scheduler.address"
+DEFAULT_WORKER_SERVICE_NAME = "dask-worker"
+#: resource attributes of a worker process (its worker's address and name)
+WORKER_NAME = "dask.worker.name"
 
 # -- span attributes ---------------------------------------------------------------
 SPAN_NAME = "dask.span.name"

@@ -72,13 +72,19 @@ class Providers:
 
 
 def build_resource(
-    environ: Mapping[str, str], scheduler_address: str | None = None
+    environ: Mapping[str, str],
+    scheduler_address: str | None = None,
+    *,
+    default_service_name: str = names.DEFAULT_SERVICE_NAME,
+    attributes: Mapping[str, Any] | None = None,
 ) -> Resource:
     """``service.name`` = OTEL_SERVICE_NAME, else OTEL_RESOURCE_ATTRIBUTES' one, else
-    ``dask-scheduler``; plus ``dask.scheduler.address`` and OTEL_RESOURCE_ATTRIBUTES."""
-    attrs: dict[str, Any] = {names.SERVICE_NAME: names.DEFAULT_SERVICE_NAME}
+    ``default_service_name``; plus ``dask.scheduler.address`` (when given),
+    ``attributes`` and OTEL_RESOURCE_ATTRIBUTES."""
+    attrs: dict[str, Any] = {names.SERVICE_NAME: default_service_name}
     if scheduler_address:
         attrs[names.SCHEDULER_ADDRESS] = scheduler_address
+    attrs.update(attributes or {})
     for item in environ.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
         key, sep, value = item.partition("=")
         if sep and key.strip():
@@ -128,7 +134,8 @@ def _not_one_of(variable: str, value: str, accepted: tuple[str, ...]) -> Configu
     )
 
 
-def _otlp_protocol(environ: Mapping[str, str], signal: str) -> str:
+def otlp_protocol(environ: Mapping[str, str], signal: str) -> str:
+    """``OTEL_EXPORTER_OTLP_[<SIGNAL>_]PROTOCOL``, checked (default ``grpc``)."""
     protocol = (_signal_setting(environ, signal, "PROTOCOL") or "grpc").strip()
     if protocol not in OTLP_PROTOCOLS:
         raise _not_one_of(_variable_of(environ, signal, "PROTOCOL"), protocol,
@@ -151,7 +158,7 @@ def check_environ(environ: Mapping[str, str]) -> None:
                 raise _not_one_of(variable, name, accepted)
         if "otlp" not in chosen:
             continue
-        _otlp_protocol(environ, signal)
+        otlp_protocol(environ, signal)
         compression = _signal_setting(environ, signal, "COMPRESSION")
         if compression and compression.strip().lower() not in OTLP_COMPRESSIONS:
             raise _not_one_of(_variable_of(environ, signal, "COMPRESSION"),
@@ -191,11 +198,11 @@ GRPC_CHANNEL_OPTIONS = (
 def otlp_exporter_kwargs(
     environ: Mapping[str, str], signal: str, protocol: str
 ) -> dict[str, Any]:
-    """Keyword arguments of the OTLP exporter of ``signal`` (``TRACES`` or
-    ``METRICS``) from the standard variables in ``environ``; unset ones are left out
+    """Keyword arguments of the OTLP exporter of ``signal`` (``TRACES``, ``METRICS``
+    or ``LOGS``) from the standard variables in ``environ``; unset ones are left out
     so that the exporter's own defaults apply."""
     kwargs: dict[str, Any] = {}
-    path = {"TRACES": "v1/traces", "METRICS": "v1/metrics"}[signal]
+    path = {"TRACES": "v1/traces", "METRICS": "v1/metrics", "LOGS": "v1/logs"}[signal]
     specific = environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
     generic = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     if specific:
@@ -272,7 +279,7 @@ def is_unconfigured(environ: Mapping[str, str]) -> bool:
 
 def _span_exporter(name: str, environ: Mapping[str, str], output_dir: str) -> Any:
     if name == "otlp":
-        protocol = _otlp_protocol(environ, "TRACES")
+        protocol = otlp_protocol(environ, "TRACES")
         kwargs = otlp_exporter_kwargs(environ, "TRACES", protocol)
         if protocol == "grpc":
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
@@ -301,7 +308,7 @@ def _metric_reader(
 ) -> tuple[MetricReader, str]:
     interval = float(environ.get("OTEL_METRIC_EXPORT_INTERVAL") or 60_000)
     if name == "otlp":
-        protocol = _otlp_protocol(environ, "METRICS")
+        protocol = otlp_protocol(environ, "METRICS")
         kwargs = otlp_exporter_kwargs(environ, "METRICS", protocol)
         if protocol == "grpc":
             from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
@@ -446,11 +453,14 @@ def resolve_providers(
     output_dir: str = "dask-otel-spans",
     use_global: bool = True,
     metric_series_limit: int | None = None,
+    default_service_name: str = names.DEFAULT_SERVICE_NAME,
+    resource_attributes: Mapping[str, Any] | None = None,
 ) -> Providers:
     """Pick the providers: argument, then global SDK provider, then ``OTEL_*``.
 
     ``metric_series_limit`` is the cardinality limit of the package's instruments in
-    a meter provider built here."""
+    a meter provider built here; ``default_service_name`` and
+    ``resource_attributes`` go into its resource (:func:`build_resource`)."""
     environ = os.environ if environ is None else environ
     out = Providers()
     resource = None
@@ -458,7 +468,10 @@ def resolve_providers(
     def get_resource() -> Resource:
         nonlocal resource
         if resource is None:
-            resource = build_resource(environ, scheduler_address)
+            resource = build_resource(
+                environ, scheduler_address, default_service_name=default_service_name,
+                attributes=resource_attributes,
+            )
         return resource
 
     if tracer_provider is not None:

@@ -14,6 +14,10 @@ from typing import Any
 
 import grpc
 import pytest
+from opentelemetry.proto.collector.logs.v1 import (
+    logs_service_pb2,
+    logs_service_pb2_grpc,
+)
 from opentelemetry.proto.collector.metrics.v1 import (
     metrics_service_pb2,
     metrics_service_pb2_grpc,
@@ -117,6 +121,7 @@ class OTLPReceiver:
         self.required_headers = required_headers or {}
         self.trace_requests: list[Any] = []
         self.metric_requests: list[Any] = []
+        self.log_requests: list[Any] = []
         self.metadata: list[dict[str, str]] = []
         self.rejected = 0
         self.delay = delay
@@ -141,7 +146,16 @@ class OTLPReceiver:
                     receiver.metric_requests.append(request)
                 return metrics_service_pb2.ExportMetricsServiceResponse()
 
+        class Logs(logs_service_pb2_grpc.LogsServiceServicer):
+            def Export(self, request, context):
+                if not receiver._accept(context):
+                    return logs_service_pb2.ExportLogsServiceResponse()
+                with receiver._lock:
+                    receiver.log_requests.append(request)
+                return logs_service_pb2.ExportLogsServiceResponse()
+
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), self.server)
+        logs_service_pb2_grpc.add_LogsServiceServicer_to_server(Logs(), self.server)
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
             Metrics(), self.server
         )
@@ -175,6 +189,19 @@ class OTLPReceiver:
         with self._lock:
             requests = list(self.trace_requests)
         return flatten_spans(to_otlp_json(r) for r in requests)
+
+    def log_records(self) -> list[tuple[dict[str, Any], Any]]:
+        """``(resource attributes, LogRecord)`` of every log record received."""
+        with self._lock:
+            requests = list(self.log_requests)
+        out = []
+        for req in requests:
+            for rl in req.resource_logs:
+                resource = {kv.key: kv.value.string_value
+                            for kv in rl.resource.attributes}
+                for sl in rl.scope_logs:
+                    out += [(resource, record) for record in sl.log_records]
+        return out
 
     def latest_sums(self, metric_name: str) -> dict[tuple, float]:
         """Latest cumulative value per attribute set of a sum metric."""
@@ -219,10 +246,12 @@ def free_port() -> int:
 
 
 class DaskProcesses:
-    """``dask scheduler --preload dask_otel_spans`` and ``dask worker`` subprocesses."""
+    """``dask scheduler --preload dask_otel_spans`` and ``dask worker`` subprocesses
+    (``worker_preload``: ``dask worker --preload dask_otel_spans``)."""
 
     def __init__(self, env: dict[str, str], cwd: str, workers: int = 1,
-                 dashboard: bool = False, nanny: bool = False):
+                 dashboard: bool = False, nanny: bool = False,
+                 worker_preload: bool = False):
         self.port = free_port()
         self.address = f"tcp://127.0.0.1:{self.port}"
         self.dashboard_port = free_port() if dashboard else None
@@ -245,7 +274,8 @@ class DaskProcesses:
         self.workers = [
             subprocess.Popen(
                 [sys.executable, "-m", "dask", "worker", self.address, "--nthreads",
-                 "2", "--no-dashboard", "--nanny" if nanny else "--no-nanny"],
+                 "2", "--no-dashboard", "--nanny" if nanny else "--no-nanny",
+                 *(["--preload", "dask_otel_spans"] if worker_preload else [])],
                 env=self.env, cwd=cwd, stdout=subprocess.DEVNULL,
                 stderr=subprocess.STDOUT,
             )

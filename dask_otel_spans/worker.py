@@ -1,0 +1,168 @@
+"""``OTelWorkerPlugin``: task code runs inside its dask span's trace on a worker.
+
+While a task runs (thread pool executors, and ``async def`` tasks on the worker's
+event loop), the current OTel context holds the span context of its prefix span
+inside the dask span the scheduler put it in, exactly as the scheduler exports it
+(:mod:`~dask_otel_spans.task_context`), so that spans made in the task, by its code
+or by an instrumentation library, join that trace. Log records carry the trace
+context (:mod:`~dask_otel_spans.log_correlation`), and with ``OTEL_LOGS_EXPORTER``
+those made in tasks are exported as OTel logs. The process's providers come from
+:mod:`~dask_otel_spans.worker_providers`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import dask.config
+from distributed.diagnostics.plugin import WorkerPlugin
+from opentelemetry import context as otel_context
+
+from dask_otel_spans import names
+from dask_otel_spans.config import NAMESPACE
+from dask_otel_spans.log_correlation import (
+    IN_TASK,
+    PROCESS_RECORDS,
+    export_level,
+    task_log_handler,
+)
+from dask_otel_spans.task_context import TaskContexts
+from dask_otel_spans.worker_providers import WorkerProviders, worker_providers
+
+if TYPE_CHECKING:
+    from distributed import Worker
+
+logger = logging.getLogger(__name__)
+
+#: Longest wait at teardown for the providers this plugin installed to flush
+FLUSH_TIMEOUT = 3.0
+
+
+class OTelWorkerPlugin(WorkerPlugin):
+    """Run task code inside the OTel context of its dask span.
+
+    Parameters
+    ----------
+    prefix_spans:
+        Whether tasks run under their prefix span (the scheduler's
+        ``otel-spans.prefix-spans``) or under the dask span's own span; default:
+        the worker's ``otel-spans.prefix-spans``
+    environ:
+        Mapping to read ``OTEL_*`` variables from; default ``os.environ``
+    output_dir:
+        The embedded default's directory (each worker process writes below it, in
+        a directory of its own); default: the worker's ``otel-spans.output-dir``
+
+    Examples
+    --------
+    >>> client.register_plugin(OTelWorkerPlugin())  # doctest: +SKIP
+
+    or ``dask worker --preload dask_otel_spans``.
+    """
+
+    name = names.WORKER_PLUGIN_NAME
+    idempotent = True
+
+    def __init__(self, prefix_spans: bool | None = None,
+                 environ: Mapping[str, str] | None = None,
+                 output_dir: str | None = None):
+        self.prefix_spans = prefix_spans
+        self.environ = dict(environ) if environ is not None else None
+        self.output_dir = output_dir
+        self.providers = WorkerProviders()
+        self.contexts: TaskContexts | None = None
+        #: the worker's task states, and its own ``execute`` (bound, unwrapped)
+        self._tasks: Mapping[Any, Any] = {}
+        self._run: Any = None
+        self._records_held = False
+        self._handler: logging.Handler | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"prefix_spans": self.prefix_spans, "environ": self.environ,
+                "output_dir": self.output_dir}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
+
+    def setup(self, worker: Worker, **kwargs: Any) -> None:
+        prefix_spans = self.prefix_spans
+        if prefix_spans is None:
+            prefix_spans = bool(dask.config.get(f"{NAMESPACE}.prefix-spans"))
+        output_dir = self.output_dir or str(dask.config.get(f"{NAMESPACE}.output-dir"))
+        try:
+            self.providers = worker_providers(
+                worker.address, worker.name, environ=self.environ, output_dir=output_dir
+            )
+        except Exception as e:
+            logger.error("dask_otel_spans: cannot build this worker's OTel providers "
+                         "(%s); tasks still run in their span's context, and spans "
+                         "they make go to the global providers, if any", e)
+        self.contexts = TaskContexts(prefix_spans)
+        PROCESS_RECORDS.acquire(self._service_name())
+        self._records_held = True
+        if self.providers.logger_provider is not None and (
+            self.providers.logger_provider in self.providers.installed
+        ):
+            self._handler = task_log_handler(
+                self.providers.logger_provider, export_level(self.environ)
+            )
+            logging.getLogger().addHandler(self._handler)
+        self._tasks = worker.state.tasks
+        self._run = worker.execute
+        worker.execute = self._execute  # type: ignore[method-assign]
+        logger.info(
+            "dask_otel_spans: tasks run in their dask span's trace; spans made in "
+            "tasks go to %s; logs made in tasks to %s",
+            self.providers.traces_to, self.providers.logs_to,
+        )
+
+    async def teardown(self, worker: Worker, **kwargs: Any) -> None:
+        if worker.__dict__.get("execute") == self._execute:
+            del worker.execute
+        if self._records_held:
+            PROCESS_RECORDS.release()
+            self._records_held = False
+        if self._handler is not None:
+            logging.getLogger().removeHandler(self._handler)
+            self._handler = None
+        installed = list(self.providers.installed)
+        if installed:
+            # (the SDK shuts them down at exit; the global providers cannot be
+            # taken back from task code that holds them)
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, _flush, installed, FLUSH_TIMEOUT)
+
+    def _service_name(self) -> str:
+        provider = self.providers.tracer_provider
+        resource = getattr(provider, "resource", None)
+        attributes = getattr(resource, "attributes", None) or {}
+        return str(attributes.get(names.SERVICE_NAME, ""))
+
+    async def _execute(self, key: Any, *, stimulus_id: str) -> Any:
+        """``Worker.execute`` inside the task's OTel context: this runs in the asyncio
+        task of the one execution, whose context the executor's thread copies."""
+        execute = self._run
+        ts = self._tasks.get(key)
+        ctx = None
+        if ts is not None and self.contexts is not None:
+            ctx = self.contexts.context_of(ts.span_id, ts.prefix, ts.annotations)
+        if ctx is None:
+            return await execute(key, stimulus_id=stimulus_id)
+        token = otel_context.attach(ctx)
+        in_task = IN_TASK.set(True)
+        try:
+            return await execute(key, stimulus_id=stimulus_id)
+        finally:
+            IN_TASK.reset(in_task)
+            otel_context.detach(token)
+
+
+def _flush(providers: list[Any], timeout: float) -> None:
+    for provider in providers:
+        try:
+            provider.force_flush(int(timeout * 1000))
+        except Exception:
+            logger.warning("dask_otel_spans: flushing %s failed",
+                           type(provider).__name__, exc_info=True)

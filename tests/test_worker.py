@@ -1,0 +1,156 @@
+"""The worker side on in-process clusters: task code runs in the OTel context of its
+prefix span inside the dask span the scheduler put it in; log records carry it."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from distributed import span as dask_span
+from distributed.utils_test import gen_cluster
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+from dask_otel_spans import OTelWorkerPlugin, names, span
+from dask_otel_spans.propagation import otel_span_id, otel_trace_id, prefix_span_id
+
+#: exporters off: nothing is installed as this test process's global providers
+NO_EXPORT = {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}
+
+
+def current_ids(x: int = 0) -> tuple[int, int, bool]:
+    """In a task: the trace id, span id and sampled flag of the current span."""
+    ctx = trace.get_current_span().get_span_context()
+    return ctx.trace_id, ctx.span_id, ctx.trace_flags.sampled
+
+
+async def current_ids_async(x: int = 0) -> tuple[int, int, bool]:
+    await asyncio.sleep(0)
+    return current_ids()
+
+
+def logged_fields(x: int = 0) -> dict:
+    """In a task: the trace fields of a log record made there."""
+    record = logging.getLogger("task code").makeRecord(
+        "task code", logging.WARNING, __file__, 1, "a warning", (), None
+    )
+    return {name: getattr(record, name, None) for name in
+            ("otelTraceID", "otelSpanID", "otelTraceSampled", "otelServiceName")}
+
+
+async def with_plugin(c, **kwargs) -> None:
+    await c.register_plugin(OTelWorkerPlugin(environ=NO_EXPORT, **kwargs))
+
+
+def client_span(sampled: bool = True) -> NonRecordingSpan:
+    return NonRecordingSpan(SpanContext(
+        0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, is_remote=False,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED if sampled else 0),
+    ))
+
+
+@gen_cluster(client=True)
+async def test_a_task_runs_in_its_prefix_span_in_the_client_trace(c, s, a, b):
+    await with_plugin(c)
+    parent = client_span()
+    with trace.use_span(parent):
+        with span("etl") as span_id:
+            got = await c.submit(current_ids, 1, key="current_ids-1")
+    assert got == (parent.get_span_context().trace_id,
+                   prefix_span_id(span_id, "current_ids"), True)
+
+
+@gen_cluster(client=True)
+async def test_a_plain_distributed_span_gives_the_root_span_trace(c, s, a, b):
+    await with_plugin(c)
+    with dask_span("outer") as outer_id:
+        with dask_span("inner") as inner_id:
+            got = await c.submit(current_ids, 1, key="current_ids-1")
+    assert got == (otel_trace_id(outer_id), prefix_span_id(inner_id, "current_ids"),
+                   True)
+
+
+@gen_cluster(client=True)
+async def test_a_task_of_the_default_span_runs_in_that_span(c, s, a, b):
+    await with_plugin(c)
+    got = await c.submit(current_ids, 1, key="current_ids-1")
+    (default_id,) = [sid for sid, sp in s.extensions["spans"].spans.items()
+                     if sp.name == ("default",)]
+    assert got == (otel_trace_id(default_id), prefix_span_id(default_id, "current_ids"),
+                   True)
+
+
+@gen_cluster(client=True)
+async def test_without_prefix_spans_a_task_runs_in_the_dask_span(c, s, a, b):
+    await with_plugin(c, prefix_spans=False)
+    with span("etl") as span_id:
+        got = await c.submit(current_ids, 1, key="current_ids-1")
+    assert got[1] == otel_span_id(span_id)
+
+
+@gen_cluster(client=True)
+async def test_an_unsampled_client_context_gives_tasks_an_unsampled_context(
+        c, s, a, b):
+    await with_plugin(c)
+    with trace.use_span(client_span(sampled=False)):
+        with span("etl"):
+            got = await c.submit(current_ids, 1, key="current_ids-1")
+    assert got[2] is False
+
+
+@gen_cluster(client=True)
+async def test_an_async_task_runs_in_its_span_context(c, s, a, b):
+    await with_plugin(c)
+    with span("etl") as span_id:
+        got = await c.submit(current_ids_async, 1, key="current_ids_async-1")
+    assert got[1] == prefix_span_id(span_id, "current_ids_async")
+
+
+@gen_cluster(client=True)
+async def test_a_task_moved_to_an_earlier_span_runs_in_that_span(c, s, a, b):
+    await with_plugin(c)
+    with span("first") as first_id:
+        await c.submit(current_ids, 1, key="current_ids-1")
+    with span("second"):  # (group current_ids belongs to "first": dask keeps it there)
+        got = await c.submit(current_ids, 2, key="current_ids-2")
+    assert got[1] == prefix_span_id(first_id, "current_ids")
+
+
+@gen_cluster(client=True)
+async def test_log_records_made_in_a_task_carry_its_trace_context(c, s, a, b):
+    await with_plugin(c)
+    parent = client_span()
+    with trace.use_span(parent):
+        with span("etl") as span_id:
+            fields = await c.submit(logged_fields, 1, key="logged_fields-1")
+    assert fields == {
+        "otelTraceID": f"{parent.get_span_context().trace_id:032x}",
+        "otelSpanID": f"{prefix_span_id(span_id, 'logged_fields'):016x}",
+        "otelTraceSampled": True,
+        "otelServiceName": "",  # (no provider built here: no resource)
+    }
+
+
+@gen_cluster(client=True)
+async def test_log_records_off_tasks_carry_zero_ids(c, s, a, b):
+    await with_plugin(c)
+    assert logged_fields()["otelTraceID"] == "0"
+
+
+@gen_cluster(client=True)
+async def test_removing_the_plugin_puts_back_execute_and_the_record_factory(
+        c, s, a, b):
+    factory = logging.getLogRecordFactory()
+    await with_plugin(c)
+    assert "execute" in a.__dict__
+    await c.unregister_worker_plugin(names.WORKER_PLUGIN_NAME)
+    assert "execute" not in a.__dict__ and "execute" not in b.__dict__
+    assert logging.getLogRecordFactory() is factory
+    with span("etl"):
+        assert await c.submit(current_ids, 1, key="current_ids-1") == (0, 0, False)
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_a_worker_without_the_plugin_runs_tasks_without_a_context(c, s, a):
+    with span("etl"):
+        assert await c.submit(current_ids, 1, key="current_ids-1") == (0, 0, False)
