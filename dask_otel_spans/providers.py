@@ -3,6 +3,7 @@ global SDK providers, else providers built from the standard ``OTEL_*`` variable
 else the embedded default (OTLP-JSON lines files, no collector needed)."""
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from collections.abc import Mapping
@@ -240,6 +241,26 @@ def otlp_exporter_kwargs(
     return kwargs
 
 
+#: signal -> (class, module) of its OTLP exporter, in the gRPC and the HTTP package
+_OTLP_EXPORTERS = {
+    "TRACES": ("OTLPSpanExporter", "trace_exporter"),
+    "METRICS": ("OTLPMetricExporter", "metric_exporter"),
+    "LOGS": ("OTLPLogExporter", "_log_exporter"),
+}
+
+
+def otlp_exporter(environ: Mapping[str, str], signal: str) -> tuple[Any, str]:
+    """The OTLP exporter of ``signal`` (``TRACES``, ``METRICS``, ``LOGS``) over the
+    configured protocol, and where it sends, in words."""
+    protocol = otlp_protocol(environ, signal)
+    kwargs = otlp_exporter_kwargs(environ, signal, protocol)
+    cls, module = _OTLP_EXPORTERS[signal]
+    package = "grpc" if protocol == "grpc" else "http"
+    exporter = getattr(importlib.import_module(
+        f"opentelemetry.exporter.otlp.proto.{package}.{module}"), cls)(**kwargs)
+    return exporter, f"OTLP {protocol} to {kwargs.get('endpoint', 'the default endpoint')}"
+
+
 def _compression(value: str, protocol: str) -> Any:
     if value not in OTLP_COMPRESSIONS:
         raise ConfigurationError(
@@ -279,19 +300,7 @@ def is_unconfigured(environ: Mapping[str, str]) -> bool:
 
 def _span_exporter(name: str, environ: Mapping[str, str], output_dir: str) -> Any:
     if name == "otlp":
-        protocol = otlp_protocol(environ, "TRACES")
-        kwargs = otlp_exporter_kwargs(environ, "TRACES", protocol)
-        if protocol == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-                OTLPSpanExporter,
-            )
-        else:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-                OTLPSpanExporter,
-            )
-        exporter = OTLPSpanExporter(**kwargs)
-        where = kwargs.get("endpoint", "the default endpoint")
-        return exporter, f"OTLP {protocol} to {where}"
+        return otlp_exporter(environ, "TRACES")
     if name == "console":
         return ConsoleSpanExporter(), "the console"
     if name == FILE_EXPORTER:
@@ -308,18 +317,7 @@ def _metric_reader(
 ) -> tuple[MetricReader, str]:
     interval = float(environ.get("OTEL_METRIC_EXPORT_INTERVAL") or 60_000)
     if name == "otlp":
-        protocol = otlp_protocol(environ, "METRICS")
-        kwargs = otlp_exporter_kwargs(environ, "METRICS", protocol)
-        if protocol == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
-                OTLPMetricExporter,
-            )
-        else:
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
-                OTLPMetricExporter,
-            )
-        exporter = OTLPMetricExporter(**kwargs)
-        where = f"OTLP {protocol} to {kwargs.get('endpoint', 'the default endpoint')}"
+        exporter, where = otlp_exporter(environ, "METRICS")
     elif name == "console":
         exporter, where = ConsoleMetricExporter(), "the console"
     elif name == FILE_EXPORTER:

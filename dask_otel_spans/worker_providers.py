@@ -18,10 +18,7 @@ from opentelemetry import trace as trace_api
 from dask_otel_spans import names
 from dask_otel_spans.providers import (
     build_resource,
-    global_sdk_meter_provider,
-    global_sdk_tracer_provider,
-    otlp_exporter_kwargs,
-    otlp_protocol,
+    otlp_exporter,
     resolve_providers,
 )
 
@@ -29,8 +26,6 @@ logger = logging.getLogger(__name__)
 
 #: ``OTEL_LOGS_EXPORTER`` values (unset: log records are not exported)
 LOG_EXPORTERS = ("otlp", "console", "none")
-#: ``OTEL_PYTHON_LOG_LEVEL`` when unset: the records exported at least this level
-DEFAULT_LOG_LEVEL = "warning"
 
 
 @dataclass
@@ -79,19 +74,8 @@ def build_logger_provider(environ: Mapping[str, str], resource: Any
     where = []
     for name in chosen:
         if name == "otlp":
-            protocol = otlp_protocol(environ, "LOGS")
-            kwargs = otlp_exporter_kwargs(environ, "LOGS", protocol)
-            if protocol == "grpc":
-                from opentelemetry.exporter.otlp.proto.grpc._log_exporter import (
-                    OTLPLogExporter,
-                )
-            else:
-                from opentelemetry.exporter.otlp.proto.http._log_exporter import (
-                    OTLPLogExporter,
-                )
-            exporter: Any = OTLPLogExporter(**kwargs)
-            where.append(f"OTLP {protocol} to "
-                         f"{kwargs.get('endpoint', 'the default endpoint')}")
+            exporter, description = otlp_exporter(environ, "LOGS")
+            where.append(description)
         elif name == "console":
             exporter = ConsoleLogExporter()
             where.append("the console")
@@ -155,8 +139,3 @@ def worker_providers(
             out.installed.append(out.logger_provider)
     return out
 
-
-def has_sdk_providers() -> bool:
-    """Whether the process has global SDK tracer and meter providers already."""
-    return (global_sdk_tracer_provider() is not None
-            and global_sdk_meter_provider() is not None)

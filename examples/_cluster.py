@@ -1,5 +1,6 @@
 """Shared by the examples: a client to ADDRESS (a scheduler started with
-``--preload dask_otel_spans``), or a LocalCluster with the plugin when none is given."""
+``--preload dask_otel_spans``, workers too), or a LocalCluster with the plugins when
+none is given."""
 from __future__ import annotations
 
 import contextlib
@@ -7,7 +8,7 @@ from collections.abc import Iterator
 
 from distributed import Client, LocalCluster
 
-from dask_otel_spans import OTelSpansPlugin, wait_for_export
+from dask_otel_spans import OTelSpansPlugin, OTelWorkerPlugin, wait_for_export
 
 
 @contextlib.contextmanager
@@ -19,5 +20,6 @@ def connect(address: str | None) -> Iterator[Client]:
     with LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address=":0") as cluster:
         with Client(cluster) as client:
             client.register_plugin(OTelSpansPlugin())
+            client.register_plugin(OTelWorkerPlugin())
             yield client
             wait_for_export(client)

@@ -1,5 +1,5 @@
-"""Quickstart: a LocalCluster with the plugin, a workflow in nested spans, and the
-span tree read back from the embedded default's files.
+"""Quickstart: a LocalCluster with the plugins (scheduler and workers), a workflow in
+nested spans, and the span tree read back from the embedded default's files.
 
     python examples/quickstart.py [OUTPUT_DIR]
 
@@ -12,13 +12,15 @@ import sys
 import dask.array as da
 from distributed import Client, LocalCluster
 
-from dask_otel_spans import OTelSpansPlugin, span, wait_for_export
+from dask_otel_spans import OTelSpansPlugin, OTelWorkerPlugin, span, wait_for_export
 
 
 def main(output_dir: str = "dask-otel-spans") -> None:
     with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster:
         with Client(cluster) as client:
             client.register_plugin(OTelSpansPlugin(output_dir=output_dir))
+            # task code runs in its span's trace: spans and logs made in tasks join it
+            client.register_plugin(OTelWorkerPlugin(output_dir=output_dir))
 
             with span("quickstart"):
                 with span("load"):

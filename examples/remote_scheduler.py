@@ -1,10 +1,12 @@
 """A workflow against a remote scheduler that runs the plugin:
 
     dask scheduler --preload dask_otel_spans     # OTEL_* variables say where data goes
-    dask worker tcp://SCHEDULER:8786
+    dask worker tcp://SCHEDULER:8786 --preload dask_otel_spans   # optional: task
+                                                # code runs in its span's trace
     python examples/remote_scheduler.py tcp://SCHEDULER:8786
 
-Only the client's import changes; the scheduler does the exporting.
+Only the client's import changes; the scheduler does the exporting (and each
+preloaded worker exports the spans and logs made in its tasks).
 """
 from __future__ import annotations
 

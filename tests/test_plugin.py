@@ -505,3 +505,24 @@ async def test_errors_are_kept_when_the_futures_are_released_before_export(c, s,
     assert fails.attributes[names.SPAN_ERRED_COUNT] == 20
     assert fails.attributes[names.SPAN_TASK_COUNT] == 40
     assert fails.status.status_code == StatusCode.ERROR
+
+
+@gen_cluster(client=True)
+async def test_an_unsampled_client_trace_exports_no_span_but_counts_its_metrics(
+        c, s, a, b):
+    memory = MemoryProviders()
+    plugin = await install(c, memory)
+    unsampled = NonRecordingSpan(SpanContext(
+        0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, is_remote=False,
+        trace_flags=TraceFlags(0),
+    ))
+    with trace.use_span(unsampled):
+        with span("not sampled"):
+            await c.submit(slowinc, 1, delay=0.05, key="slowinc-1")
+    await async_wait_for(lambda: plugin.emitted_count == 1)
+    await plugin.flush()
+    assert memory.spans() == []
+    await async_wait_for(lambda: [
+        p for p in memory.points(names.SPAN_ACTIVITY_TIME)
+        if p[1][names.SPAN_NAME] == "not sampled"
+    ])

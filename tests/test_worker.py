@@ -154,3 +154,46 @@ async def test_removing_the_plugin_puts_back_execute_and_the_record_factory(
 async def test_a_worker_without_the_plugin_runs_tasks_without_a_context(c, s, a):
     with span("etl"):
         assert await c.submit(current_ids, 1, key="current_ids-1") == (0, 0, False)
+
+
+def fails(x: int) -> int:
+    raise KeyError(f"missing {x}")
+
+
+def sums_through_worker_client(n: int) -> int:
+    from distributed import worker_client
+
+    with worker_client() as client:  # (secedes from the thread pool, rejoins)
+        return sum(client.gather(client.map(lambda i: i + 1, range(n))))
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def add(self, k: int) -> int:
+        self.n += k
+        return self.n
+
+
+@gen_cluster(client=True)
+async def test_a_task_error_reaches_the_client_unchanged(c, s, a, b):
+    await with_plugin(c)
+    with span("etl"):
+        with pytest.raises(KeyError, match="missing 3"):
+            await c.submit(fails, 3)
+
+
+@gen_cluster(client=True)
+async def test_a_task_can_still_submit_tasks_through_worker_client(c, s, a, b):
+    await with_plugin(c)
+    with span("etl"):
+        assert await c.submit(sums_through_worker_client, 10) == 55
+
+
+@gen_cluster(client=True)
+async def test_actors_still_work(c, s, a, b):
+    await with_plugin(c)
+    counter = await c.submit(Counter, actor=True)
+    assert await counter.add(2) == 2
+    assert await counter.add(3) == 5

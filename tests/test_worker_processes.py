@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import http.server
 import logging
+import subprocess
+import sys
 import threading
 import urllib.request
 
@@ -15,9 +17,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, use_span
 
 from dask_otel_spans import names, span
+from dask_otel_spans.otlpjson import read_spans
 from dask_otel_spans.propagation import otel_span_id, prefix_span_id
 
-from conftest import DaskProcesses, otlp_grpc_env, wait_for
+from conftest import DaskProcesses, OTLPReceiver, otlp_grpc_env, wait_for
 
 
 class Quiet(http.server.BaseHTTPRequestHandler):
@@ -39,12 +42,22 @@ def http_url():
     server.shutdown()
 
 
-@pytest.fixture
-def cluster(otlp_receiver, tmp_path):
+@pytest.fixture(scope="module")
+def otlp_receiver():
+    """One receiver for the module's cluster (its tests look at their own spans)."""
+    receiver = OTLPReceiver().start()
+    yield receiver
+    receiver.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(otlp_receiver, tmp_path_factory):
+    """A scheduler and a worker under a nanny, both preloaded (started once for the
+    module: each test names its own spans)."""
     procs = DaskProcesses(
         {**otlp_grpc_env(otlp_receiver), "OTEL_LOGS_EXPORTER": "otlp",
          "OTEL_SERVICE_NAME": ""},
-        cwd=str(tmp_path), nanny=True, worker_preload=True,
+        cwd=str(tmp_path_factory.mktemp("cluster")), nanny=True, worker_preload=True,
     )
     try:
         yield procs.address
@@ -140,3 +153,28 @@ def test_tasks_after_a_nanny_restart_and_after_export_keep_their_context(cluster
 
 def _open_spans(dask_scheduler) -> int:
     return dask_scheduler.plugins[names.PLUGIN_NAME].open_span_count
+
+
+def test_with_nothing_configured_each_worker_process_writes_files_of_its_own(
+        tmp_path):
+    """The embedded default on a worker: OTLP-JSON lines files in a directory of the
+    process's own below the output directory, with the worker's resource."""
+    script = (
+        "import os, sys\n"
+        "from opentelemetry import trace\n"
+        "from dask_otel_spans.worker_providers import worker_providers\n"
+        "p = worker_providers('tcp://10.0.0.7:4000', 'w-1', environ={},\n"
+        "                     output_dir=sys.argv[1])\n"
+        "with trace.get_tracer('task code').start_as_current_span('in a task'):\n"
+        "    pass\n"
+        "p.tracer_provider.force_flush()\n"
+        "print(os.getpid())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path)],
+                         capture_output=True, text=True, timeout=60, check=True)
+    pid = out.stdout.strip()
+    traces = tmp_path / "workers" / f"w-1-{pid}" / "traces.jsonl"
+    (own,) = read_spans(str(traces))
+    assert own["name"] == "in a task"
+    assert own["resource"]["service.name"] == "dask-worker"
+    assert own["resource"][names.WORKER_ADDRESS] == "tcp://10.0.0.7:4000"
