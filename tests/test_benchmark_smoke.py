@@ -14,7 +14,7 @@ NUMBER = r"-?[0-9]+(?:\.[0-9]+)?"
 def test_quick_benchmark_reports_every_part():
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--quick", "--export-process", "--workloads",
-         "interactive"],
+         "interactive", "--workers", "1"],
         capture_output=True, text=True, timeout=400,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from dask_otel_spans import names, span
 from dask_otel_spans.propagation import otel_span_id, prefix_span_id
 
-from conftest import DaskProcesses, otlp_grpc_env, wait_for
+from conftest import DaskProcesses, OTLPReceiver, otlp_grpc_env, wait_for
 
 
 def sleepy(x: float) -> float:
@@ -19,11 +19,20 @@ def sleepy(x: float) -> float:
     return x
 
 
-@pytest.fixture
-def cluster(otlp_receiver, tmp_path):
+@pytest.fixture(scope="module")
+def otlp_receiver():
+    """One receiver for the module's cluster (its tests look at their own spans)."""
+    receiver = OTLPReceiver().start()
+    yield receiver
+    receiver.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(otlp_receiver, tmp_path_factory):
+    """Started once for the module: each test names its own spans."""
     procs = DaskProcesses(
         {**otlp_grpc_env(otlp_receiver), "OTEL_SERVICE_NAME": "test-scheduler"},
-        cwd=str(tmp_path),
+        cwd=str(tmp_path_factory.mktemp("cluster")),
     )
     try:
         yield procs.address, procs.scheduler
