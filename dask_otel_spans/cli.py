@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dask_otel_spans import names
-from dask_otel_spans.otlpjson import TRACES_FILE, flatten_spans, read_spans
+from dask_otel_spans.otlpjson import TRACES_FILE, read_spans
 
 # -- rendering --------------------------------------------------------------------------
 

@@ -2,7 +2,6 @@
 plain built-ins for the sender's batches of messages, pickle for anything else)."""
 from __future__ import annotations
 
-import io
 import marshal
 import pickle
 import struct

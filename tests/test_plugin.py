@@ -3,13 +3,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from types import SimpleNamespace
 from time import time
 
 import dask
 import pytest
 from distributed import Client, Event, Scheduler, default_client, span as dask_span, wait
-from distributed.scheduler import ALL_TASK_STATES
 from distributed.utils_test import gen_cluster, inc, slowinc
 from opentelemetry import trace
 from opentelemetry.trace import (

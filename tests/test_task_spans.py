@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import time
 
-import pytest
 from distributed import wait
 from distributed.utils_test import gen_cluster
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
