@@ -165,7 +165,6 @@ async def test_metric_points_carry_exemplars_of_the_prefix_span(c, s, a, b):
     with span("busy") as span_id:
         await wait(c.map(sleeps, [0.05] * 4, pure=False))
     dask_span = await one_span(memory, "busy")
-    await c.run_on_scheduler(lambda dask_scheduler: None)  # (a heartbeat round)
 
     def exemplars():
         found = []
