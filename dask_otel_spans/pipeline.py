@@ -17,8 +17,8 @@ from dask_otel_spans.config import PluginConfig
 from dask_otel_spans.emitter import SpanEmitter
 from dask_otel_spans.export_health import rate_limit_sdk_logs
 from dask_otel_spans.metrics import DaskInstruments, MetricsPump, SeriesCap, SpanNameCap
+from dask_otel_spans.otlp_exporters import ConfigurationError
 from dask_otel_spans.providers import (
-    ConfigurationError,
     Providers,
     check_environ,
     resolve_providers,

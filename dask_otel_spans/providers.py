@@ -3,7 +3,6 @@ global SDK providers, else providers built from the standard ``OTEL_*`` variable
 else the embedded default (OTLP-JSON lines files, no collector needed)."""
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 from collections.abc import Mapping
@@ -31,6 +30,12 @@ from dask_otel_spans.export_health import (
     HealthSpanExporter,
 )
 from dask_otel_spans.metrics import SDK_DEFAULT_CARDINALITY_LIMIT
+from dask_otel_spans.otlp_exporters import (
+    ConfigurationError,
+    check_otlp_settings,
+    not_one_of,
+    otlp_exporter,
+)
 from dask_otel_spans.otlpjson import (
     METRICS_FILE,
     TRACES_FILE,
@@ -52,10 +57,6 @@ _CONFIGURING_VARIABLES = (
 DEFAULT_BSP_SCHEDULE_DELAY_MS = 500
 #: Value of OTEL_{TRACES,METRICS}_EXPORTER selecting the embedded file exporter
 FILE_EXPORTER = "otlp_json_file"
-
-
-class ConfigurationError(ValueError):
-    """An ``OTEL_*`` variable has a value this package cannot use."""
 
 
 @dataclass
@@ -95,53 +96,9 @@ def build_resource(
     return Resource.create(attrs)
 
 
-def parse_headers(value: str | None) -> dict[str, str]:
-    """``OTEL_EXPORTER_OTLP_HEADERS`` format: ``k1=v1,k2=v2``, URL-encoded values."""
-    out = {}
-    for item in (value or "").split(","):
-        key, sep, val = item.partition("=")
-        if sep and key.strip():
-            out[unquote(key.strip()).lower()] = unquote(val.strip())
-        elif item.strip():
-            logger.warning("dask_otel_spans: ignoring malformed OTLP header %r", item)
-    return out
-
-
-def _signal_setting(
-    environ: Mapping[str, str], signal: str, name: str
-) -> str | None:
-    """``OTEL_EXPORTER_OTLP_<SIGNAL>_<NAME>``, else ``OTEL_EXPORTER_OTLP_<NAME>``."""
-    return environ.get(f"OTEL_EXPORTER_OTLP_{signal}_{name}") or environ.get(
-        f"OTEL_EXPORTER_OTLP_{name}"
-    )
-
-
 #: What each exporter variable accepts
 TRACE_EXPORTERS = ("otlp", "console", "none", FILE_EXPORTER)
 METRIC_EXPORTERS = ("otlp", "console", "prometheus", "none", FILE_EXPORTER)
-OTLP_PROTOCOLS = ("grpc", "http/protobuf")
-OTLP_COMPRESSIONS = ("gzip", "deflate", "none")
-
-
-def _variable_of(environ: Mapping[str, str], signal: str, name: str) -> str:
-    """Which variable gives ``OTEL_EXPORTER_OTLP_[<SIGNAL>_]<NAME>``."""
-    specific = f"OTEL_EXPORTER_OTLP_{signal}_{name}"
-    return specific if environ.get(specific) else f"OTEL_EXPORTER_OTLP_{name}"
-
-
-def _not_one_of(variable: str, value: str, accepted: tuple[str, ...]) -> ConfigurationError:
-    return ConfigurationError(
-        f"{variable}={value!r} is not one of {', '.join(accepted)}"
-    )
-
-
-def otlp_protocol(environ: Mapping[str, str], signal: str) -> str:
-    """``OTEL_EXPORTER_OTLP_[<SIGNAL>_]PROTOCOL``, checked (default ``grpc``)."""
-    protocol = (_signal_setting(environ, signal, "PROTOCOL") or "grpc").strip()
-    if protocol not in OTLP_PROTOCOLS:
-        raise _not_one_of(_variable_of(environ, signal, "PROTOCOL"), protocol,
-                          OTLP_PROTOCOLS)
-    return protocol
 
 
 def check_environ(environ: Mapping[str, str]) -> None:
@@ -156,25 +113,10 @@ def check_environ(environ: Mapping[str, str]) -> None:
         chosen = exporter_names(environ, variable)
         for name in chosen:
             if name not in accepted:
-                raise _not_one_of(variable, name, accepted)
+                raise not_one_of(variable, name, accepted)
         if "otlp" not in chosen:
             continue
-        otlp_protocol(environ, signal)
-        compression = _signal_setting(environ, signal, "COMPRESSION")
-        if compression and compression.strip().lower() not in OTLP_COMPRESSIONS:
-            raise _not_one_of(_variable_of(environ, signal, "COMPRESSION"),
-                              compression, OTLP_COMPRESSIONS)
-        timeout = _signal_setting(environ, signal, "TIMEOUT")
-        if timeout:
-            try:
-                ok = float(timeout) > 0
-            except ValueError:
-                ok = False
-            if not ok:
-                raise ConfigurationError(
-                    f"{_variable_of(environ, signal, 'TIMEOUT')}={timeout!r} is not a "
-                    "positive number of seconds"
-                )
+        check_otlp_settings(environ, signal)
     for variable in ("OTEL_METRIC_EXPORT_INTERVAL", "OTEL_BSP_SCHEDULE_DELAY"):
         value = environ.get(variable)
         if value:
@@ -186,101 +128,6 @@ def check_environ(environ: Mapping[str, str]) -> None:
                 raise ConfigurationError(
                     f"{variable}={value!r} is not a non-negative number of milliseconds"
                 )
-
-
-#: gRPC channel options of the OTLP exporters: reconnect to a collector that came
-#: back within seconds
-GRPC_CHANNEL_OPTIONS = (
-    ("grpc.initial_reconnect_backoff_ms", 500),
-    ("grpc.max_reconnect_backoff_ms", 5000),
-)
-
-
-def otlp_exporter_kwargs(
-    environ: Mapping[str, str], signal: str, protocol: str
-) -> dict[str, Any]:
-    """Keyword arguments of the OTLP exporter of ``signal`` (``TRACES``, ``METRICS``
-    or ``LOGS``) from the standard variables in ``environ``; unset ones are left out
-    so that the exporter's own defaults apply."""
-    kwargs: dict[str, Any] = {}
-    path = {"TRACES": "v1/traces", "METRICS": "v1/metrics", "LOGS": "v1/logs"}[signal]
-    specific = environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
-    generic = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    if specific:
-        kwargs["endpoint"] = specific
-    elif generic:
-        if protocol == "http/protobuf":
-            kwargs["endpoint"] = generic.rstrip("/") + "/" + path
-        else:
-            kwargs["endpoint"] = generic
-    headers = _signal_setting(environ, signal, "HEADERS")
-    if headers:
-        kwargs["headers"] = parse_headers(headers)
-    timeout = _signal_setting(environ, signal, "TIMEOUT")
-    if timeout:
-        # The Python exporters read this variable in seconds; so do we.
-        kwargs["timeout"] = float(timeout)
-    compression = _signal_setting(environ, signal, "COMPRESSION")
-    if compression:
-        kwargs["compression"] = _compression(compression.strip().lower(), protocol)
-    certificate = _signal_setting(environ, signal, "CERTIFICATE")
-    if protocol == "grpc":
-        # gRPC's default reconnect backoff grows to 120 s: after a collector outage
-        # the exporter would stay away long after the collector is back.
-        kwargs["channel_options"] = GRPC_CHANNEL_OPTIONS
-        insecure = _signal_setting(environ, signal, "INSECURE")
-        if insecure:
-            kwargs["insecure"] = insecure.strip().lower() == "true"
-        if certificate:
-            import grpc
-
-            with open(certificate, "rb") as f:
-                kwargs["credentials"] = grpc.ssl_channel_credentials(f.read())
-    elif certificate:
-        kwargs["certificate_file"] = certificate
-    return kwargs
-
-
-#: signal -> (class, module) of its OTLP exporter, in the gRPC and the HTTP package
-_OTLP_EXPORTERS = {
-    "TRACES": ("OTLPSpanExporter", "trace_exporter"),
-    "METRICS": ("OTLPMetricExporter", "metric_exporter"),
-    "LOGS": ("OTLPLogExporter", "_log_exporter"),
-}
-
-
-def otlp_exporter(environ: Mapping[str, str], signal: str) -> tuple[Any, str]:
-    """The OTLP exporter of ``signal`` (``TRACES``, ``METRICS``, ``LOGS``) over the
-    configured protocol, and where it sends, in words."""
-    protocol = otlp_protocol(environ, signal)
-    kwargs = otlp_exporter_kwargs(environ, signal, protocol)
-    cls, module = _OTLP_EXPORTERS[signal]
-    package = "grpc" if protocol == "grpc" else "http"
-    exporter = getattr(importlib.import_module(
-        f"opentelemetry.exporter.otlp.proto.{package}.{module}"), cls)(**kwargs)
-    return exporter, f"OTLP {protocol} to {kwargs.get('endpoint', 'the default endpoint')}"
-
-
-def _compression(value: str, protocol: str) -> Any:
-    if value not in OTLP_COMPRESSIONS:
-        raise ConfigurationError(
-            f"OTLP compression {value!r} is not one of {', '.join(OTLP_COMPRESSIONS)}"
-        )
-    if protocol == "grpc":
-        import grpc
-
-        return {
-            "gzip": grpc.Compression.Gzip,
-            "deflate": grpc.Compression.Deflate,
-            "none": grpc.Compression.NoCompression,
-        }[value]
-    from opentelemetry.exporter.otlp.proto.http import Compression
-
-    return {
-        "gzip": Compression.Gzip,
-        "deflate": Compression.Deflate,
-        "none": Compression.NoCompression,
-    }[value]
 
 
 def exporter_names(environ: Mapping[str, str], variable: str) -> list[str]:
@@ -306,7 +153,7 @@ def _span_exporter(name: str, environ: Mapping[str, str], output_dir: str) -> An
     if name == FILE_EXPORTER:
         exporter = OTLPJsonLinesSpanExporter(os.path.join(output_dir, TRACES_FILE))
         return exporter, exporter.path
-    raise _not_one_of("OTEL_TRACES_EXPORTER", name, TRACE_EXPORTERS)
+    raise not_one_of("OTEL_TRACES_EXPORTER", name, TRACE_EXPORTERS)
 
 
 def _metric_reader(
@@ -326,7 +173,7 @@ def _metric_reader(
     elif name == "prometheus":
         return _prometheus_reader(environ)
     else:
-        raise _not_one_of("OTEL_METRICS_EXPORTER", name, METRIC_EXPORTERS)
+        raise not_one_of("OTEL_METRICS_EXPORTER", name, METRIC_EXPORTERS)
     exporter_health = ExportHealth("metrics", where)
     if health is not None:
         health.append(exporter_health)

@@ -26,6 +26,7 @@ from dask_otel_spans.pipeline import ExportPipeline
 from dask_otel_spans.propagation import parse_carried, resolve_chain
 from dask_otel_spans.task_sampling import SLOWEST
 from dask_otel_spans.tracking.readiness import ReadinessTracker
+from dask_otel_spans.tracking.records import carried_for_translation
 from dask_otel_spans.tracking.tree import RECENT_TAGS, SpanTree
 from dask_otel_spans.wire import span_tags_of
 
@@ -237,10 +238,11 @@ class ExportSession(BackgroundQueue):
         for span_id in span_ids:
             ids = known.get(span_id)
             if ids is None:
-                carried = self.tracker.carried_of(span_id)
-                if carried is None:
+                rec = self.tracker.record(span_id)
+                if rec is None:
                     continue
-                chain = resolve_chain(carried[0], parse_carried(carried[1]) or {})
+                carried = carried_for_translation(rec, self.tracker.record(rec.ids[0]))
+                chain = resolve_chain(rec.ids, parse_carried(carried) or {})
                 ids = (chain.trace_id, chain.span_id, int(chain.trace_flags))
                 known[span_id] = ids
                 while len(known) > RECENT_TAGS:

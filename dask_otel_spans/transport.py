@@ -19,7 +19,7 @@ from dask_otel_spans.export_process import (
 )
 from dask_otel_spans.export_share import ExportShareWatch
 from dask_otel_spans.pipeline import ExportPipeline, PipelineSpec
-from dask_otel_spans.providers import ConfigurationError
+from dask_otel_spans.otlp_exporters import ConfigurationError
 from dask_otel_spans.providers import (
     exporter_names,
     global_sdk_meter_provider,

@@ -16,11 +16,8 @@ from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
 
 from dask_otel_spans import names
-from dask_otel_spans.providers import (
-    build_resource,
-    otlp_exporter,
-    resolve_providers,
-)
+from dask_otel_spans.otlp_exporters import otlp_exporter
+from dask_otel_spans.providers import build_resource, resolve_providers
 
 logger = logging.getLogger(__name__)
 

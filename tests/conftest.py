@@ -239,6 +239,14 @@ def otlp_receiver() -> OTLPReceiver:
     receiver.stop()
 
 
+@pytest.fixture(scope="module")
+def module_otlp_receiver() -> OTLPReceiver:
+    """One receiver for a module's shared cluster (its tests look at their own spans)."""
+    receiver = OTLPReceiver().start()
+    yield receiver
+    receiver.stop()
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

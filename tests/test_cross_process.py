@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from dask_otel_spans import names, span
 from dask_otel_spans.propagation import otel_span_id, prefix_span_id
 
-from conftest import DaskProcesses, OTLPReceiver, otlp_grpc_env, wait_for
+from conftest import DaskProcesses, otlp_grpc_env, wait_for
 
 
 def sleepy(x: float) -> float:
@@ -20,11 +20,8 @@ def sleepy(x: float) -> float:
 
 
 @pytest.fixture(scope="module")
-def otlp_receiver():
-    """One receiver for the module's cluster (its tests look at their own spans)."""
-    receiver = OTLPReceiver().start()
-    yield receiver
-    receiver.stop()
+def otlp_receiver(module_otlp_receiver):
+    return module_otlp_receiver
 
 
 @pytest.fixture(scope="module")

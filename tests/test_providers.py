@@ -9,13 +9,12 @@ from conftest import otlp_grpc_env, wait_for
 
 from dask_otel_spans import names
 from dask_otel_spans.metrics import DaskInstruments, SeriesCap, SpanNameCap
-from dask_otel_spans.providers import (
+from dask_otel_spans.otlp_exporters import (
     ConfigurationError,
-    build_resource,
     otlp_exporter_kwargs,
     parse_headers,
-    resolve_providers,
 )
+from dask_otel_spans.providers import build_resource, resolve_providers
 
 
 def _shutdown(p):

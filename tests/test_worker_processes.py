@@ -20,7 +20,7 @@ from dask_otel_spans import names, span
 from dask_otel_spans.otlpjson import read_spans
 from dask_otel_spans.propagation import otel_span_id, prefix_span_id
 
-from conftest import DaskProcesses, OTLPReceiver, otlp_grpc_env, wait_for
+from conftest import DaskProcesses, otlp_grpc_env, wait_for
 
 
 class Quiet(http.server.BaseHTTPRequestHandler):
@@ -43,11 +43,8 @@ def http_url():
 
 
 @pytest.fixture(scope="module")
-def otlp_receiver():
-    """One receiver for the module's cluster (its tests look at their own spans)."""
-    receiver = OTLPReceiver().start()
-    yield receiver
-    receiver.stop()
+def otlp_receiver(module_otlp_receiver):
+    return module_otlp_receiver
 
 
 @pytest.fixture(scope="module")

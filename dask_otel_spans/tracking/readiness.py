@@ -103,7 +103,7 @@ class ReadinessTracker:
         return len(self._open)
 
     def record(self, dask_id: str) -> OpenSpan | None:
-        """The record of an open span (for tests and diagnostics)."""
+        """The record of an open span (for tests, diagnostics and exemplars)."""
         return self._open.get(dask_id)
 
     def pending_wake_ups(self) -> list[float]:
@@ -424,15 +424,6 @@ class ReadinessTracker:
                 names.CLOSE_REASON_CLIENT_GONE if rec.helper else names.CLOSE_REASON_IDLE
             )
         return ready_at
-
-    def carried_of(self, span_id: str) -> tuple[tuple[str, ...], dict[str, Any]] | None:
-        """The chain of ids of an open span and the headers its translation reads
-        (:func:`~dask_otel_spans.tracking.records.carried_for_translation`); None
-        when the span is not open."""
-        rec = self._open.get(span_id)
-        if rec is None:
-            return None
-        return rec.ids, carried_for_translation(rec, self._open.get(rec.ids[0]))
 
     # -- emission --------------------------------------------------------------------
 

@@ -1,0 +1,179 @@
+"""OTLP exporters (traces, metrics, logs) from the standard
+``OTEL_EXPORTER_OTLP_[<SIGNAL>_]*`` variables: endpoint, protocol, headers, timeout,
+compression, TLS; and the checks that say which value cannot work."""
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import unquote
+
+logger = logging.getLogger(__name__)
+
+OTLP_PROTOCOLS = ("grpc", "http/protobuf")
+OTLP_COMPRESSIONS = ("gzip", "deflate", "none")
+
+
+class ConfigurationError(ValueError):
+    """An ``OTEL_*`` variable has a value this package cannot use."""
+
+
+def _variable_of(environ: Mapping[str, str], signal: str, name: str) -> str:
+    """Which variable gives ``OTEL_EXPORTER_OTLP_[<SIGNAL>_]<NAME>``."""
+    specific = f"OTEL_EXPORTER_OTLP_{signal}_{name}"
+    return specific if environ.get(specific) else f"OTEL_EXPORTER_OTLP_{name}"
+
+
+def not_one_of(variable: str, value: str, accepted: tuple[str, ...]
+               ) -> ConfigurationError:
+    """The error of ``variable`` set to ``value``, which is not one of ``accepted``."""
+    return ConfigurationError(
+        f"{variable}={value!r} is not one of {', '.join(accepted)}"
+    )
+
+
+def otlp_protocol(environ: Mapping[str, str], signal: str) -> str:
+    """``OTEL_EXPORTER_OTLP_[<SIGNAL>_]PROTOCOL``, checked (default ``grpc``)."""
+    protocol = (_signal_setting(environ, signal, "PROTOCOL") or "grpc").strip()
+    if protocol not in OTLP_PROTOCOLS:
+        raise not_one_of(_variable_of(environ, signal, "PROTOCOL"), protocol,
+                          OTLP_PROTOCOLS)
+    return protocol
+
+
+def check_otlp_settings(environ: Mapping[str, str], signal: str) -> None:
+    """Raise :class:`ConfigurationError` for an OTLP protocol, compression or timeout
+    of ``signal`` that its exporter could not be built with."""
+    otlp_protocol(environ, signal)
+    compression = _signal_setting(environ, signal, "COMPRESSION")
+    if compression and compression.strip().lower() not in OTLP_COMPRESSIONS:
+        raise not_one_of(_variable_of(environ, signal, "COMPRESSION"),
+                         compression, OTLP_COMPRESSIONS)
+    timeout = _signal_setting(environ, signal, "TIMEOUT")
+    if timeout:
+        try:
+            ok = float(timeout) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ConfigurationError(
+                f"{_variable_of(environ, signal, 'TIMEOUT')}={timeout!r} is not a "
+                "positive number of seconds"
+            )
+
+
+def parse_headers(value: str | None) -> dict[str, str]:
+    """``OTEL_EXPORTER_OTLP_HEADERS`` format: ``k1=v1,k2=v2``, URL-encoded values."""
+    out = {}
+    for item in (value or "").split(","):
+        key, sep, val = item.partition("=")
+        if sep and key.strip():
+            out[unquote(key.strip()).lower()] = unquote(val.strip())
+        elif item.strip():
+            logger.warning("dask_otel_spans: ignoring malformed OTLP header %r", item)
+    return out
+
+
+def _signal_setting(
+    environ: Mapping[str, str], signal: str, name: str
+) -> str | None:
+    """``OTEL_EXPORTER_OTLP_<SIGNAL>_<NAME>``, else ``OTEL_EXPORTER_OTLP_<NAME>``."""
+    return environ.get(f"OTEL_EXPORTER_OTLP_{signal}_{name}") or environ.get(
+        f"OTEL_EXPORTER_OTLP_{name}"
+    )
+
+
+#: gRPC channel options of the OTLP exporters: reconnect to a collector that came
+#: back within seconds
+GRPC_CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 500),
+    ("grpc.max_reconnect_backoff_ms", 5000),
+)
+
+
+def otlp_exporter_kwargs(
+    environ: Mapping[str, str], signal: str, protocol: str
+) -> dict[str, Any]:
+    """Keyword arguments of the OTLP exporter of ``signal`` (``TRACES``, ``METRICS``
+    or ``LOGS``) from the standard variables in ``environ``; unset ones are left out
+    so that the exporter's own defaults apply."""
+    kwargs: dict[str, Any] = {}
+    path = {"TRACES": "v1/traces", "METRICS": "v1/metrics", "LOGS": "v1/logs"}[signal]
+    specific = environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
+    generic = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if specific:
+        kwargs["endpoint"] = specific
+    elif generic:
+        if protocol == "http/protobuf":
+            kwargs["endpoint"] = generic.rstrip("/") + "/" + path
+        else:
+            kwargs["endpoint"] = generic
+    headers = _signal_setting(environ, signal, "HEADERS")
+    if headers:
+        kwargs["headers"] = parse_headers(headers)
+    timeout = _signal_setting(environ, signal, "TIMEOUT")
+    if timeout:
+        # The Python exporters read this variable in seconds; so do we.
+        kwargs["timeout"] = float(timeout)
+    compression = _signal_setting(environ, signal, "COMPRESSION")
+    if compression:
+        kwargs["compression"] = _compression(compression.strip().lower(), protocol)
+    certificate = _signal_setting(environ, signal, "CERTIFICATE")
+    if protocol == "grpc":
+        # gRPC's default reconnect backoff grows to 120 s: after a collector outage
+        # the exporter would stay away long after the collector is back.
+        kwargs["channel_options"] = GRPC_CHANNEL_OPTIONS
+        insecure = _signal_setting(environ, signal, "INSECURE")
+        if insecure:
+            kwargs["insecure"] = insecure.strip().lower() == "true"
+        if certificate:
+            import grpc
+
+            with open(certificate, "rb") as f:
+                kwargs["credentials"] = grpc.ssl_channel_credentials(f.read())
+    elif certificate:
+        kwargs["certificate_file"] = certificate
+    return kwargs
+
+
+#: signal -> (class, module) of its OTLP exporter, in the gRPC and the HTTP package
+_OTLP_EXPORTERS = {
+    "TRACES": ("OTLPSpanExporter", "trace_exporter"),
+    "METRICS": ("OTLPMetricExporter", "metric_exporter"),
+    "LOGS": ("OTLPLogExporter", "_log_exporter"),
+}
+
+
+def otlp_exporter(environ: Mapping[str, str], signal: str) -> tuple[Any, str]:
+    """The OTLP exporter of ``signal`` (``TRACES``, ``METRICS``, ``LOGS``) over the
+    configured protocol, and where it sends, in words."""
+    protocol = otlp_protocol(environ, signal)
+    kwargs = otlp_exporter_kwargs(environ, signal, protocol)
+    cls, module = _OTLP_EXPORTERS[signal]
+    package = "grpc" if protocol == "grpc" else "http"
+    exporter = getattr(importlib.import_module(
+        f"opentelemetry.exporter.otlp.proto.{package}.{module}"), cls)(**kwargs)
+    return exporter, f"OTLP {protocol} to {kwargs.get('endpoint', 'the default endpoint')}"
+
+
+def _compression(value: str, protocol: str) -> Any:
+    if value not in OTLP_COMPRESSIONS:
+        raise ConfigurationError(
+            f"OTLP compression {value!r} is not one of {', '.join(OTLP_COMPRESSIONS)}"
+        )
+    if protocol == "grpc":
+        import grpc
+
+        return {
+            "gzip": grpc.Compression.Gzip,
+            "deflate": grpc.Compression.Deflate,
+            "none": grpc.Compression.NoCompression,
+        }[value]
+    from opentelemetry.exporter.otlp.proto.http import Compression
+
+    return {
+        "gzip": Compression.Gzip,
+        "deflate": Compression.Deflate,
+        "none": Compression.NoCompression,
+    }[value]
