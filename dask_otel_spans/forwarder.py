@@ -90,11 +90,15 @@ def collect_span_ids(keys: Any, span_of_key: Any, tasks: Mapping[Any, Any],
 
 def _note_collision(key: Any, ann: Any, chain: Any, tasks: Mapping[Any, Any],
                     collisions: set[tuple[str, str, str]]) -> None:
-    """Add the collision of ``key``'s tasks to ``collisions``, if there is one."""
+    """Add the collision of ``key``'s tasks to ``collisions``, if there is one (a
+    malformed chain says nothing: the export session says it is malformed)."""
     if not isinstance(chain, Mapping) or not chain:
         return
-    asked = next(reversed(chain))
-    ids = ann["ids"]
+    try:
+        asked = next(reversed(chain.keys()))
+        ids = tuple(ann["ids"])
+    except Exception:
+        return
     if asked in ids:
         return  # the asked span, or a plain distributed.span inside it
     ts = tasks.get(key)
