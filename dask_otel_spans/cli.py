@@ -1,8 +1,10 @@
 """``dask-otel-spans``: ``demo`` runs a small real workflow on a LocalCluster with the
-plugin and prints the exported span tree; ``tree PATH`` prints it from saved files."""
+plugins (scheduler and workers) and prints the exported span tree; ``tree PATH`` prints
+it from saved files."""
 from __future__ import annotations
 
 import argparse
+import glob
 import importlib
 import logging
 import os
@@ -31,9 +33,24 @@ def _top_activities(attributes: dict[str, Any], n: int = 3) -> str:
     return ", ".join(f"{a} {v:.3g}s" for v, a in seconds[:n])
 
 
+def _task_line(span: dict[str, Any], duration: float) -> str:
+    """A task span: ``✗`` and its exception when it erred."""
+    attrs = span["attributes"]
+    line = f"{attrs[names.TASK_KEY]}  {duration:.3f}s"
+    for event in span.get("events") or ():
+        if event.get("name") == names.EXCEPTION_EVENT:
+            fields = {a["key"]: a["value"].get("stringValue", "")
+                      for a in event.get("attributes") or ()}
+            message = fields.get(names.EXCEPTION_MESSAGE, "")
+            return (f"✗ {line}  {fields.get(names.EXCEPTION_TYPE, 'Exception')}"
+                    + (f": {message}" if message else ""))
+    return f"- {line}"
+
+
 def render_tree(spans: Sequence[dict[str, Any]]) -> str:
     """Text tree of OTLP/JSON spans (as from :func:`~dask_otel_spans.otlpjson.read_spans`):
-    per dask span its duration, task count and top activities; task prefixes below."""
+    per dask span its duration, task count and top activities; task prefixes below
+    (``·``), their task spans (``✗`` erred, ``-`` others) and spans made in tasks."""
     by_id = {(s.get("traceId"), s.get("spanId")): s for s in spans}
     children: dict[tuple, list[dict]] = defaultdict(list)
     roots = []
@@ -66,18 +83,25 @@ def render_tree(spans: Sequence[dict[str, Any]]) -> str:
                 + (f"  [{', '.join(flags)}]" if flags else "")
                 + (f"  | {top}" if top else "")
             )
+        elif names.TASK_KEY in attrs:
+            lines.append(f"{indent}{_task_line(s, duration)}")
         elif names.TASK_PREFIX in attrs:
             top = _top_activities(attrs, 2)
+            left_out = attrs.get(names.TASK_SPANS_LEFT_OUT)
             lines.append(
                 f"{indent}· {s['name']}  {duration:.3f}s  "
                 f"{attrs.get(names.TASK_GROUP_TASK_COUNT, 0)} tasks"
                 + (f"  | {top}" if top else "")
+                + (f"  (+{left_out} task spans left out)" if left_out else "")
             )
         else:
-            lines.append(f"{indent}{s['name']}  {duration:.3f}s  (client span)")
+            where = ("in a task" if s.get("resource", {}).get(names.WORKER_ADDRESS)
+                     else "client span")
+            lines.append(f"{indent}{s['name']}  {duration:.3f}s  ({where})")
         kids = children.get((s.get("traceId"), s.get("spanId")), [])
         # dask spans first, then task prefixes, each by start time
-        kids.sort(key=lambda k: (names.TASK_PREFIX in k["attributes"], start(k)))
+        kids.sort(key=lambda k: (names.TASK_PREFIX in k["attributes"]
+                                 and names.TASK_KEY not in k["attributes"], start(k)))
         for k in kids:
             walk(k, depth + 1)
 
@@ -93,16 +117,26 @@ def render_tree(spans: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _traces_path(path: str) -> str:
-    return os.path.join(path, TRACES_FILE) if os.path.isdir(path) else path
+def traces_files(path: str) -> list[str]:
+    """The traces files of ``path``: the file itself, or in a directory the
+    scheduler's and those of the worker processes below it (``workers/*/``)."""
+    if not os.path.isdir(path):
+        return [path]
+    return [os.path.join(path, TRACES_FILE),
+            *sorted(glob.glob(os.path.join(path, "workers", "*", TRACES_FILE)))]
+
+
+def read_all_spans(paths: Sequence[str]) -> list[dict[str, Any]]:
+    return [span for path in paths if os.path.exists(path) for span in read_spans(path)]
 
 
 def cmd_tree(args: argparse.Namespace) -> int:
-    path = _traces_path(args.path)
+    paths = traces_files(args.path)
+    path = paths[0]
     if not os.path.exists(path):
         print(f"no such file: {path}", file=sys.stderr)
         return 1
-    spans = read_spans(path)
+    spans = read_all_spans(paths)
     if not spans:
         print(f"no spans in {path}", file=sys.stderr)
         return 1
@@ -121,6 +155,18 @@ def _fit_model(i: int) -> int:
     with context_meter.meter("model-fit"):
         time.sleep(0.05)
     context_meter.digest_metric("rows-scored", 1000 + i, "rows")
+    return i
+
+
+def _validate(i: int) -> int:
+    """Task code with a span of its own (it joins the dask span's trace on a worker
+    with the worker plugin); every seventh record is bad and the task raises."""
+    from opentelemetry import trace
+
+    with trace.get_tracer("dask-otel-spans demo").start_as_current_span("check record"):
+        time.sleep(0.01)
+        if i % 7 == 3:
+            raise ValueError(f"record {i}: negative amount")
     return i
 
 
@@ -155,6 +201,8 @@ def run_workflow(client: Any) -> None:
             client.compute(total).result()
         with span("custom activity", "model fit"):
             client.gather(client.map(_fit_model, range(8)))
+        with span("validation"):
+            client.gather(client.map(_validate, range(8)), errors="skip")
 
 
 #: What the demo's workflow imports beyond the package's own dependencies: the
@@ -181,7 +229,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return 1
     from distributed import Client, LocalCluster
 
-    from dask_otel_spans import OTelSpansPlugin
+    from dask_otel_spans import OTelSpansPlugin, OTelWorkerPlugin
     from dask_otel_spans.client import wait_for_export
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
@@ -196,7 +244,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         client.register_plugin(
             OTelSpansPlugin(output_dir=args.output_dir, export_delay=0.5)
         )
+        # task code runs in its span's trace: spans made in tasks join it
+        client.register_plugin(OTelWorkerPlugin(output_dir=args.output_dir))
         address = cluster.scheduler_address
+        workers = set(client.scheduler_info()["workers"])
         t0 = time.time()
         with warnings.catch_warnings():
             # dask-expr warns about every annotation, distributed.span's included
@@ -213,9 +264,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"Traces went to {traces_to}; the demo prints the span tree from the "
               "embedded default's files")
         return 0
-    # the file collects every run in this directory: this run's scheduler only
-    spans = [s for s in read_spans(traces_to)
-             if s["resource"].get(names.SCHEDULER_ADDRESS) == address]
+    # the files collect every run in this directory: this run's scheduler and
+    # workers only (the workers' files are flushed as they close)
+    spans = [s for s in read_all_spans(traces_files(os.path.dirname(traces_to)))
+             if s["resource"].get(names.SCHEDULER_ADDRESS) == address
+             or s["resource"].get(names.WORKER_ADDRESS) in workers]
     if not spans:
         print("No spans were exported.", file=sys.stderr)
         return 1

@@ -35,6 +35,10 @@ def test_demo_prints_the_span_tree(demo_run):
                  "custom activity", "model fit", "· fit_model"):
         assert name in output
     assert "model-fit" in output  # the custom context_meter activity
+    # the task that raised, with its exception, and the spans made in tasks (the
+    # worker plugin), below the prefix span
+    assert "ValueError: record 3: negative amount" in output
+    assert output.count("check record") == 8 and "(in a task)" in output
 
 
 def test_demo_writes_embedded_default_files_and_says_where(demo_run):
@@ -101,6 +105,30 @@ def test_render_tree_nests_by_parent():
         "trace t",
         "  wf  2.000s  3 tasks  | thread-cpu 1.5s",
         "    · inc  1.000s  3 tasks",
+    ]
+
+
+def test_render_tree_shows_task_spans_and_spans_made_in_tasks():
+    spans = [
+        {"traceId": "t", "spanId": "2", "name": "inc", "startTimeUnixNano": "0",
+         "endTimeUnixNano": "1000000000",
+         "attributes": {"dask.task.prefix": "inc", "dask.task_group.task_count": 3,
+                        "dask.task_spans.left_out": 1}},
+        {"traceId": "t", "spanId": "3", "parentSpanId": "2", "name": "inc",
+         "startTimeUnixNano": "0", "endTimeUnixNano": "500000000",
+         "attributes": {"dask.task.prefix": "inc", "dask.task.key": "inc-1"},
+         "events": [{"name": "exception", "attributes": [
+             {"key": "exception.type", "value": {"stringValue": "KeyError"}},
+             {"key": "exception.message", "value": {"stringValue": "'a'"}}]}]},
+        {"traceId": "t", "spanId": "4", "parentSpanId": "2", "name": "GET",
+         "startTimeUnixNano": "600000000", "endTimeUnixNano": "700000000",
+         "attributes": {}, "resource": {"dask.worker.address": "tcp://w:1"}},
+    ]
+    assert render_tree(spans).splitlines() == [
+        "trace t",
+        "  · inc  1.000s  3 tasks  (+1 task spans left out)",
+        "    ✗ inc-1  0.500s  KeyError: 'a'",
+        "    GET  0.100s  (in a task)",
     ]
 
 
