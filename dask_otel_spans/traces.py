@@ -250,17 +250,19 @@ def prefix_fields(
         records, left_out = span.tasks.get(prefix, ((), 0))
         if left_out:
             attributes[names.TASK_SPANS_LEFT_OUT] = left_out
+        tasks = task_span_fields(
+            span.id, prefix, records, default_start=start, default_stop=stop,
+            record_exceptions=record_exceptions,
+        )
         out.append(
             PrefixSpanFields(
                 name=prefix,
                 span_id=prefix_span_id(span.id, prefix),
                 start_ns=to_ns(start),
-                end_ns=to_ns(stop),
+                # (an erred task counts in no group's stop: its span may end later)
+                end_ns=max([to_ns(stop), *(t.end_ns for t in tasks)]),
                 attributes=attributes,
-                tasks=task_span_fields(
-                    span.id, prefix, records, default_start=start,
-                    default_stop=stop, record_exceptions=record_exceptions,
-                ),
+                tasks=tasks,
             )
         )
     return out
@@ -351,7 +353,9 @@ def span_fields(
         name=span_display_name(span.name),
         ids=ids,
         start_ns=to_ns(start),
-        end_ns=to_ns(stop),
+        # (it covers its own task spans: an erred task counts in no group's stop)
+        end_ns=max([to_ns(stop), *(p.end_ns for p in prefixes),
+                    *(t.end_ns for t in tasks)]),
         attributes=attributes,
         error=_error(summary),
         prefixes=prefixes,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import uuid
+
 import pytest
 from distributed.spans import Span
 
@@ -251,3 +253,21 @@ def test_a_copy_holds_its_children_and_their_groups_and_metrics():
     assert copied_child.id == CHILD
     assert sorted(g.task_count for g in copied_child.groups) == [2, 8]
     assert copied_child.metrics[("execute", "read", "thread-cpu", "seconds")] == 3.0
+
+
+def test_a_prefix_span_and_its_dask_span_cover_an_erred_task_that_ended_later():
+    from dask_otel_spans.snapshot import GroupSnapshot, SpanSnapshot
+    from dask_otel_spans.task_sampling import TaskRecord
+    from dask_otel_spans.traces import SpanSummary, span_fields
+
+    group = GroupSnapshot("f", 1.0, 2.0, 0, 0.5, 2, 1)  # (the erred task not in stop)
+    erred = TaskRecord("f-1", "tcp://w:1", 1.5, 3.0, -1, (), "ValueError('x')", "")
+    snap = SpanSnapshot("s" * 32, ("wf",), 0.5, (group,), {}, (), (), [(0.0, 1)], 0,
+                        {"f": ([erred], 0)})
+    summary = SpanSummary(task_count=2, erred_count=1, start=1.0, stop=2.0)
+    ids = resolve_chain([str(uuid.uuid4())], {})
+    fields = span_fields(snap, ids, summary, now=10.0, complete=True,
+                         close_reason="client")
+    (prefix,) = fields.prefixes
+    assert prefix.tasks[0].end_ns == 3_000_000_000
+    assert prefix.end_ns == 3_000_000_000 and fields.end_ns == 3_000_000_000
