@@ -16,8 +16,12 @@ from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
 
 from dask_otel_spans import names
-from dask_otel_spans.otlp_exporters import otlp_exporter
-from dask_otel_spans.providers import build_resource, resolve_providers
+from dask_otel_spans.otlp_exporters import (
+    check_otlp_settings,
+    not_one_of,
+    otlp_exporter,
+)
+from dask_otel_spans.providers import build_resource, check_environ, resolve_providers
 
 logger = logging.getLogger(__name__)
 
@@ -51,14 +55,24 @@ def worker_resource_attributes(address: str, name: Any) -> dict[str, str]:
     return {names.WORKER_ADDRESS: str(address), names.WORKER_NAME: str(name)}
 
 
+def log_exporter_names(environ: Mapping[str, str]) -> list[str]:
+    """The exporters ``OTEL_LOGS_EXPORTER`` names (none when unset); raises
+    :class:`~dask_otel_spans.otlp_exporters.ConfigurationError` naming a value it
+    cannot use."""
+    names_ = [n.strip().lower() for n in environ.get("OTEL_LOGS_EXPORTER", "").split(",")
+              if n.strip()]
+    for name in names_:
+        if name not in LOG_EXPORTERS:
+            raise not_one_of("OTEL_LOGS_EXPORTER", name, LOG_EXPORTERS)
+    return names_
+
+
 def build_logger_provider(environ: Mapping[str, str], resource: Any
                           ) -> tuple[Any, str]:
     """A logger provider with one batch processor per exporter of
     ``OTEL_LOGS_EXPORTER`` (``otlp``, ``console``); ``(None, why)`` when it is unset
-    or ``none``. Raises ``ValueError`` naming a value it cannot use."""
-    chosen = [n.strip().lower() for n in environ.get("OTEL_LOGS_EXPORTER", "").split(",")
-              if n.strip()]
-    chosen = [n for n in chosen if n != "none"]
+    or ``none``."""
+    chosen = [n for n in log_exporter_names(environ) if n != "none"]
     if not chosen:
         return None, "nowhere (OTEL_LOGS_EXPORTER unset or none)"
     from opentelemetry.sdk._logs import LoggerProvider
@@ -73,13 +87,9 @@ def build_logger_provider(environ: Mapping[str, str], resource: Any
         if name == "otlp":
             exporter, description = otlp_exporter(environ, "LOGS")
             where.append(description)
-        elif name == "console":
+        else:  # (console: the names were checked)
             exporter = ConsoleLogExporter()
             where.append("the console")
-        else:
-            provider.shutdown()
-            raise ValueError(f"OTEL_LOGS_EXPORTER={name!r} is not one of "
-                             f"{', '.join(LOG_EXPORTERS)}")
         provider.add_log_record_processor(BatchLogRecordProcessor(exporter))
     return provider, ", ".join(where)
 
@@ -102,9 +112,14 @@ def worker_providers(
     """The process's SDK providers, or providers built from ``environ`` (default
     ``os.environ``) and installed as the global ones (the embedded default, with
     nothing configured: OTLP-JSON lines files in a directory of this process's
-    below ``output_dir``). Raises ``ValueError`` for a configuration that cannot
-    work (the caller logs it)."""
+    below ``output_dir``). Raises
+    :class:`~dask_otel_spans.otlp_exporters.ConfigurationError` for a configuration
+    that cannot work, before installing anything (the caller logs it)."""
     environ = os.environ if environ is None else environ
+    # (every value checked before anything is installed: a bad one installs nothing)
+    check_environ(environ)
+    if "otlp" in log_exporter_names(environ):
+        check_otlp_settings(environ, "LOGS")
     out = WorkerProviders()
     resource_attributes = worker_resource_attributes(address, name)
     built = resolve_providers(

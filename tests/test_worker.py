@@ -197,3 +197,19 @@ async def test_actors_still_work(c, s, a, b):
     counter = await c.submit(Counter, actor=True)
     assert await counter.add(2) == 2
     assert await counter.add(3) == 5
+
+
+@gen_cluster(client=True)
+async def test_a_setting_that_cannot_work_is_one_error_per_worker_and_tasks_keep_their_context(
+        c, s, a, b, caplog):
+    with caplog.at_level(logging.ERROR, logger="dask_otel_spans"):
+        await c.register_plugin(
+            OTelWorkerPlugin(environ={**NO_EXPORT, "OTEL_LOGS_EXPORTER": "bogus"})
+        )
+    errors = [r.getMessage() for r in caplog.records
+              if r.name.startswith("dask_otel_spans") and r.levelno >= logging.ERROR]
+    assert len(errors) == 2  # (one per worker)
+    assert "OTEL_LOGS_EXPORTER='bogus' is not one of otlp, console, none" in errors[0]
+    with span("etl") as span_id:
+        got = await c.submit(current_ids, 1, key="current_ids-1")
+    assert got[1] == prefix_span_id(span_id, "current_ids")
