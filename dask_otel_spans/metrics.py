@@ -186,11 +186,11 @@ class _Series:
 
     __slots__ = ("instrument", "attributes", "key", "context")
 
-    def __init__(self, instrument: Any, attributes: dict[str, Any],
-                 context: Context | None = None):
+    def __init__(self, instrument: Any, attributes: dict[str, Any]):
         self.instrument = instrument
         self.attributes = attributes
-        self.context = context
+        #: set by the caller for series whose points have exemplars
+        self.context: Context | None = None
         #: equal for equal (instrument, attributes): e.g. every span past the
         #: span-name cap lands in the same ``__other__`` series
         self.key = (id(instrument), *attributes.values())

@@ -27,10 +27,14 @@ from dask_otel_spans.propagation import parse_carried, resolve_chain
 from dask_otel_spans.task_sampling import SLOWEST
 from dask_otel_spans.tracking.readiness import ReadinessTracker
 from dask_otel_spans.tracking.records import carried_for_translation
-from dask_otel_spans.tracking.tree import RECENT_TAGS, SpanTree
+from dask_otel_spans.tracking.tree import SpanTree
 from dask_otel_spans.wire import span_tags_of
 
 logger = logging.getLogger(__name__)
+
+#: Traces of spans remembered for the exemplars of their metric points (the spans
+#: that reported lately: heartbeats name the spans that ran since the last one)
+MAX_TRACES = 10_000
 
 
 class ExportSession(BackgroundQueue):
@@ -245,7 +249,7 @@ class ExportSession(BackgroundQueue):
                 chain = resolve_chain(rec.ids, parse_carried(carried) or {})
                 ids = (chain.trace_id, chain.span_id, int(chain.trace_flags))
                 known[span_id] = ids
-                while len(known) > RECENT_TAGS:
+                while len(known) > MAX_TRACES:
                     known.popitem(last=False)
             out[span_id] = ids
         return out
