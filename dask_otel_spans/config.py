@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, fields, replace
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal, Union
 
 import dask.config
@@ -30,13 +32,6 @@ def _load_defaults() -> dict[str, Any]:
 DEFAULTS: dict[str, Any] = _load_defaults()
 
 
-def _shipped_default(key: str) -> Any:
-    node: Any = DEFAULTS[NAMESPACE]
-    for part in key.split("."):
-        node = node[part]
-    return node
-
-
 #: ``export-process``: True, False, or ``"auto"`` (the export process wherever the
 #: providers are built from configuration)
 ExportProcessSetting = Union[bool, Literal["auto"]]
@@ -47,59 +42,208 @@ EXPORT_PROCESS_AUTO: Literal["auto"] = "auto"
 #: (``SCHED_BATCH``: never preempts a running thread when it wakes), ``normal`` (as
 #: the scheduler)
 CPU_POLICIES = ("idle", "batch", "normal")
-CPU_POLICY_DEFAULT = _shipped_default("export-process-cpu-policy")
-TASK_SPANS_DEFAULT = _shipped_default("task-spans")
 
 _TRUE_WORDS = frozenset({"true", "yes", "on", "1"})
 _FALSE_WORDS = frozenset({"false", "no", "off", "0"})
+_NULL_WORDS = frozenset({"", "null", "none"})
 
 
-def parse_export_process(value: Any) -> ExportProcessSetting:
-    """``export-process`` as True, False or ``"auto"``, from a boolean or the words
-    an environment variable gives (``DASK_OTEL_SPANS__EXPORT_PROCESS=false``).
+class SettingError(ValueError):
+    """A value a setting cannot take (the message says what it accepts)."""
 
-    Anything else is logged and taken as ``"auto"``.
-    """
+
+def _word(value: Any) -> str:
+    if not isinstance(value, (str, bool, int)):
+        raise SettingError(type(value).__name__)
+    return str(value).strip().lower()
+
+
+def _flag(value: Any) -> bool:
     if isinstance(value, bool):
         return value
-    word = str(value).strip().lower()
-    if word == EXPORT_PROCESS_AUTO:
-        return EXPORT_PROCESS_AUTO
+    word = _word(value)
     if word in _TRUE_WORDS:
         return True
     if word in _FALSE_WORDS:
         return False
-    logger.warning(
-        "dask_otel_spans: otel-spans.export-process must be true, false or auto, not "
-        "%r; using auto", value,
-    )
-    return EXPORT_PROCESS_AUTO
+    raise SettingError(word)
 
 
-def parse_cpu_policy(value: Any) -> str:
-    """``export-process-cpu-policy`` as one of :data:`CPU_POLICIES`; anything else is
-    logged and taken as the default."""
-    word = str(value).strip().lower()
-    if word in CPU_POLICIES:
+def _choice(*options: str) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        word = _word(value)
+        if word not in options:
+            raise SettingError(word)
         return word
-    logger.warning(
-        "dask_otel_spans: otel-spans.export-process-cpu-policy must be one of %s, not "
-        "%r; using %s", ", ".join(CPU_POLICIES), value, CPU_POLICY_DEFAULT,
-    )
-    return CPU_POLICY_DEFAULT
+
+    return parse
 
 
-def parse_task_spans(value: Any) -> str:
-    """``task-spans`` as one of :data:`~dask_otel_spans.task_sampling.TASK_SPAN_MODES`;
-    anything else is logged and taken as the default."""
-    word = str(value).strip().lower()
-    if word in TASK_SPAN_MODES:
-        return word
-    logger.warning(
-        "dask_otel_spans: otel-spans.task-spans must be one of %s, not %r; using %s",
-        ", ".join(TASK_SPAN_MODES), value, TASK_SPANS_DEFAULT,
-    )
-    return TASK_SPANS_DEFAULT
+def _export_process(value: Any) -> ExportProcessSetting:
+    if not isinstance(value, bool) and _word(value) == EXPORT_PROCESS_AUTO:
+        return EXPORT_PROCESS_AUTO
+    return _flag(value)
+
+
+def _duration(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise SettingError(type(value).__name__)
+    try:
+        seconds = float(parse_timedelta(value, default="seconds"))
+    except (KeyError, ValueError, TypeError, AttributeError):
+        raise SettingError(value) from None
+    if not seconds >= 0:  # (negative or NaN)
+        raise SettingError(value)
+    return seconds
+
+
+def _count(minimum: int) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        if isinstance(value, bool):
+            raise SettingError(value)
+        if isinstance(value, str):
+            try:
+                value = int(value.strip())
+            except ValueError:
+                raise SettingError(value) from None
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, int) or value < minimum:
+            raise SettingError(value)
+        return value
+
+    return parse
+
+
+def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def parse_or_null(value: Any) -> Any:
+        if value is None or (isinstance(value, str) and value.strip().lower() in _NULL_WORDS):
+            return None
+        return parse(value)
+
+    return parse_or_null
+
+
+def _directory(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip() or "\x00" in value:
+        raise SettingError(value)
+    return value
+
+
+_FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def _factory(value: Any) -> str:
+    if not isinstance(value, str) or not _FACTORY.match(value.strip()):
+        raise SettingError(value)
+    return value.strip()
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One key of the ``otel-spans`` namespace: how its values are read.
+
+    Parameters
+    ----------
+    key:
+        The key below ``otel-spans`` (``"export-delay"``, ``"metrics.max-series"``)
+    field:
+        The :class:`PluginConfig` field (and the plugin's keyword argument)
+    parse:
+        Turns a value from any source into the field's value; raises
+        :class:`SettingError` for a value the setting cannot take
+    accepts:
+        What it accepts, in words (for the error line)
+    """
+
+    key: str
+    field: str
+    parse: Callable[[Any], Any]
+    accepts: str
+
+    @property
+    def shipped(self) -> Any:
+        """The default as ``otel-spans.yaml`` writes it."""
+        node: Any = DEFAULTS[NAMESPACE]
+        for part in self.key.split("."):
+            node = node[part]
+        return node
+
+    @property
+    def default(self) -> Any:
+        """The shipped default, parsed."""
+        return self.parse(self.shipped)
+
+    def read(self, value: Any) -> Any:
+        """``value`` parsed; a value the setting cannot take is one ERROR line
+        (the setting, the value, what it accepts, the default) and the default."""
+        try:
+            return self.parse(value)
+        except SettingError:
+            shipped = self.shipped
+            logger.error(
+                "dask_otel_spans: otel-spans.%s cannot be %r: it accepts %s; using the "
+                "default, %s", self.key, value, self.accepts,
+                "null" if shipped is None else shipped,
+            )
+            return self.default
+
+
+_DURATION = "a non-negative duration (seconds, or e.g. '500ms', '5s', '10 minutes')"
+
+#: Every setting of the ``otel-spans`` namespace, the only place values are parsed
+SETTINGS: tuple[Setting, ...] = (
+    Setting("export-delay", "export_delay", _duration, _DURATION),
+    Setting("idle-timeout", "idle_timeout", _duration, _DURATION),
+    Setting("lazy-timeout", "lazy_timeout", _duration, _DURATION),
+    Setting("prefix-spans", "prefix_spans", _flag, "true or false"),
+    Setting("task-spans", "task_spans", _choice(*TASK_SPAN_MODES),
+            "one of " + ", ".join(TASK_SPAN_MODES)),
+    Setting("max-task-spans", "max_task_spans", _count(0), "a whole number, 0 or more"),
+    Setting("record-exceptions", "record_exceptions", _flag, "true or false"),
+    Setting("include-code", "include_code", _flag, "true or false"),
+    Setting("max-code-length", "max_code_length", _count(0),
+            "a whole number of characters, 0 or more"),
+    Setting("metrics.span-name-depth", "span_name_depth", _optional(_count(1)),
+            "null (all tags) or a whole number, 1 or more"),
+    Setting("metrics.max-span-names", "max_span_names", _count(0),
+            "a whole number, 0 or more"),
+    Setting("metrics.max-series", "max_series", _optional(_count(1)),
+            "null (no cap) or a whole number, 1 or more"),
+    Setting("output-dir", "output_dir", _directory, "a directory path"),
+    Setting("export-process", "export_process", _export_process,
+            "true, false or auto"),
+    Setting("export-process-cpu-policy", "export_process_cpu_policy",
+            _choice(*CPU_POLICIES), "one of " + ", ".join(CPU_POLICIES)),
+    Setting("forward-budget", "forward_budget", _count(1),
+            "a whole number of messages, 1 or more"),
+    Setting("shutdown-timeout", "shutdown_timeout", _duration, _DURATION),
+    Setting("providers", "providers", _optional(_factory),
+            "null or 'package.module:callable'"),
+)
+_BY_KEY = {s.key: s for s in SETTINGS}
+_BY_FIELD = {s.field: s for s in SETTINGS}
+
+
+def setting(key: str) -> Any:
+    """The value of ``otel-spans.<key>`` in the current dask config, parsed (a value
+    it cannot take: one ERROR line, and the default)."""
+    spec = _BY_KEY[key]
+    return spec.read(dask.config.get(f"{NAMESPACE}.{key}", default=spec.default))
+
+
+def _unknown_keys(node: Any, known: Any, prefix: str = "") -> list[str]:
+    """Keys of the dask config namespace ``node`` that are not settings."""
+    if not isinstance(node, Mapping):
+        return []
+    out = []
+    for key, value in node.items():
+        name = str(key).replace("_", "-")
+        if not isinstance(known, Mapping) or name not in known:
+            out.append(prefix + name)
+        elif isinstance(known[name], Mapping):
+            out.extend(_unknown_keys(value, known[name], f"{prefix}{name}."))
+    return out
 
 
 #: Seconds between two ticks: the scheduler forwards what changed, and the export
@@ -138,77 +282,21 @@ class PluginConfig:
 
     @classmethod
     def from_dask_config(cls, **overrides: Any) -> PluginConfig:
-        """Read the ``otel-spans`` namespace; keyword arguments win over it."""
-
-        def get(key: str) -> Any:
-            return dask.config.get(f"{NAMESPACE}.{key}", default=_shipped_default(key))
-
-        def seconds(key: str) -> float:
-            return float(parse_timedelta(get(key), default="seconds"))
-
-        known = {f.name for f in fields(cls)}
-        unknown = set(overrides) - known
+        """Read the ``otel-spans`` namespace; keyword arguments (by field name) win
+        over it. Every value, from either, goes through its :class:`Setting`: one it
+        cannot take is one ERROR line and the default. A key of the namespace that is
+        not a setting is one ERROR line too (a misspelt key would do nothing)."""
+        unknown = set(overrides) - set(_BY_FIELD)
         if unknown:
             raise TypeError(f"Unknown otel-spans settings: {sorted(unknown)}")
-        depth = get("metrics.span-name-depth")
-        series = get("metrics.max-series")
-        factory = get("providers")
-        cfg = cls(
-            export_delay=seconds("export-delay"),
-            idle_timeout=seconds("idle-timeout"),
-            lazy_timeout=seconds("lazy-timeout"),
-            prefix_spans=bool(get("prefix-spans")),
-            task_spans=parse_task_spans(get("task-spans")),
-            max_task_spans=max(0, int(get("max-task-spans"))),
-            record_exceptions=bool(get("record-exceptions")),
-            include_code=bool(get("include-code")),
-            max_code_length=int(get("max-code-length")),
-            span_name_depth=None if depth in (None, "", "null") else int(depth),
-            max_span_names=int(get("metrics.max-span-names")),
-            max_series=None if series in (None, "", "null") else int(series),
-            output_dir=str(get("output-dir")),
-            export_process=parse_export_process(get("export-process")),
-            export_process_cpu_policy=parse_cpu_policy(
-                get("export-process-cpu-policy")
-            ),
-            forward_budget=int(get("forward-budget")),
-            shutdown_timeout=seconds("shutdown-timeout"),
-            providers=str(factory) if factory not in (None, "", "null") else None,
-        )
-        if "export_process" in overrides:
-            overrides = {
-                **overrides,
-                "export_process": parse_export_process(overrides["export_process"]),
-            }
-        if "task_spans" in overrides:
-            overrides = {
-                **overrides, "task_spans": parse_task_spans(overrides["task_spans"])
-            }
-        if "export_process_cpu_policy" in overrides:
-            overrides = {
-                **overrides,
-                "export_process_cpu_policy": parse_cpu_policy(
-                    overrides["export_process_cpu_policy"]
-                ),
-            }
-        cfg = replace(cfg, **overrides) if overrides else cfg
-        return cfg._without_negative_durations()
-
-    def _without_negative_durations(self) -> PluginConfig:
-        """The settings, a negative duration replaced by its default (said once)."""
-        fixed = {}
-        for key in DURATIONS:
-            name = key.replace("-", "_")
-            value = getattr(self, name)
-            if value < 0:
-                default = float(parse_timedelta(_shipped_default(key), default="seconds"))
-                logger.error(
-                    "dask_otel_spans: otel-spans.%s must not be negative, not %gs; "
-                    "using the default, %gs", key, value, default,
-                )
-                fixed[name] = default
-        return replace(self, **fixed) if fixed else self
+        for key in _unknown_keys(dask.config.get(NAMESPACE, default={}),
+                                 DEFAULTS[NAMESPACE]):
+            logger.error("dask_otel_spans: otel-spans.%s is not a setting; ignored "
+                         "(the settings: %s)", key, ", ".join(_BY_KEY))
+        return cls(**{
+            s.field: s.read(overrides[s.field]) if s.field in overrides
+            else setting(s.key)
+            for s in SETTINGS
+        })
 
 
-#: The settings that are durations
-DURATIONS = ("export-delay", "idle-timeout", "lazy-timeout", "shutdown-timeout")

@@ -8,7 +8,7 @@ import dask
 import pytest
 from distributed import span as dask_span
 from distributed.metrics import context_meter
-from distributed.utils_test import gen_cluster, inc
+from distributed.utils_test import gen_cluster, gen_test, inc
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -216,4 +216,32 @@ async def test_a_negative_duration_is_said_once_and_its_default_used(c, s, a, b,
     assert plugin.config.export_delay == 1.0
     [line] = [r.getMessage() for r in caplog.records
               if r.name.startswith("dask_otel_spans")]
-    assert "otel-spans.export-delay must not be negative, not -2s" in line
+    assert "otel-spans.export-delay cannot be -2" in line
+    assert "using the default, 1s" in line
+
+
+@pytest.mark.parametrize("key, value", [("export-delay", "abc"), ("export-delay", "-1s"),
+                                        ("max-task-spans", "ten")])
+@gen_test()
+async def test_a_preloaded_plugin_with_a_bad_setting_runs_on_its_default(
+    key, value, tmp_path, caplog
+):
+    """``dask scheduler --preload dask_otel_spans`` with a bad ``DASK_OTEL_SPANS__*``:
+    one ERROR line, and the scheduler has the plugin (distributed's preloading
+    would log a traceback and go on without it if the plugin's constructor raised)."""
+    from distributed import Scheduler
+
+    from dask_otel_spans import OTelSpansPlugin
+
+    with dask.config.set({f"otel-spans.{key}": value,
+                          "otel-spans.output-dir": str(tmp_path),
+                          "otel-spans.export-process": False}):
+        with caplog.at_level(logging.WARNING):
+            async with Scheduler(dashboard_address=":0",
+                                 preload=["dask_otel_spans"]) as s:
+                plugin = s.plugins.get(names.PLUGIN_NAME)
+                assert isinstance(plugin, OTelSpansPlugin)
+                assert plugin.transport is not None
+    [error] = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert error.startswith(f"dask_otel_spans: otel-spans.{key} cannot be {value!r}")
+    assert "Failed to start preload" not in caplog.text
