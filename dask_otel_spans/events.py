@@ -40,7 +40,9 @@ class GroupRunning(NamedTuple):
 
 class GroupDone(NamedTuple):
     """Every task of the group settled; ``figures`` as
-    :func:`~dask_otel_spans.snapshot.snapshot_group`."""
+    :func:`~dask_otel_spans.snapshot.done_figures`: the group's, then the earliest
+    start and the latest stop of the compute of its tasks that erred since it was
+    last done."""
 
     span_id: str
     group: int

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from distributed.utils import key_split_group
 
 from dask_otel_spans import events
-from dask_otel_spans.snapshot import snapshot_group
+from dask_otel_spans.snapshot import done_figures
 from dask_otel_spans.task_sampling import NONE, TaskSampler
 from dask_otel_spans.tracking.verdicts import group_done
 
@@ -177,6 +177,7 @@ class SpanForwarder:
         self.pending.extend(previous.pending)
         previous.pending.clear()
         self.sampler.groups.update(previous.sampler.groups)
+        self.sampler.erred_windows.update(previous.sampler.erred_windows)
         for name in ("n_known", "touched", "erred", "running_forwarded", "code_sent",
                      "workers", "forwarded_spans", "forwarded_before_adoption",
                      "forwarded_groups"):
@@ -280,10 +281,13 @@ class SpanForwarder:
                 yield
             span_id = tg.span_id
             if span_id is None:
+                if group_done(tg):
+                    self.sampler.take_erred_window(tg)  # (no span to tell)
                 continue
             if group_done(tg):
                 running_forwarded.discard(tg)
-                out.append((events.DONE, span_id, id(tg), snapshot_group(tg)))
+                out.append((events.DONE, span_id, id(tg),
+                            done_figures(tg, self.sampler.take_erred_window(tg))))
                 self._tasks_of(tg, span_id, out)
             elif tg not in running_forwarded:
                 running_forwarded.add(tg)
@@ -307,6 +311,7 @@ class SpanForwarder:
             if tg.span_id is not None:
                 self._tasks_of(tg, tg.span_id, out)
         self.sampler.groups.clear()
+        self.sampler.erred_windows.clear()
         self._send(out)
 
     def _code_of(self, span_ids: list[str], out: list[tuple[Any, ...]]) -> None:
@@ -372,7 +377,8 @@ class SpanForwarder:
         self.forwarded_spans += 1
         for tg in list(span.groups):
             if group_done(tg):
-                out.append((events.DONE, span.id, id(tg), snapshot_group(tg)))
+                out.append((events.DONE, span.id, id(tg),
+                            done_figures(tg, self.sampler.take_erred_window(tg))))
             else:  # (the ticks need not send it again)
                 self.running_forwarded.add(tg)
                 out.append((events.RUN, span.id, id(tg), str(tg.prefix.name)))

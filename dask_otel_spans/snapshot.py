@@ -16,6 +16,8 @@ class GroupSnapshot(NamedTuple):
     plain tuple of these fields, in this order: :func:`snapshot_group`)."""
 
     prefix: str
+    #: earliest start and latest stop of its tasks' compute; copied from the span
+    #: tree copy, those of its tasks that erred included (see :func:`done_figures`)
     start: float
     stop: float
     nbytes_total: int
@@ -61,6 +63,15 @@ def snapshot_group(tg: Any) -> tuple[Any, ...]:
         sum(states.values()),
         states.get("erred", 0),
     )
+
+
+def done_figures(tg: Any, erred_window: tuple[float, float]) -> tuple[Any, ...]:
+    """The figures of a done ``TaskGroup`` as the ``done`` message carries them:
+    :func:`snapshot_group`'s, then ``erred_window``, the earliest start and the
+    latest stop of the compute of its tasks that erred (``(0.0, 0.0)`` when none
+    reported one): dask's ``start`` and ``stop`` count the tasks that finished
+    only."""
+    return (*snapshot_group(tg), *erred_window)
 
 
 def snapshot_span(

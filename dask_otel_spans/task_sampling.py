@@ -72,15 +72,22 @@ def task_record(key: Any, kwargs: Mapping[str, Any], erred: bool) -> TaskRecord:
     )
 
 
-def compute_seconds(kwargs: Mapping[str, Any]) -> float:
-    """How long the task's compute action took (0 when not reported)."""
+def compute_times(kwargs: Mapping[str, Any]) -> tuple[float, float]:
+    """The task's compute action's ``(start, stop)``; ``(0.0, 0.0)`` when the worker
+    reported none."""
     for ss in kwargs.get("startstops") or ():
         try:
             if ss["action"] == "compute":
-                return float(ss["stop"]) - float(ss["start"])
+                return float(ss["start"]), float(ss["stop"])
         except (KeyError, TypeError, ValueError):
-            return 0.0
-    return 0.0
+            return 0.0, 0.0
+    return 0.0, 0.0
+
+
+def compute_seconds(kwargs: Mapping[str, Any]) -> float:
+    """How long the task's compute action took (0 when not reported)."""
+    start, stop = compute_times(kwargs)
+    return stop - start
 
 
 class GroupTasks:
@@ -109,6 +116,11 @@ class TaskSampler:
     The hooks call :meth:`erred` for each task that erred and, under ``slowest``
     and ``all`` only, :attr:`finished` for each that finished (None otherwise, so
     that a graph without errors costs nothing more under ``erred``).
+
+    Whatever ``mode`` and ``cap`` say, :meth:`erred` also widens the group's
+    :attr:`erred_windows` (two floats per group): dask's ``TaskGroup`` takes its
+    ``start`` and ``stop`` from the tasks that finished only, so the times of a
+    prefix whose tasks erred come from here.
     """
 
     def __init__(self, mode: str, cap: int):
@@ -122,6 +134,9 @@ class TaskSampler:
             {SLOWEST: self._slowest, ALL: self._first}.get(mode) if on else None
         )
         self.groups: dict[Any, GroupTasks] = {}
+        #: task group -> ``[earliest start, latest stop]`` of the compute of its
+        #: tasks that erred since :meth:`take_erred_window` last took it
+        self.erred_windows: dict[Any, list[float]] = {}
         self._tie = itertools.count()
 
     def _of(self, group: Any) -> GroupTasks:
@@ -131,6 +146,19 @@ class TaskSampler:
         return tasks
 
     def erred(self, group: Any, key: Any, kwargs: Mapping[str, Any]) -> None:
+        """A task of ``group`` erred while it ran (``processing -> erred``):
+        its compute times widen the group's erred window; its record is kept
+        when ``mode`` keeps erred tasks and the cap leaves room. O(1)."""
+        start, stop = compute_times(kwargs)
+        if stop:
+            window = self.erred_windows.get(group)
+            if window is None:
+                self.erred_windows[group] = [start, stop]
+            else:
+                if start < window[0]:
+                    window[0] = start
+                if stop > window[1]:
+                    window[1] = stop
         if not self.keeps_erred:
             return
         tasks = self._of(group)
@@ -159,6 +187,13 @@ class TaskSampler:
     def take(self, group: Any) -> GroupTasks | None:
         """The tasks kept of ``group`` since it was last taken, forgotten here."""
         return self.groups.pop(group, None)
+
+    def take_erred_window(self, group: Any) -> tuple[float, float]:
+        """``(earliest start, latest stop)`` of the compute of the tasks of
+        ``group`` that erred since it was last taken (``(0.0, 0.0)`` when none
+        reported one), forgotten here."""
+        window = self.erred_windows.pop(group, None)
+        return (window[0], window[1]) if window is not None else (0.0, 0.0)
 
 
 class PrefixTasks:

@@ -4,6 +4,7 @@ task span fields: times, attributes, action events, and an erred task's status a
 from __future__ import annotations
 
 import ast
+import builtins
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -46,11 +47,39 @@ class TaskSpanFields:
     error: str | None
 
 
+def exception_message(kind: str, args: tuple[Any, ...]) -> str:
+    """``str(e)`` of an exception of the type named ``kind`` made with ``args``.
+
+    A built-in type is made again from ``args`` (literals only) and asked, so that
+    the types whose ``str`` is not their argument's say what they say:
+    ``KeyError('k')`` gives ``'k'`` (quoted), ``FileNotFoundError(2, 'No such file')``
+    ``[Errno 2] No such file``. Another type is taken to keep
+    ``BaseException.__str__``: its one argument as ``str``, the tuple of several,
+    nothing without (its own ``__str__``, if it has one, is not known here).
+    """
+    cls = getattr(builtins, kind, None)
+    if isinstance(cls, type) and issubclass(cls, BaseException):
+        try:
+            return str(cls(*args))
+        except Exception:
+            pass  # (arguments the type does not take: as BaseException says)
+    if len(args) == 1:
+        return str(args[0])
+    return str(args) if args else ""
+
+
 def exception_parts(text: str) -> tuple[str, str]:
-    """``(type, message)`` of an exception from its ``repr`` (what the worker sends
-    as ``exception_text``): ``ValueError('boom')`` gives ``("ValueError", "boom")``,
-    as ``type(e).__name__`` and ``str(e)`` would. A ``repr`` of another shape gives
-    ``("Exception", text)``."""
+    """``(type, message)`` of an exception from its ``repr``, as ``type(e).__name__``
+    and ``str(e)`` would give them: ``ValueError('boom')`` gives
+    ``("ValueError", "boom")``, ``KeyError('k')`` ``("KeyError", "'k'")`` (see
+    :func:`exception_message`). A ``repr`` of another shape gives
+    ``("Exception", text)``.
+
+    The scheduler hears of an erred task its exception pickled (not unpickled
+    there: the class may not even be importable) and as ``exception_text``, which
+    is ``repr(e)`` (``distributed.core.error_message``): no ``str(e)`` comes with
+    it, so it is worked out from the ``repr``.
+    """
     match = _REPR.fullmatch(text.strip())
     if match is None:
         return "Exception", text
@@ -59,9 +88,7 @@ def exception_parts(text: str) -> tuple[str, str]:
         args = ast.literal_eval(f"({inner},)") if inner.strip() else ()
     except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
         return kind, inner
-    if len(args) == 1:
-        return kind, str(args[0])
-    return kind, str(args) if args else ""
+    return kind, exception_message(kind, args)
 
 
 def exception_attributes(record: TaskRecord, with_details: bool) -> dict[str, Any]:
@@ -72,9 +99,10 @@ def exception_attributes(record: TaskRecord, with_details: bool) -> dict[str, An
     attributes: dict[str, Any] = {names.EXCEPTION_TYPE: kind}
     if with_details:
         attributes[names.EXCEPTION_MESSAGE] = message
+        # (Python's last line: the type alone when the message is empty)
+        last = f"{kind}: {message}" if message else kind
         attributes[names.EXCEPTION_STACKTRACE] = (
-            "Traceback (most recent call last):\n"
-            f"{record.traceback or ''}{kind}: {message}"
+            f"Traceback (most recent call last):\n{record.traceback or ''}{last}"
         )
     return attributes
 

@@ -221,7 +221,10 @@ def prefix_fields(
     record_exceptions: bool = True,
 ) -> list[PrefixSpanFields]:
     """One child span per task prefix among the span's own groups (merged), with
-    the task spans of the tasks the span kept of it."""
+    the task spans of the tasks the span kept of it. Its times are those of its
+    groups' compute (the span tree copy's groups count their erred tasks in);
+    a prefix none of whose tasks reported a compute takes ``default_start`` and
+    ``default_stop``."""
     by_prefix: dict[str, list[GroupSnapshot]] = defaultdict(list)
     for tg in span.groups:
         by_prefix[tg.prefix].append(tg)
@@ -259,7 +262,7 @@ def prefix_fields(
                 name=prefix,
                 span_id=prefix_span_id(span.id, prefix),
                 start_ns=to_ns(start),
-                # (an erred task counts in no group's stop: its span may end later)
+                # (it covers its task spans, whatever the groups' figures say)
                 end_ns=max([to_ns(stop), *(t.end_ns for t in tasks)]),
                 attributes=attributes,
                 tasks=tasks,
@@ -353,7 +356,7 @@ def span_fields(
         name=span_display_name(span.name),
         ids=ids,
         start_ns=to_ns(start),
-        # (it covers its own task spans: an erred task counts in no group's stop)
+        # (it covers its own task spans, whatever the groups' figures say)
         end_ns=max([to_ns(stop), *(p.end_ns for p in prefixes),
                     *(t.end_ns for t in tasks)]),
         attributes=attributes,

@@ -121,8 +121,26 @@ def test_a_touched_group_is_forwarded_running_then_done_with_its_figures(tree, s
     groups = [item for item in sink.items if item[0] in ("run", "done")]
     assert groups == [
         ("run", "c", id(group), "inc"),
-        ("done", "c", id(group), ("inc", 1.0, 2.0, 28, 0.5, 1, 0)),
+        ("done", "c", id(group), ("inc", 1.0, 2.0, 28, 0.5, 1, 0, 0.0, 0.0)),
     ]
+
+
+def test_a_done_group_carries_the_compute_times_of_its_erred_tasks(tree, sink):
+    """Under ``task-spans: none`` too: dask's TaskGroup counts them in no
+    ``start`` or ``stop``; the transition hook hands them to the sampler."""
+    group = Group("div-1", "c", running=0, memory=0)
+    group.start = group.stop = 0.0  # (no task of it finished)
+    forwarder = forwarder_of(tree, sink)  # (its sampler keeps no task)
+    for key, start, stop in [("div-1-0", 3.0, 3.5), ("div-1-1", 2.5, 3.2)]:
+        forwarder.sampler.erred(group, key, {"startstops": [
+            {"action": "compute", "start": start, "stop": stop}
+        ]})
+    forwarder.erred[group] = 2
+    forwarder.touched.add(group)
+    forwarder.tick(2)
+    (done,) = [item for item in sink.items if item[0] == "done"]
+    assert done[3][1:3] == (0.0, 0.0) and done[3][-2:] == (2.5, 3.5)
+    assert forwarder.sampler.erred_windows == {}
 
 
 def test_a_group_touched_many_times_in_a_tick_is_forwarded_once(tree, sink):

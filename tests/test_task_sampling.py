@@ -2,7 +2,10 @@
 becomes its span's fields."""
 from __future__ import annotations
 
+import traceback
+
 import pytest
+from distributed.core import error_message
 
 from dask_otel_spans import names
 from dask_otel_spans.task_sampling import (
@@ -16,7 +19,11 @@ from dask_otel_spans.task_sampling import (
     TaskSampler,
     task_record,
 )
-from dask_otel_spans.task_spans import exception_parts, task_span_fields
+from dask_otel_spans.task_spans import (
+    exception_attributes,
+    exception_parts,
+    task_span_fields,
+)
 
 
 def finished(seconds: float, start: float = 100.0, **extra) -> dict:
@@ -49,6 +56,43 @@ def test_exception_type_and_message_are_read_from_its_repr(text, expected):
     assert exception_parts(text) == expected
 
 
+#: Exceptions whose ``str`` is their argument, is not (KeyError quotes it, OSError
+#: says its errno), or is the tuple of their arguments
+EXCEPTIONS = [
+    KeyError("bad record 3"), KeyError(3), KeyError(), ValueError("boom"),
+    ValueError("bad", 3), KeyError("a", 2), FileNotFoundError(2, "No such file"),
+    UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"),
+]
+EXCEPTION_IDS = [repr(e) for e in EXCEPTIONS]
+
+
+def sent_by_a_worker(exc: BaseException) -> dict:
+    """The erred task's ``transition`` keyword arguments for ``exc`` raised in a
+    task: ``exception_text`` and ``traceback_text`` as dask's worker makes them."""
+    try:
+        raise exc
+    except BaseException as e:
+        msg = error_message(e)
+    return {**erred(), "exception_text": msg["exception_text"],
+            "traceback_text": msg["traceback_text"]}
+
+
+@pytest.mark.parametrize("exc", EXCEPTIONS, ids=EXCEPTION_IDS)
+def test_exception_message_is_str_of_the_exception_the_worker_sent(exc):
+    record = task_record("f-1", sent_by_a_worker(exc), True)
+    attributes = exception_attributes(record, with_details=True)
+    assert attributes[names.EXCEPTION_TYPE] == type(exc).__name__
+    assert attributes[names.EXCEPTION_MESSAGE] == str(exc)
+
+
+@pytest.mark.parametrize("exc", EXCEPTIONS, ids=EXCEPTION_IDS)
+def test_the_stacktrace_ends_with_the_exception_line_python_prints(exc):
+    record = task_record("f-1", sent_by_a_worker(exc), True)
+    trace = exception_attributes(record, with_details=True)[names.EXCEPTION_STACKTRACE]
+    (line,) = traceback.format_exception_only(type(exc), exc)
+    assert trace.endswith("\n" + line.rstrip("\n"))
+
+
 def test_a_record_has_the_compute_times_and_the_other_actions_as_actions():
     kwargs = finished(0.5)
     kwargs["startstops"].insert(0, {"action": "transfer", "start": 99.0, "stop": 99.5,
@@ -77,6 +121,19 @@ def test_under_none_nothing_is_kept():
     sampler = TaskSampler(NONE, 10)
     sampler.erred("g", "f-1", erred())
     assert sampler.finished is None and sampler.take("g") is None
+
+
+@pytest.mark.parametrize("mode, cap", [(NONE, 10), (ERRED, 1)],
+                         ids=["task-spans none", "past the cap"])
+def test_an_erred_task_widens_its_groups_erred_window_whatever_is_kept(mode, cap):
+    sampler = TaskSampler(mode, cap)
+    for start, stop in [(5.0, 6.0), (4.0, 4.5), (5.5, 7.0)]:
+        kwargs = erred()
+        kwargs["startstops"] = [{"action": "compute", "start": start, "stop": stop}]
+        sampler.erred("g", "f-1", kwargs)
+    sampler.erred("g", "f-2", {"exception_text": "KilledWorker()"})  # (no compute)
+    assert sampler.take_erred_window("g") == (4.0, 7.0)
+    assert sampler.take_erred_window("g") == (0.0, 0.0)  # (taken: forgotten)
 
 
 def test_a_group_keeps_its_slowest_tasks_up_to_the_cap():

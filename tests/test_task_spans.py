@@ -7,6 +7,7 @@ import logging
 import time
 
 from distributed import wait
+from distributed.metrics import time as scheduler_time
 from distributed.utils_test import gen_cluster
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -28,6 +29,10 @@ def fails_on_odd(x: int) -> int:
 def sleeps(seconds: float) -> float:
     time.sleep(seconds)
     return seconds
+
+
+def looks_up(record: int) -> None:
+    raise KeyError(f"bad record {record}")
 
 
 def task_spans(memory: MemoryProviders) -> list:
@@ -78,6 +83,48 @@ async def test_erred_tasks_get_spans_with_their_exception_under_their_prefix_spa
     assert prefix.attributes[names.TASK_SPANS_LEFT_OUT] == 10
     assert dask_span.attributes[names.SPAN_ERRED_COUNT] == 20
     assert dask_span.status.status_code is StatusCode.ERROR
+
+
+@gen_cluster(client=True)
+async def test_the_exception_message_of_a_key_error_is_its_str(c, s, a, b):
+    memory = MemoryProviders()
+    await install(c, memory)
+    with span("lookup"):
+        await wait(c.submit(looks_up, 3))
+    await one_span(memory, "lookup")
+    (task,) = task_spans(memory)
+    (event,) = task.events
+    assert event.attributes["exception.message"] == str(KeyError("bad record 3"))
+    assert event.attributes["exception.stacktrace"].endswith(
+        "KeyError: 'bad record 3'"
+    )
+
+
+@gen_cluster(client=True)
+async def test_a_prefix_span_of_one_erred_task_lasts_as_long_as_the_task(c, s, a, b):
+    memory = MemoryProviders()
+    await install(c, memory)
+    with span("one error"):
+        await wait(c.submit(fails_on_odd, 3))
+    dask_span = await one_span(memory, "one error")
+    (task,) = task_spans(memory)
+    prefix = prefix_span(memory, "fails_on_odd")
+    assert (prefix.start_time, prefix.end_time) == (task.start_time, task.end_time)
+    assert dask_span.end_time == task.end_time
+
+
+@gen_cluster(client=True)
+async def test_without_task_spans_a_prefix_span_of_an_erred_task_takes_its_times(
+        c, s, a, b):
+    memory = MemoryProviders()
+    await install(c, memory, task_spans="none")
+    with span("one error"):
+        await wait(c.submit(fails_on_odd, 3))
+        erred_by = scheduler_time() * 1e9  # (the task's compute ended before)
+    dask_span = await one_span(memory, "one error")
+    prefix = prefix_span(memory, "fails_on_odd")
+    assert dask_span.start_time < prefix.start_time <= prefix.end_time <= erred_by
+    assert dask_span.end_time == prefix.end_time
 
 
 @gen_cluster(client=True)

@@ -271,3 +271,45 @@ def test_a_prefix_span_and_its_dask_span_cover_an_erred_task_that_ended_later():
     (prefix,) = fields.prefixes
     assert prefix.tasks[0].end_ns == 3_000_000_000
     assert prefix.end_ns == 3_000_000_000 and fields.end_ns == 3_000_000_000
+
+
+def tree_with_an_erred_group(*settles: tuple[float, ...]):
+    """A span tree copy with one span, enqueued at 100, and one group of prefix
+    ``f`` settled with each ``done`` message's figures in ``settles`` in turn."""
+    from dask_otel_spans.tracking.tree import SpanTree
+
+    tree = SpanTree([(100.0, 4)])
+    tree.add_span([ROOT], ("wf",), 100.0, 0)
+    tree.group_erred(ROOT, 1, 1)
+    for figures in settles:
+        tree.group(ROOT, 1, "f", figures)
+    return tree.spans[ROOT]
+
+
+def test_a_prefix_span_of_an_erred_task_takes_the_tasks_compute_times():
+    # (task-spans none: no task record; dask's group has no start or stop)
+    span = tree_with_an_erred_group(("f", 0.0, 0.0, 0, 0.0, 1, 1, 101.0, 101.5))
+    snap, ids, summary = translation_args(span)
+    f = span_fields(snap, ids, summary, now=130.0, complete=True,
+                    close_reason="client")
+    (prefix,) = f.prefixes
+    assert (prefix.start_ns, prefix.end_ns) == (to_ns(101.0), to_ns(101.5))
+    assert (f.start_ns, f.end_ns) == (to_ns(100.0), to_ns(101.5))
+
+
+def test_a_prefix_span_covers_its_erred_tasks_and_those_that_finished():
+    span = tree_with_an_erred_group(("f", 102.0, 103.0, 8, 1.0, 3, 1, 101.0, 104.0))
+    f = span_fields(*translation_args(span), now=130.0, complete=True,
+                    close_reason="client")
+    (prefix,) = f.prefixes
+    assert (prefix.start_ns, prefix.end_ns) == (to_ns(101.0), to_ns(104.0))
+    assert f.end_ns == to_ns(104.0)
+
+
+def test_a_group_settled_again_keeps_the_times_of_its_earlier_erred_tasks():
+    span = tree_with_an_erred_group(
+        ("f", 0.0, 0.0, 0, 0.0, 1, 1, 101.0, 101.5),
+        ("f", 106.0, 107.0, 8, 1.0, 2, 1, 0.0, 0.0),  # (a task of it ran again)
+    )
+    (group,) = snapshot_span(span).groups
+    assert (group.start, group.stop) == (101.0, 107.0)

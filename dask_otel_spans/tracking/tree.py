@@ -41,7 +41,7 @@ class TreeGroup:
     snapshots read, as last forwarded."""
 
     __slots__ = ("key", "prefix", "span_id", "states", "start", "stop", "duration",
-                 "nbytes_total", "erred_seen")
+                 "nbytes_total", "erred_seen", "erred_start", "erred_stop")
 
     def __init__(self, key: int, prefix: str, span_id: str):
         #: tells the span's groups apart (see :class:`~dask_otel_spans.events.GroupDone`)
@@ -49,14 +49,35 @@ class TreeGroup:
         self.prefix = Prefix(prefix)
         self.span_id = span_id
         self.states: dict[str, int] = RUNNING
+        #: earliest start and latest stop of its tasks' compute, those that erred
+        #: included (0 when none reported one)
         self.start = self.stop = self.duration = 0.0
         self.nbytes_total = 0
         #: tasks seen erring (the group's state counts forget an error once the
         #: task is released, as when a client lets erred futures go)
         self.erred_seen = 0
+        #: earliest start and latest stop of the compute of its tasks that erred,
+        #: over every settle (0 when none reported one)
+        self.erred_start = self.erred_stop = 0.0
 
     def settle(self, figures: Any) -> None:
-        prefix, start, stop, nbytes_total, duration, task_count, erred = figures
+        """Take the figures of a ``done`` message
+        (:func:`~dask_otel_spans.snapshot.done_figures`; without the erred window
+        at their end, no task of it erred since it was last done). ``start`` and
+        ``stop`` cover its erred tasks' compute too: dask's count the tasks that
+        finished only."""
+        prefix, start, stop, nbytes_total, duration, task_count, erred, *window = (
+            figures
+        )
+        if window and window[1]:
+            first, last = window[0], window[1]
+            if not self.erred_stop or first < self.erred_start:
+                self.erred_start = first
+            self.erred_stop = max(self.erred_stop, last)
+        if self.erred_stop:
+            if not start or self.erred_start < start:
+                start = self.erred_start
+            stop = max(stop, self.erred_stop)
         self.prefix = Prefix(str(prefix))
         self.start, self.stop, self.duration = start, stop, duration
         self.nbytes_total = nbytes_total
