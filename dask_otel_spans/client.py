@@ -9,7 +9,7 @@ import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dask
 import distributed
@@ -23,6 +23,9 @@ from dask_otel_spans.propagation import (
     parse_carried,
     resolve_chain,
 )
+
+if TYPE_CHECKING:
+    from dask_otel_spans.state import ExportState
 
 logger = logging.getLogger(__name__)
 _warned: set[str] = set()
@@ -217,15 +220,30 @@ async def _send_batch(client: Any) -> None:
         )
 
 
-def wait_for_export(client: Any, timeout: float = 30.0) -> dict[str, Any]:
-    """Wait until the scheduler's plugin exported every span (none open), then
-    flush its exporters; its figures and destinations
-    (:func:`~dask_otel_spans.state.scheduler_state`), empty without the plugin.
+class PluginMissing(RuntimeError):
+    """The scheduler has no ``OTelSpansPlugin``."""
+
+
+def wait_for_export(client: Any, timeout: float = 30.0) -> ExportState:
+    """Wait until the scheduler's plugin handed over every span (none open), then
+    flush its exporters; where data went and how far export got.
 
     Spans are exported once done, closed and past a short grace period: call this
     before closing a short-lived cluster to see them exported as finished, not as
     incomplete at shutdown. Gives up after ``timeout`` seconds, returning the state
     then (``open`` tells what is left).
+
+    Returns
+    -------
+    :class:`~dask_otel_spans.state.ExportState`: ``flushed`` is False when the
+    exporters did not finish or their last export failed (a collector that is
+    down: ``traces_failed`` counts what they could not deliver).
+
+    Raises
+    ------
+    PluginMissing
+        When the scheduler has no plugin (started without ``--preload
+        dask_otel_spans``).
     """
     from dask_otel_spans.state import scheduler_state
 
@@ -233,7 +251,14 @@ def wait_for_export(client: Any, timeout: float = 30.0) -> dict[str, Any]:
     # (each call forwards what happened so far and reads fresh figures: an export
     # process reports its own twice a second otherwise)
     state = client.run_on_scheduler(scheduler_state, flush=True)
-    while state.get("open") and time.monotonic() < deadline:
+    while state is not None and state.open and time.monotonic() < deadline:
         time.sleep(0.1)
         state = client.run_on_scheduler(scheduler_state, flush=True)
+    if state is None:
+        raise PluginMissing(
+            f"the scheduler at {client.scheduler.address} has no dask_otel_spans "
+            "plugin: start it with `dask scheduler --preload dask_otel_spans`, set "
+            "distributed.scheduler.preload: [dask_otel_spans], or call "
+            "client.register_plugin(OTelSpansPlugin())"
+        )
     return state

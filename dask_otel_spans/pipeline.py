@@ -21,6 +21,7 @@ from dask_otel_spans.otlp_exporters import ConfigurationError
 from dask_otel_spans.providers import (
     Providers,
     check_environ,
+    flush_provider,
     resolve_providers,
 )
 
@@ -150,7 +151,9 @@ class ExportPipeline:
 
     def flush(self, timeout: float) -> bool:
         """Wait until everything queued so far reached the providers, then flush
-        them; False when something did not finish within ``timeout`` seconds."""
+        them (a meter provider's push readers only: :func:`flush_provider`); False
+        when something did not finish within ``timeout`` seconds, or when the last
+        export of an exporter built here failed (a collector that is down)."""
         deadline = time.monotonic() + timeout
         ok = True
         # the emitter feeds the pump: flush it first
@@ -161,11 +164,11 @@ class ExportPipeline:
             if provider is not None and hasattr(provider, "force_flush"):
                 left_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
                 try:
-                    ok = provider.force_flush(left_ms) is not False and ok
+                    ok = flush_provider(provider, left_ms) and ok
                 except Exception:
                     logger.exception("dask_otel_spans: flushing %r failed", provider)
                     ok = False
-        return ok
+        return ok and self.providers.delivering()
 
     def stop_threads(self, timeout: float) -> None:
         """Handle what is queued, then end the emitter and metrics threads."""
@@ -183,7 +186,7 @@ class ExportPipeline:
                 if provider in providers.owned:
                     provider.shutdown()
                 elif hasattr(provider, "force_flush"):
-                    provider.force_flush(int(timeout * 1000))
+                    flush_provider(provider, int(timeout * 1000))
             except Exception:
                 logger.exception("dask_otel_spans: flushing %r failed", provider)
         if self._undo_log_limit is not None:
@@ -246,4 +249,5 @@ class ExportPipeline:
             "metric_sdk_calls": instruments.sdk_calls if instruments is not None else 0,
             # subtree summaries kept for parents still open
             "summaries": len(self.emitter.summaries),
+            **self.providers.delivery(),
         }

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -71,6 +71,27 @@ class Providers:
     metrics_to: str = "nowhere"
     #: outage bookkeeping of the exporters built here (one per exporter)
     health: list[ExportHealth] = field(default_factory=list)
+
+    def delivery(self) -> dict[str, int | None]:
+        """What the exporters built here reported, per signal: ``traces_delivered``
+        and ``traces_failed`` (OTel spans), ``metrics_delivered`` and
+        ``metrics_failed`` (metric points). With several exporters for a signal,
+        delivered is the fewest any of them delivered and failed the most any of
+        them failed; None where no exporter of the signal was built here (given or
+        global providers, a pull reader such as Prometheus)."""
+        out: dict[str, int | None] = {}
+        for signal in ("traces", "metrics"):
+            health = [h for h in self.health if h.signal == signal]
+            out[f"{signal}_delivered"] = (
+                min(h.exported for h in health) if health else None
+            )
+            out[f"{signal}_failed"] = max(h.dropped for h in health) if health else None
+        return out
+
+    def delivering(self) -> bool:
+        """Whether the last export of every exporter built here succeeded (True
+        before any export)."""
+        return not any(h.down for h in self.health)
 
 
 def build_resource(
@@ -277,6 +298,34 @@ def build_meter_provider(
         metric_readers=readers, resource=resource, views=_series_limit_views(series_limit)
     )
     return provider, ", ".join(where)
+
+
+def flush_provider(provider: Any, timeout_millis: float) -> bool:
+    """Flush ``provider``'s exporters: a tracer provider's span processors, a meter
+    provider's push readers only.
+
+    A pull reader (Prometheus, in-memory) is never flushed: the SDK's pull readers
+    queue one collection per flush, and the next scrape would yield them all (each
+    metric family repeated, old values among them). The specification does not
+    require ``ForceFlush`` of pull readers. False when an exporter did not finish.
+    """
+    if not isinstance(provider, MeterProvider):
+        return provider.force_flush(timeout_millis) is not False
+    ok = True
+    for reader in _metric_readers(provider):
+        if isinstance(reader, PeriodicExportingMetricReader):
+            ok = reader.force_flush(timeout_millis) is not False and ok
+    return ok
+
+
+def _metric_readers(provider: MeterProvider) -> Sequence[MetricReader]:
+    """The readers of an SDK meter provider (the SDK has no public accessor: its
+    attribute has had two names); none where it cannot be found, so that no pull
+    reader is ever flushed by mistake."""
+    readers = getattr(provider, "_metric_readers", None)
+    if readers is None:
+        readers = getattr(getattr(provider, "_sdk_config", None), "metric_readers", None)
+    return tuple(readers or ())
 
 
 def global_sdk_tracer_provider() -> TracerProvider | None:
