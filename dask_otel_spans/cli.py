@@ -33,6 +33,11 @@ def _top_activities(attributes: dict[str, Any], n: int = 3) -> str:
     return ", ".join(f"{a} {v:.3g}s" for v, a in seconds[:n])
 
 
+def _count(n: Any, thing: str) -> str:
+    """``n`` things: ``1 task``, ``2 tasks``."""
+    return f"{n} {thing}" if n == 1 else f"{n} {thing}s"
+
+
 def _task_line(span: dict[str, Any], duration: float) -> str:
     """A task span: ``✗`` and its exception when it erred."""
     attrs = span["attributes"]
@@ -79,7 +84,7 @@ def render_tree(spans: Sequence[dict[str, Any]]) -> str:
             top = _top_activities(attrs)
             lines.append(
                 f"{indent}{s['name']}  {duration:.3f}s  "
-                f"{attrs.get(names.SPAN_TASK_COUNT, 0)} tasks"
+                + _count(attrs.get(names.SPAN_TASK_COUNT, 0), "task")
                 + (f"  [{', '.join(flags)}]" if flags else "")
                 + (f"  | {top}" if top else "")
             )
@@ -90,9 +95,9 @@ def render_tree(spans: Sequence[dict[str, Any]]) -> str:
             left_out = attrs.get(names.TASK_SPANS_LEFT_OUT)
             lines.append(
                 f"{indent}· {s['name']}  {duration:.3f}s  "
-                f"{attrs.get(names.TASK_GROUP_TASK_COUNT, 0)} tasks"
+                + _count(attrs.get(names.TASK_GROUP_TASK_COUNT, 0), "task")
                 + (f"  | {top}" if top else "")
-                + (f"  (+{left_out} task spans left out)" if left_out else "")
+                + (f"  (+{_count(left_out, 'task span')} left out)" if left_out else "")
             )
         else:
             where = ("in a task" if s.get("resource", {}).get(names.WORKER_ADDRESS)
@@ -175,6 +180,11 @@ def _slow_inc(x: int) -> int:
     return x + 1
 
 
+#: Printed before the validation step, whose one failing task makes dask log an error
+VALIDATION_NOTICE = ("The validation step fails on purpose: one task raises, to show "
+                     "how errors appear (dask logs it as \"Compute Failed\" below).")
+
+
 def run_workflow(client: Any) -> None:
     """The demo's multi-step workflow, each step a nested dask span."""
     import dask
@@ -201,6 +211,8 @@ def run_workflow(client: Any) -> None:
             client.compute(total).result()
         with span("custom activity", "model fit"):
             client.gather(client.map(_fit_model, range(8)))
+        # (said first: the worker logs dask's "Compute Failed" ERROR block for it)
+        print(VALIDATION_NOTICE, flush=True)
         with span("validation"):
             client.gather(client.map(_validate, range(8)), errors="skip")
 
@@ -258,8 +270,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         # than at shutdown.
         state = wait_for_export(client)
     # the cluster is closed: the plugin flushed its exporters (and its export process)
-    traces_to = str(state.get("traces_to", "nowhere"))
-    metrics_to = str(state.get("metrics_to", "nowhere"))
+    traces_to, metrics_to = state.traces_to, state.metrics_to
     if not (traces_to.endswith(TRACES_FILE) and os.path.exists(traces_to)):
         print(f"Traces went to {traces_to}; the demo prints the span tree from the "
               "embedded default's files")

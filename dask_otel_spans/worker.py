@@ -92,18 +92,21 @@ class OTelWorkerPlugin(WorkerPlugin):
             prefix_spans = bool(dask.config.get(f"{NAMESPACE}.prefix-spans"))
         output_dir = self.output_dir or str(dask.config.get(f"{NAMESPACE}.output-dir"))
         try:
+            # (a signal that cannot be built is one ERROR line there; the others
+            # are built all the same)
             self.providers = worker_providers(
                 worker.address, worker.name, environ=self.environ, output_dir=output_dir
             )
-        except Exception as e:
+        except Exception as e:  # (not a configuration: a bug, or the SDK's)
             logger.error("dask_otel_spans: cannot build this worker's OTel providers "
-                         "(%s); tasks still run in their span's context, and spans "
-                         "they make go to the global providers, if any", e)
+                         "(%s: %s); tasks still run in their span's context, and spans "
+                         "they make go to the global providers, if any",
+                         type(e).__name__, e)
         self.contexts = TaskContexts(prefix_spans)
         PROCESS_RECORDS.acquire(self._service_name())
         self._records_held = True
         if self.providers.logger_provider is not None and (
-            self.providers.logger_provider in self.providers.installed
+            self.providers.logger_provider in self.providers.built
         ):
             self._handler = task_log_handler(
                 self.providers.logger_provider, export_level(self.environ)
@@ -114,8 +117,8 @@ class OTelWorkerPlugin(WorkerPlugin):
         worker.execute = self._execute  # type: ignore[method-assign]
         logger.info(
             "dask_otel_spans: tasks run in their dask span's trace; spans made in "
-            "tasks go to %s; logs made in tasks to %s",
-            self.providers.traces_to, self.providers.logs_to,
+            "tasks go to %s; metrics to %s; logs made in tasks to %s",
+            self.providers.traces_to, self.providers.metrics_to, self.providers.logs_to,
         )
 
     async def teardown(self, worker: Worker, **kwargs: Any) -> None:
@@ -127,7 +130,7 @@ class OTelWorkerPlugin(WorkerPlugin):
         if self._handler is not None:
             logging.getLogger().removeHandler(self._handler)
             self._handler = None
-        installed = list(self.providers.installed)
+        installed = list(self.providers.built)
         if installed:
             # (the SDK shuts them down at exit; the global providers cannot be
             # taken back from task code that holds them)

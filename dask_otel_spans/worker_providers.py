@@ -2,13 +2,15 @@
 instrumentations it uses: the process's SDK providers when it has them (e.g. the
 worker runs under ``opentelemetry-instrument``), else tracer, meter and (with
 ``OTEL_LOGS_EXPORTER``) logger providers built from the standard ``OTEL_*`` variables
-and installed as the process's global ones."""
+and installed as the process's global ones. Each signal is built on its own: one
+whose values cannot work is one ERROR line and goes nowhere, the others still work."""
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,11 +19,22 @@ from opentelemetry import trace as trace_api
 
 from dask_otel_spans import names
 from dask_otel_spans.otlp_exporters import (
+    ConfigurationError,
     check_otlp_settings,
     not_one_of,
     otlp_exporter,
 )
-from dask_otel_spans.providers import build_resource, check_environ, resolve_providers
+from dask_otel_spans.providers import (
+    METRIC_EXPORTERS,
+    TRACE_EXPORTERS,
+    build_meter_provider,
+    build_resource,
+    build_tracer_provider,
+    exporter_names,
+    global_sdk_meter_provider,
+    global_sdk_tracer_provider,
+    is_unconfigured,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -31,17 +44,20 @@ LOG_EXPORTERS = ("otlp", "console", "none")
 
 @dataclass
 class WorkerProviders:
-    """The worker process's providers, and which of them this package installed."""
+    """The worker process's providers, and which of them this package built."""
 
     tracer_provider: Any = None
     meter_provider: Any = None
     #: None unless ``OTEL_LOGS_EXPORTER`` asks for one (or the process had one)
     logger_provider: Any = None
-    #: built here and installed as the global providers (flushed at teardown; the
-    #: SDK shuts them down at exit)
-    installed: list[Any] = field(default_factory=list)
+    #: built here; :func:`worker_providers` installs them as the global providers
+    #: (flushed at teardown; the SDK shuts them down at exit)
+    built: list[Any] = field(default_factory=list)
     traces_to: str = "nowhere"
+    metrics_to: str = "nowhere"
     logs_to: str = "nowhere"
+    #: one line per signal that could not be built (each logged as one ERROR)
+    errors: list[str] = field(default_factory=list)
 
 
 def process_output_dir(output_dir: str, worker_name: Any) -> str:
@@ -102,6 +118,169 @@ def global_sdk_logger_provider() -> Any:
     return provider if isinstance(provider, LoggerProvider) else None
 
 
+def _check_millis(environ: Mapping[str, str], variable: str) -> None:
+    """Raise :class:`~dask_otel_spans.otlp_exporters.ConfigurationError` when
+    ``variable`` is set and not a non-negative number of milliseconds."""
+    value = environ.get(variable)
+    if not value:
+        return
+    try:
+        ok = float(value) >= 0
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ConfigurationError(
+            f"{variable}={value!r} is not a non-negative number of milliseconds"
+        )
+
+
+def _check_exporters(environ: Mapping[str, str], variable: str,
+                     accepted: tuple[str, ...], signal: str) -> list[str]:
+    """The exporters ``variable`` names, each one of ``accepted``, and the OTLP
+    settings of ``signal`` when one is ``otlp``; raises
+    :class:`~dask_otel_spans.otlp_exporters.ConfigurationError` otherwise."""
+    chosen = exporter_names(environ, variable)
+    for name in chosen:
+        if name not in accepted:
+            raise not_one_of(variable, name, accepted)
+    if "otlp" in chosen:
+        check_otlp_settings(environ, signal)
+    return chosen
+
+
+def check_traces_settings(environ: Mapping[str, str]) -> None:
+    """Raise :class:`~dask_otel_spans.otlp_exporters.ConfigurationError`, naming the
+    variable and its value, for a value the tracer provider could not be built from
+    (the metrics' and logs' values are not looked at)."""
+    # (the batch processor reads it with nothing configured too)
+    _check_millis(environ, "OTEL_BSP_SCHEDULE_DELAY")
+    if not is_unconfigured(environ):
+        _check_exporters(environ, "OTEL_TRACES_EXPORTER", TRACE_EXPORTERS, "TRACES")
+
+
+def check_metrics_settings(environ: Mapping[str, str]) -> None:
+    """As :func:`check_traces_settings`, for the meter provider: its exporters, their
+    OTLP settings, the export interval and, for ``prometheus``, the extra it needs
+    and its port."""
+    _check_millis(environ, "OTEL_METRIC_EXPORT_INTERVAL")
+    if is_unconfigured(environ):
+        return
+    chosen = _check_exporters(environ, "OTEL_METRICS_EXPORTER", METRIC_EXPORTERS,
+                              "METRICS")
+    if "prometheus" not in chosen:
+        return
+    try:
+        importlib.import_module("opentelemetry.exporter.prometheus")
+    except ImportError as e:
+        raise ConfigurationError(
+            "OTEL_METRICS_EXPORTER=prometheus needs opentelemetry-exporter-prometheus "
+            "(pip install 'dask_otel_spans[prometheus]')"
+        ) from e
+    port = environ.get("OTEL_EXPORTER_PROMETHEUS_PORT")
+    if port:
+        try:
+            ok = 0 <= int(port) <= 65535
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ConfigurationError(
+                f"OTEL_EXPORTER_PROMETHEUS_PORT={port!r} is not a port number"
+            )
+
+
+def check_logs_settings(environ: Mapping[str, str]) -> None:
+    """As :func:`check_traces_settings`, for the logger provider."""
+    if "otlp" in log_exporter_names(environ):
+        check_otlp_settings(environ, "LOGS")
+
+
+#: Per signal: the variable that chooses its exporters
+_SIGNAL_VARIABLES = {
+    "traces": "OTEL_TRACES_EXPORTER",
+    "metrics": "OTEL_METRICS_EXPORTER",
+    "logs": "OTEL_LOGS_EXPORTER",
+}
+
+
+def _build_signal(
+    signal: str,
+    environ: Mapping[str, str],
+    check: Callable[[Mapping[str, str]], None],
+    build: Callable[[], tuple[Any, str]],
+    out: WorkerProviders,
+) -> tuple[Any, str]:
+    """``build()`` once ``check(environ)`` passed; ``(None, "nowhere (why)")`` and
+    one ERROR line, naming the variable and its value, when either fails (the
+    other signals are built all the same)."""
+    try:
+        check(environ)
+        provider, where = build()
+    except Exception as e:
+        if isinstance(e, ConfigurationError):
+            reason = str(e)
+        else:
+            variable = _SIGNAL_VARIABLES[signal]
+            reason = (f"{variable}={environ.get(variable, '')!r}: "
+                      f"{type(e).__name__}: {e}")
+        others = " and ".join(s for s in _SIGNAL_VARIABLES if s != signal)
+        out.errors.append(reason)
+        logger.error("dask_otel_spans: this worker exports no %s: %s; its %s are "
+                     "not affected", signal, reason, others)
+        return None, f"nowhere ({reason})"
+    if provider is not None:
+        out.built.append(provider)
+    return provider, where
+
+
+def build_worker_providers(
+    address: str,
+    name: Any,
+    *,
+    environ: Mapping[str, str] | None = None,
+    output_dir: str = "dask-otel-spans",
+    use_global: bool = True,
+) -> WorkerProviders:
+    """The process's SDK providers (with ``use_global``), or providers built from
+    ``environ`` (default ``os.environ``), installing nothing; with nothing
+    configured, the embedded default: OTLP-JSON lines files in a directory of this
+    process's below ``output_dir``.
+
+    Each signal (traces, metrics, logs) is built on its own: one whose ``OTEL_*``
+    values cannot work is one ERROR line naming the variable and its value, and
+    goes nowhere (listed in ``errors``); the others are built all the same. Never
+    raises for a configuration."""
+    environ = os.environ if environ is None else environ
+    out = WorkerProviders()
+    resource = build_resource(
+        environ, default_service_name=names.DEFAULT_WORKER_SERVICE_NAME,
+        attributes=worker_resource_attributes(address, name),
+    )
+    files = process_output_dir(output_dir, name)
+
+    if use_global and (tracer_provider := global_sdk_tracer_provider()) is not None:
+        out.tracer_provider, out.traces_to = tracer_provider, "the global tracer provider"
+    else:
+        out.tracer_provider, out.traces_to = _build_signal(
+            "traces", environ, check_traces_settings,
+            lambda: build_tracer_provider(environ, resource, files), out,
+        )
+    if use_global and (meter_provider := global_sdk_meter_provider()) is not None:
+        out.meter_provider, out.metrics_to = meter_provider, "the global meter provider"
+    else:
+        out.meter_provider, out.metrics_to = _build_signal(
+            "metrics", environ, check_metrics_settings,
+            lambda: build_meter_provider(environ, resource, files), out,
+        )
+    if use_global and (logger_provider := global_sdk_logger_provider()) is not None:
+        out.logger_provider, out.logs_to = logger_provider, "the global logger provider"
+    else:
+        out.logger_provider, out.logs_to = _build_signal(
+            "logs", environ, check_logs_settings,
+            lambda: build_logger_provider(environ, resource), out,
+        )
+    return out
+
+
 def worker_providers(
     address: str,
     name: Any,
@@ -110,44 +289,16 @@ def worker_providers(
     output_dir: str = "dask-otel-spans",
 ) -> WorkerProviders:
     """The process's SDK providers, or providers built from ``environ`` (default
-    ``os.environ``) and installed as the global ones (the embedded default, with
-    nothing configured: OTLP-JSON lines files in a directory of this process's
-    below ``output_dir``). Raises
-    :class:`~dask_otel_spans.otlp_exporters.ConfigurationError` for a configuration
-    that cannot work, before installing anything (the caller logs it)."""
-    environ = os.environ if environ is None else environ
-    # (every value checked before anything is installed: a bad one installs nothing)
-    check_environ(environ)
-    if "otlp" in log_exporter_names(environ):
-        check_otlp_settings(environ, "LOGS")
-    out = WorkerProviders()
-    resource_attributes = worker_resource_attributes(address, name)
-    built = resolve_providers(
-        environ=environ, output_dir=process_output_dir(output_dir, name),
-        default_service_name=names.DEFAULT_WORKER_SERVICE_NAME,
-        resource_attributes=resource_attributes,
-    )
-    out.tracer_provider, out.meter_provider = built.tracer_provider, built.meter_provider
-    out.traces_to = built.traces_to
-    if built.tracer_provider is not None and built.tracer_provider in built.owned:
-        trace_api.set_tracer_provider(built.tracer_provider)
-        out.installed.append(built.tracer_provider)
-    if built.meter_provider is not None and built.meter_provider in built.owned:
-        metrics_api.set_meter_provider(built.meter_provider)
-        out.installed.append(built.meter_provider)
-    out.logger_provider = global_sdk_logger_provider()
-    if out.logger_provider is not None:
-        out.logs_to = "the global logger provider"
-    else:
-        resource = build_resource(
-            environ, default_service_name=names.DEFAULT_WORKER_SERVICE_NAME,
-            attributes=resource_attributes,
-        )
-        out.logger_provider, out.logs_to = build_logger_provider(environ, resource)
-        if out.logger_provider is not None:
-            from opentelemetry import _logs
+    ``os.environ``) and installed as the global ones: see
+    :func:`build_worker_providers` (a signal that cannot be built is one ERROR line
+    and goes nowhere; the others are installed)."""
+    out = build_worker_providers(address, name, environ=environ, output_dir=output_dir)
+    if out.tracer_provider in out.built:
+        trace_api.set_tracer_provider(out.tracer_provider)
+    if out.meter_provider in out.built:
+        metrics_api.set_meter_provider(out.meter_provider)
+    if out.logger_provider in out.built:
+        from opentelemetry import _logs
 
-            _logs.set_logger_provider(out.logger_provider)
-            out.installed.append(out.logger_provider)
+        _logs.set_logger_provider(out.logger_provider)
     return out
-

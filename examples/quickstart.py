@@ -1,40 +1,90 @@
-"""Quickstart: a LocalCluster with the plugins (scheduler and workers), a workflow in
-nested spans, and the span tree read back from the embedded default's files.
+"""Quickstart: a workflow in nested spans, where its data went, and its span tree
+read back from the embedded default's files.
 
-    python examples/quickstart.py [OUTPUT_DIR]
+    python examples/quickstart.py [ADDRESS] [--output-dir DIR]
+
+Without ADDRESS: a LocalCluster with the plugins registered, scheduler and workers
+(``client.register_plugin(OTelSpansPlugin())`` and ``OTelWorkerPlugin()``, as in
+``_cluster.py``), writing OTLP-JSON lines files below DIR (default
+``dask-otel-spans``). With ADDRESS: the scheduler there, started with ``--preload
+dask_otel_spans``; its own configuration says where data goes (the tree is printed
+when that is files this machine can read).
 
 Set OTEL_EXPORTER_OTLP_ENDPOINT (and friends) to send to a collector instead.
 """
 from __future__ import annotations
 
-import sys
+import argparse
+import os
+from collections.abc import Sequence
 
 import dask.array as da
-from distributed import Client, LocalCluster
+from opentelemetry import trace
 
-from dask_otel_spans import OTelSpansPlugin, OTelWorkerPlugin, span, wait_for_export
+from dask_otel_spans import span, wait_for_export
+from dask_otel_spans.cli import read_all_spans, render_tree, traces_files
+from dask_otel_spans.otlpjson import TRACES_FILE
+from _cluster import connect
 
 
-def main(output_dir: str = "dask-otel-spans") -> None:
-    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster:
-        with Client(cluster) as client:
-            client.register_plugin(OTelSpansPlugin(output_dir=output_dir))
-            # task code runs in its span's trace: spans and logs made in tasks join it
-            client.register_plugin(OTelWorkerPlugin(output_dir=output_dir))
+def main(address: str | None = None, output_dir: str | None = None) -> None:
+    with connect(address, output_dir=output_dir) as client:
+        with span("quickstart"):
+            # (inside a span its OTel span is current: the trace this run's spans join)
+            trace_id = f"{trace.get_current_span().get_span_context().trace_id:032x}"
+            with span("load"):
+                x = da.random.random((1000, 1000), chunks=250).persist()
+            with span("reduce"):
+                print("mean:", x.mean().compute())
 
-            with span("quickstart"):
-                with span("load"):
-                    x = da.random.random((1000, 1000), chunks=250).persist()
-                with span("reduce"):
-                    print("mean:", x.mean().compute())
+        # Spans are exported once done, closed and past a short grace period:
+        # wait for that, and ask the scheduler's plugin where they went.
+        state = wait_for_export(client)
+        print("dask spans handed over:", state.handed_over)
+        print("traces:", state.traces_to)
+        print("metrics:", state.metrics_to)
+    print_span_tree(state.traces_to, trace_id)
 
-            # Spans are exported once done, closed and past a short grace period:
-            # wait for that, and ask the scheduler's plugin where they went.
-            state = wait_for_export(client)
-            print("spans exported:", state["exported"])
-            print("traces:", state["traces_to"])
-            print("metrics:", state["metrics_to"])
+
+def print_span_tree(traces_to: str, trace_id: str) -> None:
+    """The span tree of trace ``trace_id``, from the files ``traces_to`` names (the
+    scheduler's, and its workers' below it), as ``dask-otel-spans tree DIR`` prints
+    them."""
+    if not (traces_to.endswith(TRACES_FILE) and os.path.exists(traces_to)):
+        print("(no files here to print the span tree from)")
+        return
+    directory = os.path.dirname(traces_to)
+    # (the files keep earlier runs: this one's trace only)
+    spans = [s for s in read_all_spans(traces_files(directory))
+             if s.get("traceId") == trace_id]
+    print()
+    print(render_tree(spans))
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="A workflow in nested spans, and its span tree")
+    parser.add_argument(
+        "address", nargs="?", default=None,
+        help="the scheduler's address (tcp://HOST:PORT), started with --preload "
+             "dask_otel_spans; default: a LocalCluster with the plugins",
+    )
+    parser.add_argument(
+        "--output-dir", default=None,
+        help="the LocalCluster's embedded default directory (default: "
+             "otel-spans.output-dir, dask-otel-spans); a remote scheduler writes "
+             "where its own configuration says",
+    )
+    args = parser.parse_args(argv)
+    if args.address and ":" not in args.address:
+        parser.error(f"{args.address!r} is not a scheduler address (tcp://HOST:PORT); "
+                     "the output directory is --output-dir DIR")
+    if args.address and args.output_dir:
+        parser.error("--output-dir is the LocalCluster's: a remote scheduler writes "
+                     "where its own configuration says")
+    return args
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    args = parse_args()
+    main(args.address, args.output_dir)

@@ -7,18 +7,20 @@ import sys
 
 import pytest
 
-from dask_otel_spans.cli import render_tree
+from dask_otel_spans.cli import VALIDATION_NOTICE, render_tree
 from dask_otel_spans.otlpjson import read_metric_points, read_spans
 
 
 def run_demo(cwd) -> subprocess.CompletedProcess:
-    """``dask-otel-spans demo`` in ``cwd``, on the embedded default (no OTEL_*)."""
+    """``dask-otel-spans demo`` in ``cwd``, on the embedded default (no OTEL_*); its
+    stdout and stderr in one stream, in the order a terminal shows them."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     proc = subprocess.run(
         [sys.executable, "-m", "dask_otel_spans.cli", "demo"],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=240,
+        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        timeout=240,
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout
     return proc
 
 
@@ -26,7 +28,7 @@ def run_demo(cwd) -> subprocess.CompletedProcess:
 def demo_run(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("demo")
     proc = run_demo(cwd)
-    return cwd, proc.stdout + proc.stderr
+    return cwd, proc.stdout
 
 
 def test_demo_prints_the_span_tree(demo_run):
@@ -39,6 +41,13 @@ def test_demo_prints_the_span_tree(demo_run):
     # worker plugin), below the prefix span
     assert "ValueError: record 3: negative amount" in output
     assert output.count("check record") == 8 and "(in a task)" in output
+
+
+def test_demo_announces_its_deliberate_failure_before_dask_logs_it(demo_run):
+    _, output = demo_run
+    # (dask's own block, from the worker: "distributed.worker - ERROR - Compute Failed")
+    assert output.count("ERROR - Compute Failed") == 1
+    assert output.index(VALIDATION_NOTICE) < output.index("ERROR - Compute Failed")
 
 
 def test_demo_writes_embedded_default_files_and_says_where(demo_run):
@@ -126,9 +135,25 @@ def test_render_tree_shows_task_spans_and_spans_made_in_tasks():
     ]
     assert render_tree(spans).splitlines() == [
         "trace t",
-        "  · inc  1.000s  3 tasks  (+1 task spans left out)",
+        "  · inc  1.000s  3 tasks  (+1 task span left out)",
         "    ✗ inc-1  0.500s  KeyError: 'a'",
         "    GET  0.100s  (in a task)",
+    ]
+
+
+def test_render_tree_says_1_task_not_1_tasks():
+    spans = [
+        {"traceId": "t", "spanId": "1", "name": "wf", "startTimeUnixNano": "0",
+         "endTimeUnixNano": "2000000000",
+         "attributes": {"dask.span.id": "x", "dask.span.task_count": 1}},
+        {"traceId": "t", "spanId": "2", "parentSpanId": "1", "name": "inc",
+         "startTimeUnixNano": "0", "endTimeUnixNano": "1000000000",
+         "attributes": {"dask.task.prefix": "inc", "dask.task_group.task_count": 1}},
+    ]
+    assert render_tree(spans).splitlines() == [
+        "trace t",
+        "  wf  2.000s  1 task",
+        "    · inc  1.000s  1 task",
     ]
 
 

@@ -50,18 +50,55 @@ def spans_named(receiver, *wanted):
     return wait_for(check, timeout=30)
 
 
-def test_quickstart_writes_its_span_tree_and_says_where(tmp_path):
-    out = run_example("quickstart.py", str(tmp_path / "out"), cwd=tmp_path)
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory):
+    """One run of the quickstart on a LocalCluster: its directory and what it printed."""
+    tmp_path = tmp_path_factory.mktemp("quickstart")
+    out = run_example("quickstart.py", "--output-dir", str(tmp_path / "out"), cwd=tmp_path)
+    return tmp_path, out
+
+
+def test_quickstart_writes_its_span_tree_and_says_where(quickstart):
+    tmp_path, out = quickstart
     traces = tmp_path / "out" / "traces.jsonl"
     spans = {s["name"]: s for s in read_spans(str(traces))}
     assert spans["load"]["parentSpanId"] == spans["quickstart"]["spanId"]
     assert spans["reduce"]["parentSpanId"] == spans["quickstart"]["spanId"]
     assert spans["load"]["attributes"][names.SPAN_TASK_COUNT] == 16
     # what it prints is what the scheduler's plugin did, read from the client
-    exported = int(re.search(r"spans exported: (\d+)", out).group(1))
-    assert exported == len([s for s in spans.values() if names.SPAN_ID in s["attributes"]])
+    handed_over = int(re.search(r"dask spans handed over: (\d+)", out).group(1))
+    assert handed_over == len([s for s in spans.values() if names.SPAN_ID in s["attributes"]])
     assert f"traces: {traces}" in out
     assert f"metrics: {tmp_path / 'out' / 'metrics.jsonl'}" in out
+
+
+def test_quickstart_prints_the_span_tree_its_docstring_promises(quickstart):
+    tmp_path, out = quickstart
+    spans = read_spans(str(tmp_path / "out" / "traces.jsonl"))
+    trace_id = {s["traceId"] for s in spans if s["name"] == "quickstart"}.pop()
+    tree = out[out.index(f"trace {trace_id}"):].splitlines()
+    assert tree[1].startswith("  quickstart  ")
+    assert tree[2].startswith("    load  ") and "16 tasks" in tree[2]
+    assert any(line.startswith("    reduce  ") for line in tree)
+
+
+def test_quickstart_with_an_address_uses_that_scheduler_and_writes_nothing_here(
+        remote, tmp_path):
+    procs, receiver = remote
+    out = run_example("quickstart.py", procs.address, cwd=tmp_path)
+    assert list(tmp_path.iterdir()) == []  # (no "tcp:" folder, nor any other)
+    assert "traces: OTLP grpc to " in out
+    spans = spans_named(receiver, "quickstart", "load", "reduce")
+    assert spans["load"]["parentSpanId"] == spans["quickstart"]["spanId"]
+
+
+def test_quickstart_says_an_output_directory_is_not_an_address(tmp_path):
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "quickstart.py"), "out"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "'out' is not a scheduler address" in proc.stderr
+    assert "--output-dir" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_remote_scheduler_with_preload(remote, tmp_path):

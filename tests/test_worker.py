@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 
 import pytest
 from distributed import span as dask_span
 from distributed.utils_test import gen_cluster
 from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from dask_otel_spans import OTelWorkerPlugin, names, span
 from dask_otel_spans.propagation import otel_span_id, otel_trace_id, prefix_span_id
+from dask_otel_spans.worker_providers import WorkerProviders, build_worker_providers
 
 #: exporters off: nothing is installed as this test process's global providers
 NO_EXPORT = {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}
@@ -213,3 +216,67 @@ async def test_a_setting_that_cannot_work_is_one_error_per_worker_and_tasks_keep
     with span("etl") as span_id:
         got = await c.submit(current_ids, 1, key="current_ids-1")
     assert got[1] == prefix_span_id(span_id, "current_ids")
+
+
+# -- each signal built on its own (the builder, called directly: nothing installed) --
+
+#: every signal to a place of its own: files for traces and metrics, the console for
+#: logs
+ALL_SIGNALS = {"OTEL_TRACES_EXPORTER": "otlp_json_file",
+               "OTEL_METRICS_EXPORTER": "otlp_json_file",
+               "OTEL_LOGS_EXPORTER": "console"}
+
+
+def build_for_test(environ: dict[str, str], output_dir) -> WorkerProviders:
+    """The builder on ``environ``, without the process's global providers."""
+    return build_worker_providers("tcp://10.0.0.7:4000", "w-1", environ=environ,
+                                  output_dir=str(output_dir), use_global=False)
+
+
+def package_errors(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name.startswith("dask_otel_spans") and r.levelno >= logging.ERROR]
+
+
+@pytest.fixture
+def shut_down():
+    """The providers a test built, shut down after it."""
+    built: list[WorkerProviders] = []
+    yield built.append
+    for providers in built:
+        for provider in providers.built:
+            provider.shutdown()
+
+
+def test_a_metrics_exporter_without_its_extra_is_one_error_and_the_other_signals_are_built(
+        tmp_path, caplog, monkeypatch, shut_down):
+    # (as without the prometheus extra installed)
+    monkeypatch.setitem(sys.modules, "opentelemetry.exporter.prometheus", None)
+    with caplog.at_level(logging.ERROR, logger="dask_otel_spans"):
+        p = build_for_test({**ALL_SIGNALS, "OTEL_METRICS_EXPORTER": "prometheus"},
+                           tmp_path)
+    shut_down(p)
+    (error,) = package_errors(caplog)
+    assert "OTEL_METRICS_EXPORTER=prometheus needs opentelemetry-exporter-prometheus" in error
+    assert p.meter_provider is None and p.metrics_to.startswith("nowhere (")
+    assert isinstance(p.tracer_provider, TracerProvider)
+    assert p.traces_to.endswith("traces.jsonl")
+    assert p.logger_provider is not None and p.logs_to == "the console"
+
+
+@pytest.mark.parametrize("variable, value, lost", [
+    ("OTEL_TRACES_EXPORTER", "zipkin-v9", "tracer_provider"),
+    ("OTEL_METRICS_EXPORTER", "bogus", "meter_provider"),
+    ("OTEL_LOGS_EXPORTER", "bogus", "logger_provider"),
+])
+def test_a_signal_whose_value_cannot_work_is_one_error_naming_it_and_the_others_are_built(
+        tmp_path, caplog, shut_down, variable, value, lost):
+    with caplog.at_level(logging.ERROR, logger="dask_otel_spans"):
+        p = build_for_test({**ALL_SIGNALS, variable: value}, tmp_path)
+    shut_down(p)
+    (error,) = package_errors(caplog)
+    assert f"{variable}={value!r} is not one of" in error
+    assert len(p.errors) == 1 and p.errors[0] in error
+    built = {"tracer_provider", "meter_provider", "logger_provider"} - {lost}
+    assert getattr(p, lost) is None
+    assert all(getattr(p, name) in p.built for name in built)
