@@ -28,6 +28,7 @@ from dask_otel_spans.log_correlation import (
     export_level,
     task_log_handler,
 )
+from dask_otel_spans.providers import flush_provider
 from dask_otel_spans.task_context import TaskContexts
 from dask_otel_spans.worker_providers import WorkerProviders, worker_providers
 
@@ -163,9 +164,12 @@ class OTelWorkerPlugin(WorkerPlugin):
 
 
 def _flush(providers: list[Any], timeout: float) -> None:
+    """Flush ``providers``, a meter provider's push readers only (a pull reader,
+    such as Prometheus's, is never flushed:
+    :func:`~dask_otel_spans.providers.flush_provider`)."""
     for provider in providers:
         try:
-            provider.force_flush(int(timeout * 1000))
+            flush_provider(provider, int(timeout * 1000))
         except Exception:
             logger.warning("dask_otel_spans: flushing %s failed",
                            type(provider).__name__, exc_info=True)

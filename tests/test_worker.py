@@ -10,11 +10,14 @@ import pytest
 from distributed import span as dask_span
 from distributed.utils_test import gen_cluster
 from opentelemetry import trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from dask_otel_spans import OTelWorkerPlugin, names, span
 from dask_otel_spans.propagation import otel_span_id, otel_trace_id, prefix_span_id
+from dask_otel_spans.worker import _flush
 from dask_otel_spans.worker_providers import WorkerProviders, build_worker_providers
 
 #: exporters off: nothing is installed as this test process's global providers
@@ -280,3 +283,17 @@ def test_a_signal_whose_value_cannot_work_is_one_error_naming_it_and_the_others_
     built = {"tracer_provider", "meter_provider", "logger_provider"} - {lost}
     assert getattr(p, lost) is None
     assert all(getattr(p, name) in p.built for name in built)
+
+
+def test_the_teardown_flush_leaves_pull_readers_alone():
+    # (a pull reader queues one collection per flush: the next scrape would repeat
+    # every metric family)
+    reader = InMemoryMetricReader()
+    flushed: list[float] = []
+    reader.force_flush = lambda timeout_millis=0: flushed.append(timeout_millis) or True
+    provider = MeterProvider(metric_readers=[reader])
+    try:
+        _flush([provider], 1.0)
+    finally:
+        provider.shutdown()
+    assert flushed == []
