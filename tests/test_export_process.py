@@ -712,15 +712,6 @@ def test_export_process_cpu_policy_comes_from_dask_config():
         assert PluginConfig.from_dask_config().export_process_cpu_policy == "batch"
 
 
-def test_an_unknown_cpu_policy_is_logged_and_the_default_used(caplog):
-    import dask
-
-    with dask.config.set({"otel-spans.export-process-cpu-policy": "realtime"}):
-        with caplog.at_level(logging.WARNING, logger="dask_otel_spans"):
-            assert PluginConfig.from_dask_config().export_process_cpu_policy == "idle"
-    assert "export-process-cpu-policy must be one of idle, batch, normal" in caplog.text
-
-
 def test_export_process_leaves_its_setup_out_of_garbage_collections(tmp_path):
     from dask_otel_spans.export_child import YOUNG_GC_THRESHOLD
 
