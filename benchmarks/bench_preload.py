@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+import bench_clock
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     MetricExporter,
@@ -28,7 +29,6 @@ from opentelemetry.sdk.trace.export import (
     SpanExportResult,
 )
 
-import bench_clock
 import dask_otel_spans
 from dask_otel_spans import OTelSpansPlugin
 

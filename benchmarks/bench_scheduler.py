@@ -856,14 +856,13 @@ def part_export_cost(repeat: int) -> dict:
     from dataclasses import dataclass as dc
 
     from distributed.spans import Span
-
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-    from dask_otel_spans.emitter import SpanEmitter
-    from dask_otel_spans.propagation import resolve_chain
-    from dask_otel_spans.snapshot import snapshot_span
-    from dask_otel_spans.traces import span_fields, subtree_summary
+    from dask_otel_spans.export.emitter import SpanEmitter
+    from dask_otel_spans.export.traces import span_fields, subtree_summary
+    from dask_otel_spans.protocol.propagation import resolve_chain
+    from dask_otel_spans.protocol.snapshots import snapshot_span
 
     @dc(eq=False)
     class Prefix:

@@ -23,11 +23,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from typing import TYPE_CHECKING
+
 from dask_otel_spans import config as _config  # noqa: F401  (registers defaults)
 from dask_otel_spans import names as _names
 from dask_otel_spans.client import span, wait_for_export
-from dask_otel_spans.plugin import OTelSpansPlugin
-from dask_otel_spans.worker import OTelWorkerPlugin
+
+if TYPE_CHECKING:
+    from dask_otel_spans.scheduler.plugin import OTelSpansPlugin
+    from dask_otel_spans.worker.plugin import OTelWorkerPlugin
 
 __version__ = _names.VERSION
 __all__ = ["OTelSpansPlugin", "OTelWorkerPlugin", "dask_setup", "span",
@@ -35,11 +39,36 @@ __all__ = ["OTelSpansPlugin", "OTelWorkerPlugin", "dask_setup", "span",
 
 logger = logging.getLogger(__name__)
 
+#: The plugins, imported when first asked for: a client that only uses ``span``
+#: loads neither the scheduler side nor the worker side (nor the OTel SDK)
+_LAZY = {
+    "OTelSpansPlugin": "dask_otel_spans.scheduler.plugin",
+    "OTelWorkerPlugin": "dask_otel_spans.worker.plugin",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 def dask_setup(server: Any) -> Any:
     """Preload entry point: ``dask scheduler --preload dask_otel_spans`` and
     ``dask worker --preload dask_otel_spans``."""
     from distributed import Scheduler, Worker
+
+    from dask_otel_spans.scheduler.plugin import OTelSpansPlugin
+    from dask_otel_spans.worker.plugin import OTelWorkerPlugin
 
     if isinstance(server, Scheduler):
         _log_as_distributed_does()

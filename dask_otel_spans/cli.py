@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dask_otel_spans import names
-from dask_otel_spans.otlpjson import TRACES_FILE, read_spans
+from dask_otel_spans.sdk.otlpjson import TRACES_FILE, read_spans
 
 # -- rendering --------------------------------------------------------------------------
 
@@ -53,7 +53,7 @@ def _task_line(span: dict[str, Any], duration: float) -> str:
 
 
 def render_tree(spans: Sequence[dict[str, Any]]) -> str:
-    """Text tree of OTLP/JSON spans (as from :func:`~dask_otel_spans.otlpjson.read_spans`):
+    """Text tree of OTLP/JSON spans (as from :func:`~dask_otel_spans.sdk.otlpjson.read_spans`):
     per dask span its duration, task count and top activities; task prefixes below
     (``·``), their task spans (``✗`` erred, ``-`` others) and spans made in tasks."""
     by_id = {(s.get("traceId"), s.get("spanId")): s for s in spans}

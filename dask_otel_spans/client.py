@@ -18,7 +18,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanContext
 
 from dask_otel_spans import names
-from dask_otel_spans.propagation import (
+from dask_otel_spans.protocol.propagation import (
     carrier_from_context,
     parse_carried,
     resolve_chain,

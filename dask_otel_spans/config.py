@@ -12,7 +12,7 @@ import dask.config
 import yaml
 from dask.utils import parse_timedelta
 
-from dask_otel_spans.task_sampling import TASK_SPAN_MODES
+from dask_otel_spans.protocol.tasks import TASK_SPAN_MODES
 
 logger = logging.getLogger(__name__)
 

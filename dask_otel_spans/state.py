@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dask_otel_spans import names
-from dask_otel_spans.plugin import OTelSpansPlugin
+from dask_otel_spans.scheduler.plugin import OTelSpansPlugin
 
 if TYPE_CHECKING:
     from distributed import Scheduler

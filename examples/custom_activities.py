@@ -12,10 +12,10 @@ from __future__ import annotations
 import sys
 import time
 
+from _cluster import connect
 from distributed.metrics import context_meter
 
 from dask_otel_spans import span
-from _cluster import connect
 
 
 def fit(part: int) -> int:

@@ -17,8 +17,9 @@ from __future__ import annotations
 import sys
 import time
 
-from dask_otel_spans import span
 from _cluster import connect
+
+from dask_otel_spans import span
 
 
 def score(row: int, cost: float) -> int:

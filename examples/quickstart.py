@@ -19,12 +19,12 @@ import os
 from collections.abc import Sequence
 
 import dask.array as da
+from _cluster import connect
 from opentelemetry import trace
 
 from dask_otel_spans import span, wait_for_export
 from dask_otel_spans.cli import read_all_spans, render_tree, traces_files
-from dask_otel_spans.otlpjson import TRACES_FILE
-from _cluster import connect
+from dask_otel_spans.sdk.otlpjson import TRACES_FILE
 
 
 def main(address: str | None = None, output_dir: str | None = None) -> None:

@@ -13,9 +13,9 @@ from __future__ import annotations
 import sys
 
 import dask.array as da
+from _cluster import connect
 
 from dask_otel_spans import span
-from _cluster import connect
 
 
 def main(address: str | None = None) -> None:

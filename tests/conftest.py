@@ -34,7 +34,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
 
-from dask_otel_spans.otlpjson import flatten_spans, to_otlp_json
+from dask_otel_spans.sdk.otlpjson import flatten_spans, to_otlp_json
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 20, interval: float = 0.05):

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from dask_otel_spans.cli import VALIDATION_NOTICE, render_tree
-from dask_otel_spans.otlpjson import read_metric_points, read_spans
+from dask_otel_spans.sdk.otlpjson import read_metric_points, read_spans
 
 
 def run_demo(cwd) -> subprocess.CompletedProcess:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import time
 
 import pytest
+from conftest import DaskProcesses, otlp_grpc_env, wait_for
 from distributed import Client
 from opentelemetry.sdk.trace import TracerProvider
 
 from dask_otel_spans import names, span
-from dask_otel_spans.propagation import otel_span_id, prefix_span_id
-
-from conftest import DaskProcesses, otlp_grpc_env, wait_for
+from dask_otel_spans.protocol.propagation import otel_span_id, prefix_span_id
 
 
 def sleepy(x: float) -> float:

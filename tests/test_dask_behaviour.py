@@ -5,13 +5,13 @@ from __future__ import annotations
 import uuid
 
 import dask
-from distributed import span as dask_span, wait
+from conftest import MemoryProviders, async_wait_for
+from distributed import span as dask_span
+from distributed import wait
 from distributed.utils_test import gen_cluster, inc, slowdec, slowinc
+from test_plugin import install
 
 from dask_otel_spans import names, span
-
-from conftest import MemoryProviders, async_wait_for
-from test_plugin import install
 
 
 @gen_cluster(client=True)

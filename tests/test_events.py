@@ -3,11 +3,10 @@ not of the protocol is refused by name, never half-applied."""
 from __future__ import annotations
 
 import pytest
-
-from dask_otel_spans import events
-from dask_otel_spans.session import ExportSession
-
 from conftest import Recorder
+
+from dask_otel_spans.export.session import ExportSession
+from dask_otel_spans.protocol import events
 
 
 def test_a_message_calls_its_handler_with_its_fields():

@@ -8,12 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import DaskProcesses, otlp_grpc_env, wait_for
 from distributed import Client
 
 from dask_otel_spans import names
-from dask_otel_spans.otlpjson import read_spans
-
-from conftest import DaskProcesses, otlp_grpc_env, wait_for
+from dask_otel_spans.sdk.otlpjson import read_spans
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 

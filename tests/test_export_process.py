@@ -15,15 +15,6 @@ import warnings
 
 import psutil
 import pytest
-from distributed import Client, Event
-from distributed.utils_test import gen_cluster, inc
-
-from dask_otel_spans import OTelSpansPlugin, names, span
-from dask_otel_spans.export_process import EXPORT_PROCESS_NICE, ExportProcess
-from dask_otel_spans.otlpjson import latest_points, read_metric_points, read_spans
-from dask_otel_spans.pipeline import PipelineSpec
-from dask_otel_spans.config import PluginConfig
-
 from conftest import (
     DaskProcesses,
     MemoryProviders,
@@ -33,6 +24,14 @@ from conftest import (
     wait_for,
     wait_for_event,
 )
+from distributed import Client, Event
+from distributed.utils_test import gen_cluster, inc
+
+from dask_otel_spans import OTelSpansPlugin, names, span
+from dask_otel_spans.config import PluginConfig
+from dask_otel_spans.sdk.otlpjson import latest_points, read_metric_points, read_spans
+from dask_otel_spans.transport.sender import EXPORT_PROCESS_NICE, ExportProcess
+from dask_otel_spans.transport.spec import PipelineSpec
 
 FAST = dict(export_delay=0.1, idle_timeout=1.0)
 
@@ -73,7 +72,7 @@ def child_pid(plugin: OTelSpansPlugin) -> int:
 def export_children(pid: int) -> list[psutil.Process]:
     return [
         p for p in psutil.Process(pid).children(recursive=True)
-        if "dask_otel_spans.export_child" in " ".join(p.cmdline())
+        if "dask_otel_spans.transport.child" in " ".join(p.cmdline())
     ]
 
 
@@ -270,7 +269,7 @@ def test_spans_sent_to_an_export_process_as_it_dies_are_sent_again(tmp_path, cap
 
 
 def test_the_export_process_figures_thread_carries_on_after_an_error(monkeypatch):
-    from dask_otel_spans import export_child
+    from dask_otel_spans.transport import child as export_child
 
     class Session:
         calls = 0
@@ -713,7 +712,7 @@ def test_export_process_cpu_policy_comes_from_dask_config():
 
 
 def test_export_process_leaves_its_setup_out_of_garbage_collections(tmp_path):
-    from dask_otel_spans.export_child import YOUNG_GC_THRESHOLD
+    from dask_otel_spans.transport.child import YOUNG_GC_THRESHOLD
 
     process = ExportProcess(
         PipelineSpec(PluginConfig.from_dask_config(output_dir=str(tmp_path)), environ={})

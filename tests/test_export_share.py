@@ -6,12 +6,11 @@ from __future__ import annotations
 import logging
 
 import pytest
+from conftest import MemoryProviders, async_wait_for
 from distributed.utils_test import gen_cluster, inc
 
 from dask_otel_spans import OTelSpansPlugin, span
-from dask_otel_spans.export_share import ExportShareWatch
-
-from conftest import MemoryProviders, async_wait_for
+from dask_otel_spans.export.share import ExportShareWatch
 
 
 class Clocks:

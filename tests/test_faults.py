@@ -11,12 +11,6 @@ import time
 import warnings
 
 import pytest
-from distributed import Client, wait
-from distributed.utils_test import gen_cluster, inc, slowinc
-
-from dask_otel_spans import OTelSpansPlugin, names, span
-from dask_otel_spans.otlpjson import read_spans
-
 from conftest import (
     DaskProcesses,
     MemoryProviders,
@@ -26,7 +20,12 @@ from conftest import (
     otlp_grpc_env,
     wait_for,
 )
+from distributed import Client, wait
+from distributed.utils_test import gen_cluster, inc, slowinc
 from test_plugin import install, plugin_of
+
+from dask_otel_spans import OTelSpansPlugin, names, span
+from dask_otel_spans.sdk.otlpjson import read_spans
 
 #: in-process receivers start server threads inside the cluster (not the plugin's)
 RECEIVER_THREADS = {"threads": False}

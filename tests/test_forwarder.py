@@ -6,12 +6,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from conftest import Recorder
 from distributed.spans import Span
 
-from dask_otel_spans.events import dispatch
-from dask_otel_spans.forwarder import CLIENT_GONE, GRAPH, NOTICE, SpanForwarder
-
-from conftest import Recorder
+from dask_otel_spans.protocol.events import dispatch
+from dask_otel_spans.scheduler.forwarder import (
+    CLIENT_GONE,
+    GRAPH,
+    NOTICE,
+    SpanForwarder,
+)
 
 
 class Prefix:

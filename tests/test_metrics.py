@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import pytest
+from conftest import wait_for
 
 from dask_otel_spans import names
-from dask_otel_spans.metrics import (
-    SDK_DEFAULT_CARDINALITY_LIMIT,
+from dask_otel_spans.export.metrics import (
     SPAN_DURATION_BUCKETS,
     DaskInstruments,
     MetricsPump,
@@ -13,8 +13,7 @@ from dask_otel_spans.metrics import (
     SpanNameCap,
     unit_family,
 )
-
-from conftest import wait_for
+from dask_otel_spans.sdk.providers import SDK_DEFAULT_CARDINALITY_LIMIT
 
 SID = "0eadd631-e68b-495e-b072-7765d0d61002"
 
@@ -282,7 +281,7 @@ def test_series_cap_is_logged_once_per_instrument(memory, caplog):
     instruments = DaskInstruments(
         meter, SpanNameCap(depth=None, max_names=1000), SeriesCap(max_series=20)
     )
-    with caplog.at_level("WARNING", logger="dask_otel_spans.metrics"):
+    with caplog.at_level("WARNING", logger="dask_otel_spans.export.metrics"):
         _one_second_per_activity(instruments, 10)
         _one_second_per_activity(instruments, 20)
     logged = [r for r in caplog.records if "max-series" in r.getMessage()]

@@ -7,15 +7,13 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from conftest import OTLPReceiver, async_wait_for
 from distributed.utils_test import gen_cluster, inc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from dask_otel_spans import OTelSpansPlugin, names, span
-from dask_otel_spans.otlpjson import flatten_spans, to_otlp_json
-
-from conftest import OTLPReceiver, async_wait_for
-
+from dask_otel_spans.sdk.otlpjson import flatten_spans, to_otlp_json
 
 #: The receivers run in this process: their server threads start with the first
 #: request, inside the cluster, and are not a leak of the plugin's (test_plugin.py

@@ -9,7 +9,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from dask_otel_spans.otlpjson import (
+from dask_otel_spans.sdk.otlpjson import (
     OTLPJsonLinesMetricExporter,
     OTLPJsonLinesSpanExporter,
     latest_points,

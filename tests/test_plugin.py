@@ -7,7 +7,9 @@ from time import time
 
 import dask
 import pytest
-from distributed import Client, Event, Scheduler, default_client, span as dask_span, wait
+from conftest import MemoryProviders, async_wait_for, wait_for_event
+from distributed import Client, Event, Scheduler, default_client, wait
+from distributed import span as dask_span
 from distributed.utils_test import gen_cluster, inc, slowinc
 from opentelemetry import trace
 from opentelemetry.trace import (
@@ -19,9 +21,7 @@ from opentelemetry.trace import (
 )
 
 from dask_otel_spans import OTelSpansPlugin, names, span
-from dask_otel_spans.propagation import otel_span_id, otel_trace_id
-
-from conftest import MemoryProviders, async_wait_for, wait_for_event
+from dask_otel_spans.protocol.propagation import otel_span_id, otel_trace_id
 
 FAST = dict(export_delay=0.1, idle_timeout=1.0)
 

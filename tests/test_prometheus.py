@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import DaskProcesses, free_port, wait_for
 from distributed import Client
 
 from dask_otel_spans import span, wait_for_export
-
-from conftest import DaskProcesses, free_port, wait_for
 
 DEPLOY = Path(__file__).parent.parent / "deploy"
 SLEEP, N_TASKS = 0.2, 5
@@ -249,7 +248,7 @@ def prometheus_meter_provider():
 
 
 def test_flushing_never_repeats_a_prometheus_metric_family(prometheus_meter_provider):
-    from dask_otel_spans.providers import flush_provider
+    from dask_otel_spans.sdk.providers import flush_provider
 
     provider, scrape = prometheus_meter_provider
     for _ in range(3):

@@ -9,7 +9,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanContext, TraceFlags
 
-from dask_otel_spans.propagation import (
+from dask_otel_spans.protocol.propagation import (
     _id_bits,
     carrier_for,
     carrier_from_context,
@@ -110,7 +110,7 @@ def test_parse_carried_keeps_helper_entries_without_context():
 
 
 def test_parse_carried_parses_a_carrier_shared_by_chains_once(monkeypatch):
-    from dask_otel_spans import propagation
+    from dask_otel_spans.protocol import propagation
 
     calls = []
     parse_one = propagation.span_context_from_carrier
@@ -191,7 +191,7 @@ def test_long_tracestates_are_parsed():
 def test_carried_headers_are_kept_as_sent_and_no_mapping_is_refused():
     from types import MappingProxyType
 
-    from dask_otel_spans.propagation import carried_headers
+    from dask_otel_spans.protocol.propagation import carried_headers
 
     annotation = {"a": {"traceparent": "anything"}, "b": {}}
     assert carried_headers(annotation) is annotation  # (not parsed, not copied)
@@ -216,7 +216,7 @@ class UnreadableMapping(Mapping):
 def test_a_mapping_that_fails_to_be_read_carries_nothing_and_raises_nothing():
     """On the event loop (an annotation) and on the sender (a carrier), a client's
     mapping that raises when read is taken as no mapping: never an exception."""
-    from dask_otel_spans.propagation import carried_headers, w3c_headers
+    from dask_otel_spans.protocol.propagation import carried_headers, w3c_headers
 
     assert carried_headers(UnreadableMapping()) is None
     assert w3c_headers(UnreadableMapping()) is None

@@ -2,19 +2,18 @@
 from __future__ import annotations
 
 import pytest
+from conftest import otlp_grpc_env, wait_for
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 
-from conftest import otlp_grpc_env, wait_for
-
 from dask_otel_spans import names
-from dask_otel_spans.metrics import DaskInstruments, SeriesCap, SpanNameCap
-from dask_otel_spans.otlp_exporters import (
+from dask_otel_spans.export.metrics import DaskInstruments, SeriesCap, SpanNameCap
+from dask_otel_spans.sdk.otlp import (
     ConfigurationError,
     otlp_exporter_kwargs,
     parse_headers,
 )
-from dask_otel_spans.providers import build_resource, resolve_providers
+from dask_otel_spans.sdk.providers import build_resource, resolve_providers
 
 
 def _shutdown(p):

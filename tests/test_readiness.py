@@ -11,9 +11,10 @@ from distributed.scheduler import ALL_TASK_STATES, TaskGroup, TaskPrefix
 
 from dask_otel_spans import names
 from dask_otel_spans.config import PluginConfig
-from dask_otel_spans.tracking.readiness import ReadinessTracker
-from dask_otel_spans.tracking.tree import SpanTree
-from dask_otel_spans.tracking.verdicts import Verdicts, group_done
+from dask_otel_spans.export.tracking.readiness import ReadinessTracker
+from dask_otel_spans.export.tracking.tree import SpanTree
+from dask_otel_spans.export.tracking.verdicts import Verdicts
+from dask_otel_spans.protocol.dask_facts import group_done
 
 CONFIG = PluginConfig.from_dask_config(
     export_delay=0.1, idle_timeout=5.0, lazy_timeout=60.0
@@ -341,7 +342,7 @@ def test_carried_headers_are_kept_as_sent_and_parsed_only_by_the_translation(
     """Close notices and graphs carry W3C headers: the tracker keeps them as sent.
     Collections computed after their blocks closed bring the very chain each span's
     notice carried: the graph marks those spans submitted and changes nothing else."""
-    import dask_otel_spans.propagation as propagation
+    import dask_otel_spans.protocol.propagation as propagation
 
     def no_parse(*args):
         raise AssertionError("parsed by the tracker")

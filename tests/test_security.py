@@ -6,12 +6,11 @@ import subprocess
 
 import grpc
 import pytest
+from conftest import MemoryProviders, OTLPReceiver, async_wait_for
 from distributed.utils_test import gen_cluster
+from test_plugin import install
 
 from dask_otel_spans import OTelSpansPlugin, names, span
-
-from conftest import MemoryProviders, OTLPReceiver, async_wait_for
-from test_plugin import install
 
 SECRET = "hunter2-credit-card-4111111111111111"
 

@@ -8,22 +8,21 @@ import pytest
 from distributed.core import error_message
 
 from dask_otel_spans import names
-from dask_otel_spans.task_sampling import (
+from dask_otel_spans.export.task_spans import (
+    exception_attributes,
+    exception_parts,
+    task_span_fields,
+)
+from dask_otel_spans.export.tracking.samples import PrefixTasks
+from dask_otel_spans.protocol.tasks import (
     ALL,
     ERRED,
     MAX_EXCEPTION_MESSAGE_LENGTH,
     NONE,
     SLOWEST,
-    PrefixTasks,
     TaskRecord,
-    TaskSampler,
-    task_record,
 )
-from dask_otel_spans.task_spans import (
-    exception_attributes,
-    exception_parts,
-    task_span_fields,
-)
+from dask_otel_spans.scheduler.sampler import TaskSampler, task_record
 
 
 def finished(seconds: float, start: float = 100.0, **extra) -> dict:

@@ -2,17 +2,14 @@
 ``distributed.spans.Span`` objects with stand-in task groups (no cluster)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import uuid
+from dataclasses import dataclass, field
 
 import pytest
 from distributed.spans import Span
 
 from dask_otel_spans import names
-from dask_otel_spans.propagation import resolve_chain
-from dask_otel_spans.snapshot import snapshot_span
-from dask_otel_spans.traces import (
+from dask_otel_spans.export.traces import (
     SpanSummary,
     active_cpu_seconds,
     span_fields,
@@ -20,6 +17,8 @@ from dask_otel_spans.traces import (
     to_ns,
     unseen_span_fields,
 )
+from dask_otel_spans.protocol.propagation import resolve_chain
+from dask_otel_spans.protocol.snapshots import snapshot_span
 
 ROOT = "9cd7531a-e510-4f61-837a-ca1e4437bd90"
 CHILD = "0eadd631-e68b-495e-b072-7765d0d61002"
@@ -256,9 +255,9 @@ def test_a_copy_holds_its_children_and_their_groups_and_metrics():
 
 
 def test_a_prefix_span_and_its_dask_span_cover_an_erred_task_that_ended_later():
-    from dask_otel_spans.snapshot import GroupSnapshot, SpanSnapshot
-    from dask_otel_spans.task_sampling import TaskRecord
-    from dask_otel_spans.traces import SpanSummary, span_fields
+    from dask_otel_spans.export.traces import SpanSummary, span_fields
+    from dask_otel_spans.protocol.snapshots import GroupSnapshot, SpanSnapshot
+    from dask_otel_spans.protocol.tasks import TaskRecord
 
     group = GroupSnapshot("f", 1.0, 2.0, 0, 0.5, 2, 1)  # (the erred task not in stop)
     erred = TaskRecord("f-1", "tcp://w:1", 1.5, 3.0, -1, (), "ValueError('x')", "")
@@ -276,7 +275,7 @@ def test_a_prefix_span_and_its_dask_span_cover_an_erred_task_that_ended_later():
 def tree_with_an_erred_group(*settles: tuple[float, ...]):
     """A span tree copy with one span, enqueued at 100, and one group of prefix
     ``f`` settled with each ``done`` message's figures in ``settles`` in turn."""
-    from dask_otel_spans.tracking.tree import SpanTree
+    from dask_otel_spans.export.tracking.tree import SpanTree
 
     tree = SpanTree([(100.0, 4)])
     tree.add_span([ROOT], ("wf",), 100.0, 0)

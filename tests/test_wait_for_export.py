@@ -6,13 +6,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from conftest import OTLPReceiver, free_port, otlp_grpc_env
 from distributed import Client, LocalCluster
 
 from dask_otel_spans import OTelSpansPlugin, span, wait_for_export
 from dask_otel_spans.client import PluginMissing
 from dask_otel_spans.state import IDLE, ExportState
-
-from conftest import OTLPReceiver, free_port, otlp_grpc_env
 
 
 def inc(x: int) -> int:

@@ -6,7 +6,12 @@ import io
 
 import pytest
 
-from dask_otel_spans.wire import encode_batch, read_frame, span_tags_of, write_frame
+from dask_otel_spans.protocol.wire import (
+    encode_batch,
+    read_frame,
+    span_tags_of,
+    write_frame,
+)
 
 ROOT_ID = "6f1c1e9e-3b0a-4f57-9a49-2f6d1c3f0a11"
 CHILD_ID = "0d9a8e77-51c4-4c6b-8c3e-7a5b2d1e9f22"

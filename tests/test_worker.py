@@ -16,9 +16,16 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from dask_otel_spans import OTelWorkerPlugin, names, span
-from dask_otel_spans.propagation import otel_span_id, otel_trace_id, prefix_span_id
-from dask_otel_spans.worker import _flush
-from dask_otel_spans.worker_providers import WorkerProviders, build_worker_providers
+from dask_otel_spans.protocol.propagation import (
+    otel_span_id,
+    otel_trace_id,
+    prefix_span_id,
+)
+from dask_otel_spans.worker.plugin import _flush
+from dask_otel_spans.worker.providers import (
+    WorkerProviders,
+    build_worker_providers,
+)
 
 #: exporters off: nothing is installed as this test process's global providers
 NO_EXPORT = {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}

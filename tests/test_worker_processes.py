@@ -12,15 +12,14 @@ import urllib.request
 
 import dask
 import pytest
+from conftest import DaskProcesses, otlp_grpc_env, wait_for
 from distributed import Client
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, use_span
 
 from dask_otel_spans import names, span
-from dask_otel_spans.otlpjson import read_spans
-from dask_otel_spans.propagation import otel_span_id, prefix_span_id
-
-from conftest import DaskProcesses, otlp_grpc_env, wait_for
+from dask_otel_spans.protocol.propagation import otel_span_id, prefix_span_id
+from dask_otel_spans.sdk.otlpjson import read_spans
 
 
 class Quiet(http.server.BaseHTTPRequestHandler):
@@ -159,7 +158,7 @@ def test_with_nothing_configured_each_worker_process_writes_files_of_its_own(
     script = (
         "import os, sys\n"
         "from opentelemetry import trace\n"
-        "from dask_otel_spans.worker_providers import worker_providers\n"
+        "from dask_otel_spans.worker.providers import worker_providers\n"
         "p = worker_providers('tcp://10.0.0.7:4000', 'w-1', environ={},\n"
         "                     output_dir=sys.argv[1])\n"
         "with trace.get_tracer('task code').start_as_current_span('in a task'):\n"

@@ -9,40 +9,17 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
-#: ``task-spans`` values: spans for the erred tasks; the erred and the slowest; every
-#: task; none
-ERRED, SLOWEST, ALL, NONE = "erred", "slowest", "all", "none"
-TASK_SPAN_MODES = (ERRED, SLOWEST, ALL, NONE)
-#: Longest ``exception.message`` and ``exception.stacktrace`` kept (characters);
-#: the scheduler cuts them, so a task span holds at most this much
-MAX_EXCEPTION_MESSAGE_LENGTH = 4096
-MAX_STACKTRACE_LENGTH = 16384
-#: Longest ``dask.task.key`` kept (characters) before the attribute length limit
-MAX_KEY_LENGTH = 1024
-
-
-class TaskRecord(NamedTuple):
-    """One task's fate, as the scheduler heard it (plain built-ins: it crosses to the
-    export process as they are). Times are on the scheduler's clock."""
-
-    key: str
-    worker: str
-    #: the compute action's start and stop; 0 when the worker reported none
-    start: float
-    stop: float
-    #: -1 for a task that erred
-    nbytes: int
-    #: the other actions: ``((action, start, stop), ...)``
-    actions: tuple[tuple[str, float, float], ...]
-    #: ``repr`` of the exception and the traceback's text (``None`` unless erred)
-    exception: str | None
-    traceback: str | None
-
-    @property
-    def erred(self) -> bool:
-        return self.exception is not None
+from dask_otel_spans.protocol.tasks import (
+    ALL,
+    MAX_EXCEPTION_MESSAGE_LENGTH,
+    MAX_KEY_LENGTH,
+    MAX_STACKTRACE_LENGTH,
+    NONE,
+    SLOWEST,
+    TaskRecord,
+)
 
 
 def task_record(key: Any, kwargs: Mapping[str, Any], erred: bool) -> TaskRecord:
@@ -194,51 +171,3 @@ class TaskSampler:
         reported one), forgotten here."""
         window = self.erred_windows.pop(group, None)
         return (window[0], window[1]) if window is not None else (0.0, 0.0)
-
-
-class PrefixTasks:
-    """The tasks of one prefix of one dask span that get spans: the erred first, then
-    the others (the slowest, or the first), ``cap`` in all."""
-
-    __slots__ = ("cap", "slowest", "erred", "others", "seen", "_tie")
-
-    def __init__(self, cap: int, slowest: bool):
-        self.cap = cap
-        self.slowest = slowest
-        self.erred: list[TaskRecord] = []
-        self.others: list[tuple[float, int, TaskRecord]] = []
-        #: tasks that could have had a span (erred, and finished where kept)
-        self.seen = 0
-        self._tie = 0
-
-    def add(self, records: Any, erred_seen: int, others_seen: int) -> None:
-        """Merge a group's records (as the ``tasks`` message carries them)."""
-        self.seen += int(erred_seen) + int(others_seen)
-        for fields in records:
-            record = TaskRecord._make(fields)
-            if record.erred:
-                if len(self.erred) < self.cap:
-                    self.erred.append(record)
-                continue
-            self._tie += 1
-            item = (record.stop - record.start if self.slowest else 0.0,
-                    -self._tie if not self.slowest else self._tie, record)
-            if len(self.others) < self.cap:
-                heapq.heappush(self.others, item)
-            elif item[:2] > self.others[0][:2]:
-                heapq.heapreplace(self.others, item)
-
-    def chosen(self) -> list[TaskRecord]:
-        """The records that get spans: the erred, then the others (slowest first, or
-        in the order they came), ``cap`` in all."""
-        room = max(0, self.cap - len(self.erred))
-        others = sorted(self.others, reverse=True)[:room]
-        return self.erred + [r for _, _, r in others]
-
-    @property
-    def left_out(self) -> int:
-        """Tasks that could have had a span and have none (past the cap)."""
-        return max(0, self.seen - len(self.erred) - min(
-            len(self.others), max(0, self.cap - len(self.erred))
-        ))
-

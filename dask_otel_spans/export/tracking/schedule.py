@@ -7,7 +7,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Mapping
 
-from dask_otel_spans.tracking.records import OpenSpan
+from dask_otel_spans.export.tracking.records import OpenSpan
 
 
 class CheckSchedule:

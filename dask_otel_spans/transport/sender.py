@@ -13,13 +13,9 @@ from itertools import count
 from typing import Any
 
 from dask_otel_spans.background import BackgroundQueue
-from dask_otel_spans.budget import ForwardBudget
-from dask_otel_spans.pipeline import PipelineSpec
-from dask_otel_spans.wire import (
-    encode_batch,
-    read_frame,
-    write_frame,
-)
+from dask_otel_spans.protocol.wire import encode_batch, read_frame, write_frame
+from dask_otel_spans.transport.budget import ForwardBudget
+from dask_otel_spans.transport.spec import PipelineSpec
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +52,11 @@ class _Flush:
 class ExportProcess(BackgroundQueue):
     """The transport to the export process: the forwarder's messages go over a
     pipe to a child process, which runs the
-    :class:`~dask_otel_spans.session.ExportSession` on them
-    (:mod:`~dask_otel_spans.export_child`).
+    :class:`~dask_otel_spans.export.session.ExportSession` on them
+    (:mod:`~dask_otel_spans.transport.child`).
 
     :meth:`send` queues (never blocks); a sender thread encodes batches
-    (:func:`~dask_otel_spans.wire.encode_batch`) and writes them to the child's
+    (:func:`~dask_otel_spans.protocol.wire.encode_batch`) and writes them to the child's
     stdin, with the entries of the scheduler's ``total_nthreads_history`` the child
     has not had yet.
 
@@ -81,7 +77,7 @@ class ExportProcess(BackgroundQueue):
         Children started after the first one died
     budget:
         Messages that may wait in this process for the export process
-        (``forward-budget``; :class:`~dask_otel_spans.budget.ForwardBudget`)
+        (``forward-budget``; :class:`~dask_otel_spans.transport.budget.ForwardBudget`)
     nice:
         Nice levels the child runs below this process: 0 for the same priority
     cpu_policy:
@@ -178,7 +174,7 @@ class ExportProcess(BackgroundQueue):
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in sys.path if p))
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "dask_otel_spans.export_child",
+                [sys.executable, "-m", "dask_otel_spans.transport.child",
                  "--nice", str(self.nice), "--cpu-policy", self.cpu_policy],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
             )
@@ -321,9 +317,9 @@ class ExportProcess(BackgroundQueue):
     # -- what the plugin calls -----------------------------------------------------
 
     def send(self, messages: list[tuple[Any, ...]]) -> None:
-        """Queue messages of the protocol (:mod:`~dask_otel_spans.events`) for the
+        """Queue messages of the protocol (:mod:`~dask_otel_spans.protocol.events`) for the
         export process, in order; never blocks. Past the budget they are dropped
-        and counted (:class:`~dask_otel_spans.budget.ForwardBudget`)."""
+        and counted (:class:`~dask_otel_spans.transport.budget.ForwardBudget`)."""
         if messages and self.budget.admit(messages):
             self.put(messages)
 

@@ -21,14 +21,11 @@ from opentelemetry.trace import (
 
 from dask_otel_spans import names
 from dask_otel_spans.background import BackgroundQueue
-from dask_otel_spans.propagation import prefix_span_id
+from dask_otel_spans.protocol.propagation import prefix_span_id
+from dask_otel_spans.sdk.providers import SDK_DEFAULT_CARDINALITY_LIMIT
 
 logger = logging.getLogger(__name__)
 
-#: The OpenTelemetry SDK's default cardinality limit: distinct attribute sets per
-#: instrument and reader; further sets land, attributes dropped, in one point marked
-#: ``otel.metric.overflow``
-SDK_DEFAULT_CARDINALITY_LIMIT = 2000
 
 #: Bucket boundaries (seconds) of ``dask.span.duration``, given to the SDK as advice:
 #: dask spans last from tens of milliseconds to hours, and the SDK's default

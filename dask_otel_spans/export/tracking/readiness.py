@@ -3,7 +3,7 @@
 
 It knows nothing of where it runs (a thread of the scheduler process, or the export
 process): the export session feeds it the forwarder's events and the spans of its
-:class:`~dask_otel_spans.tracking.tree.SpanTree`, and takes what it emits.
+:class:`~dask_otel_spans.export.tracking.tree.SpanTree`, and takes what it emits.
 """
 from __future__ import annotations
 
@@ -13,30 +13,28 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from distributed.metrics import time
-from distributed.scheduler import heartbeat_interval
 
 from dask_otel_spans import names
 from dask_otel_spans.config import PluginConfig
-from dask_otel_spans.emitter import EmitRequest
+from dask_otel_spans.export.emitter import EmitRequest
+from dask_otel_spans.export.tracking.records import OpenSpan, carried_for_translation
+from dask_otel_spans.export.tracking.schedule import CheckSchedule
+from dask_otel_spans.export.tracking.verdicts import Verdicts
 from dask_otel_spans.logonce import OnceLogger
-from dask_otel_spans.propagation import carried_headers
-from dask_otel_spans.snapshot import snapshot_span
-from dask_otel_spans.tracking.notices import read_notice
-from dask_otel_spans.tracking.records import OpenSpan, carried_for_translation
-from dask_otel_spans.tracking.schedule import CheckSchedule
-from dask_otel_spans.tracking.verdicts import Verdicts, a_running_group, group_done
+from dask_otel_spans.protocol.dask_facts import (
+    a_running_group,
+    grace_period,
+    group_done,
+)
+from dask_otel_spans.protocol.notices import read_notice
+from dask_otel_spans.protocol.propagation import carried_headers
+from dask_otel_spans.protocol.snapshots import snapshot_span
 
 logger = logging.getLogger(__name__)
 
 #: Ids remembered in the bounded id sets (spans emitted, against duplicates; ids
 #: carried by graphs before the tracker knew the span)
 MAX_REMEMBERED = 10_000
-
-
-def grace_period(export_delay: float, n_workers: int) -> float:
-    """How long a done span waits for late worker heartbeats: ``export-delay``, and
-    at least two heartbeat intervals of a cluster of ``n_workers``."""
-    return max(export_delay, 2 * heartbeat_interval(n_workers))
 
 
 class ReadinessTracker:
@@ -63,8 +61,8 @@ class ReadinessTracker:
     that changed or whose wait ran out, deepest first, and emits those ready;
     :meth:`close` emits every open span. What was emitted is taken with
     :meth:`take`: the metric updates (``(method, args)`` of
-    :class:`~dask_otel_spans.metrics.DaskInstruments`) and the
-    :class:`~dask_otel_spans.emitter.EmitRequest` objects, in order.
+    :class:`~dask_otel_spans.export.metrics.DaskInstruments`) and the
+    :class:`~dask_otel_spans.export.emitter.EmitRequest` objects, in order.
     """
 
     def __init__(

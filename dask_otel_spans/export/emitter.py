@@ -15,19 +15,19 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from dask_otel_spans import names
 from dask_otel_spans.background import BackgroundQueue
-from dask_otel_spans.propagation import parse_carried, resolve_chain
-from dask_otel_spans.traces import (
+from dask_otel_spans.export.traces import (
     SpanFields,
     SpanSummary,
     span_fields,
     subtree_summary,
     unseen_span_fields,
 )
+from dask_otel_spans.protocol.propagation import parse_carried, resolve_chain
 
 if TYPE_CHECKING:
-    from dask_otel_spans.metrics import MetricsPump
-    from dask_otel_spans.task_spans import TaskSpanFields
-    from dask_otel_spans.snapshot import SpanSnapshot
+    from dask_otel_spans.export.metrics import MetricsPump
+    from dask_otel_spans.export.task_spans import TaskSpanFields
+    from dask_otel_spans.protocol.snapshots import SpanSnapshot
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,11 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext
 
 from dask_otel_spans import names
 from dask_otel_spans.logonce import OnceLogger
-from dask_otel_spans.propagation import parse_carried, prefix_span_id, resolve_chain
+from dask_otel_spans.protocol.propagation import (
+    parse_carried,
+    prefix_span_id,
+    resolve_chain,
+)
 
 logger = logging.getLogger(__name__)
 

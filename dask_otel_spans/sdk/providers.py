@@ -13,30 +13,29 @@ from urllib.parse import unquote
 from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.metrics.export import (
     ConsoleMetricExporter,
     MetricReader,
     PeriodicExportingMetricReader,
 )
+from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
 from dask_otel_spans import names
-from dask_otel_spans.export_health import (
+from dask_otel_spans.sdk.health import (
     ExportHealth,
     HealthMetricExporter,
     HealthSpanExporter,
 )
-from dask_otel_spans.metrics import SDK_DEFAULT_CARDINALITY_LIMIT
-from dask_otel_spans.otlp_exporters import (
+from dask_otel_spans.sdk.otlp import (
     ConfigurationError,
     check_otlp_settings,
     not_one_of,
     otlp_exporter,
 )
-from dask_otel_spans.otlpjson import (
+from dask_otel_spans.sdk.otlpjson import (
     METRICS_FILE,
     TRACES_FILE,
     OTLPJsonLinesMetricExporter,
@@ -44,6 +43,12 @@ from dask_otel_spans.otlpjson import (
 )
 
 logger = logging.getLogger(__name__)
+
+#: The OpenTelemetry SDK's default cardinality limit: distinct attribute sets per
+#: instrument and reader; further sets land, attributes dropped, in one point marked
+#: ``otel.metric.overflow``
+SDK_DEFAULT_CARDINALITY_LIMIT = 2000
+
 
 #: Variables whose presence means "the user configured an exporter"
 _CONFIGURING_VARIABLES = (

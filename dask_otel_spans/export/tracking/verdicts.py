@@ -4,35 +4,12 @@ emitted children left in its record; never the whole history of the tree."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from distributed.scheduler import ALL_TASK_STATES
+from dask_otel_spans.protocol.dask_facts import group_done
 
 if TYPE_CHECKING:
-    from dask_otel_spans.tracking.records import OpenSpan
-
-#: Task states a transition can leave a TaskGroup done in (``TaskGroup.done``)
-SETTLED_STATES = frozenset({"memory", "erred", "released", "forgotten"})
-#: The others: a TaskGroup with a task in one of them is not done
-RUNNING_STATES = tuple(sorted(ALL_TASK_STATES - SETTLED_STATES))
-
-
-def group_done(tg: Any, running_states: tuple[str, ...] = RUNNING_STATES) -> bool:
-    """``TaskGroup.done`` (no task in a running state) from its state counts,
-    without its generator over every state."""
-    states = tg.states
-    for state in running_states:
-        if states.get(state):
-            return False
-    return True
-
-
-def a_running_group(span: Any) -> Any:
-    """The span's first task group, if it is not done; else None (no groups, or a
-    done first group: the span needs a look). O(1) in the span's groups."""
-    for tg in span.groups:
-        return None if group_done(tg) else tg
-    return None
+    from dask_otel_spans.export.tracking.records import OpenSpan
 
 
 class Verdicts:
@@ -42,7 +19,7 @@ class Verdicts:
     Parameters
     ----------
     records:
-        span id -> :class:`~dask_otel_spans.tracking.records.OpenSpan`, of the
+        span id -> :class:`~dask_otel_spans.export.tracking.records.OpenSpan`, of the
         spans not emitted yet
     """
 

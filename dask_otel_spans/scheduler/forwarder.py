@@ -1,7 +1,7 @@
 """The forwarder: the only plugin code on the scheduler's event loop besides the
 hooks. It reads what changed since the last tick (new spans, the hooks' queued events,
 task groups that started or settled, heartbeat deltas) and sends it as messages of
-the protocol (:mod:`~dask_otel_spans.events`) to the transport, keeping no state of
+the protocol (:mod:`~dask_otel_spans.protocol.events`) to the transport, keeping no state of
 the spans: work proportional to what changed, in steps that the plugin runs in
 slices of the plugin's tick budget.
 """
@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from distributed.utils import key_split_group
 
-from dask_otel_spans import events
-from dask_otel_spans.snapshot import done_figures
-from dask_otel_spans.task_sampling import NONE, TaskSampler
-from dask_otel_spans.tracking.verdicts import group_done
+from dask_otel_spans.protocol import events
+from dask_otel_spans.protocol.dask_facts import group_done
+from dask_otel_spans.protocol.snapshots import done_figures
+from dask_otel_spans.protocol.tasks import NONE
+from dask_otel_spans.scheduler.sampler import TaskSampler
 
 if TYPE_CHECKING:
     from distributed.spans import Span

@@ -16,7 +16,7 @@ from typing import Any
 
 from distributed.spans import Span
 
-from dask_otel_spans.task_sampling import PrefixTasks
+from dask_otel_spans.export.tracking.samples import PrefixTasks
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class TreeGroup:
                  "nbytes_total", "erred_seen", "erred_start", "erred_stop")
 
     def __init__(self, key: int, prefix: str, span_id: str):
-        #: tells the span's groups apart (see :class:`~dask_otel_spans.events.GroupDone`)
+        #: tells the span's groups apart (see :class:`~dask_otel_spans.protocol.events.GroupDone`)
         self.key = key
         self.prefix = Prefix(prefix)
         self.span_id = span_id
@@ -62,7 +62,7 @@ class TreeGroup:
 
     def settle(self, figures: Any) -> None:
         """Take the figures of a ``done`` message
-        (:func:`~dask_otel_spans.snapshot.done_figures`; without the erred window
+        (:func:`~dask_otel_spans.protocol.snapshots.done_figures`; without the erred window
         at their end, no task of it erred since it was last done). ``start`` and
         ``stop`` cover its erred tasks' compute too: dask's count the tasks that
         finished only."""

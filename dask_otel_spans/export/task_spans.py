@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dask_otel_spans import names
-from dask_otel_spans.propagation import task_span_id
+from dask_otel_spans.protocol.propagation import task_span_id
 
 if TYPE_CHECKING:
-    from dask_otel_spans.task_sampling import TaskRecord
+    from dask_otel_spans.protocol.tasks import TaskRecord
 
 #: ``repr(exception)`` as dask's ``error_message`` sends it: ``Type(args)``
 _REPR = re.compile(r"([A-Za-z_][\w.]*)\((.*)\)", re.DOTALL)

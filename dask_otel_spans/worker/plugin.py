@@ -3,11 +3,11 @@
 While a task runs (thread pool executors, and ``async def`` tasks on the worker's
 event loop), the current OTel context holds the span context of its prefix span
 inside the dask span the scheduler put it in, exactly as the scheduler exports it
-(:mod:`~dask_otel_spans.task_context`), so that spans made in the task, by its code
+(:mod:`~dask_otel_spans.worker.context`), so that spans made in the task, by its code
 or by an instrumentation library, join that trace. Log records carry the trace
-context (:mod:`~dask_otel_spans.log_correlation`), and with ``OTEL_LOGS_EXPORTER``
+context (:mod:`~dask_otel_spans.worker.logs`), and with ``OTEL_LOGS_EXPORTER``
 those made in tasks are exported as OTel logs. The process's providers come from
-:mod:`~dask_otel_spans.worker_providers`.
+:mod:`~dask_otel_spans.worker.providers`.
 """
 from __future__ import annotations
 
@@ -22,15 +22,15 @@ from opentelemetry import context as otel_context
 
 from dask_otel_spans import names
 from dask_otel_spans.config import NAMESPACE
-from dask_otel_spans.log_correlation import (
+from dask_otel_spans.sdk.providers import flush_provider
+from dask_otel_spans.worker.context import TaskContexts
+from dask_otel_spans.worker.logs import (
     IN_TASK,
     PROCESS_RECORDS,
     export_level,
     task_log_handler,
 )
-from dask_otel_spans.providers import flush_provider
-from dask_otel_spans.task_context import TaskContexts
-from dask_otel_spans.worker_providers import WorkerProviders, worker_providers
+from dask_otel_spans.worker.providers import WorkerProviders, worker_providers
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -166,7 +166,7 @@ class OTelWorkerPlugin(WorkerPlugin):
 def _flush(providers: list[Any], timeout: float) -> None:
     """Flush ``providers``, a meter provider's push readers only (a pull reader,
     such as Prometheus's, is never flushed:
-    :func:`~dask_otel_spans.providers.flush_provider`)."""
+    :func:`~dask_otel_spans.sdk.providers.flush_provider`)."""
     for provider in providers:
         try:
             flush_provider(provider, int(timeout * 1000))

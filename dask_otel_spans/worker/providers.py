@@ -18,13 +18,13 @@ from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
 
 from dask_otel_spans import names
-from dask_otel_spans.otlp_exporters import (
+from dask_otel_spans.sdk.otlp import (
     ConfigurationError,
     check_otlp_settings,
     not_one_of,
     otlp_exporter,
 )
-from dask_otel_spans.providers import (
+from dask_otel_spans.sdk.providers import (
     METRIC_EXPORTERS,
     TRACE_EXPORTERS,
     build_meter_provider,
@@ -73,7 +73,7 @@ def worker_resource_attributes(address: str, name: Any) -> dict[str, str]:
 
 def log_exporter_names(environ: Mapping[str, str]) -> list[str]:
     """The exporters ``OTEL_LOGS_EXPORTER`` names (none when unset); raises
-    :class:`~dask_otel_spans.otlp_exporters.ConfigurationError` naming a value it
+    :class:`~dask_otel_spans.sdk.otlp.ConfigurationError` naming a value it
     cannot use."""
     names_ = [n.strip().lower() for n in environ.get("OTEL_LOGS_EXPORTER", "").split(",")
               if n.strip()]
@@ -119,7 +119,7 @@ def global_sdk_logger_provider() -> Any:
 
 
 def _check_millis(environ: Mapping[str, str], variable: str) -> None:
-    """Raise :class:`~dask_otel_spans.otlp_exporters.ConfigurationError` when
+    """Raise :class:`~dask_otel_spans.sdk.otlp.ConfigurationError` when
     ``variable`` is set and not a non-negative number of milliseconds."""
     value = environ.get(variable)
     if not value:
@@ -138,7 +138,7 @@ def _check_exporters(environ: Mapping[str, str], variable: str,
                      accepted: tuple[str, ...], signal: str) -> list[str]:
     """The exporters ``variable`` names, each one of ``accepted``, and the OTLP
     settings of ``signal`` when one is ``otlp``; raises
-    :class:`~dask_otel_spans.otlp_exporters.ConfigurationError` otherwise."""
+    :class:`~dask_otel_spans.sdk.otlp.ConfigurationError` otherwise."""
     chosen = exporter_names(environ, variable)
     for name in chosen:
         if name not in accepted:
@@ -149,7 +149,7 @@ def _check_exporters(environ: Mapping[str, str], variable: str,
 
 
 def check_traces_settings(environ: Mapping[str, str]) -> None:
-    """Raise :class:`~dask_otel_spans.otlp_exporters.ConfigurationError`, naming the
+    """Raise :class:`~dask_otel_spans.sdk.otlp.ConfigurationError`, naming the
     variable and its value, for a value the tracer provider could not be built from
     (the metrics' and logs' values are not looked at)."""
     # (the batch processor reads it with nothing configured too)

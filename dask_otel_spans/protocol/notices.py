@@ -5,7 +5,7 @@ from __future__ import annotations
 from itertools import repeat
 from typing import Any, NamedTuple
 
-from dask_otel_spans.propagation import carried_headers
+from dask_otel_spans.protocol.propagation import carried_headers
 
 
 class CloseNoticeFields(NamedTuple):

@@ -1,12 +1,12 @@
 """The export session: the one engine behind both transports. It takes the
-forwarder's messages (:mod:`~dask_otel_spans.events`) in order on a thread of its
+forwarder's messages (:mod:`~dask_otel_spans.protocol.events`) in order on a thread of its
 own, keeps the span tree copy, runs the readiness tracker every tick
 and hands what is ready to the export pipeline (translation, OTel SDK).
 
 In the scheduler process the plugin's messages reach it directly
-(:class:`~dask_otel_spans.transport.ThreadTransport`); in the export process, the
+(:class:`~dask_otel_spans.transport.choice.ThreadTransport`); in the export process, the
 child's reader feeds it the frames it reads from the pipe
-(:mod:`~dask_otel_spans.export_child`).
+(:mod:`~dask_otel_spans.transport.child`).
 """
 from __future__ import annotations
 
@@ -17,18 +17,18 @@ from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 from dask_otel_spans.background import BackgroundQueue
-from dask_otel_spans.collisions import CollisionWarnings
 from dask_otel_spans.config import TICK_INTERVAL, PluginConfig
-from dask_otel_spans.events import UnknownMessage, dispatch
-from dask_otel_spans.export_share import ExportShareWatch
+from dask_otel_spans.export.collisions import CollisionWarnings
+from dask_otel_spans.export.pipeline import ExportPipeline
+from dask_otel_spans.export.share import ExportShareWatch
+from dask_otel_spans.export.tracking.readiness import ReadinessTracker
+from dask_otel_spans.export.tracking.records import carried_for_translation
+from dask_otel_spans.export.tracking.tree import SpanTree
 from dask_otel_spans.logonce import OnceLogger
-from dask_otel_spans.pipeline import ExportPipeline
-from dask_otel_spans.propagation import parse_carried, resolve_chain
-from dask_otel_spans.task_sampling import SLOWEST
-from dask_otel_spans.tracking.readiness import ReadinessTracker
-from dask_otel_spans.tracking.records import carried_for_translation
-from dask_otel_spans.tracking.tree import SpanTree
-from dask_otel_spans.wire import span_tags_of
+from dask_otel_spans.protocol.events import UnknownMessage, dispatch
+from dask_otel_spans.protocol.propagation import parse_carried, resolve_chain
+from dask_otel_spans.protocol.tasks import SLOWEST
+from dask_otel_spans.protocol.wire import span_tags_of
 
 logger = logging.getLogger(__name__)
 

@@ -1,14 +1,15 @@
-"""Plain-data copies of dask ``Span`` objects of the span tree copy, taken when a span
-is emitted, so that translating and exporting them can run on another thread."""
+"""What the translation reads of a dask span and its task groups: plain-data copies,
+taken at one instant (of the scheduler's ``TaskGroup`` on the event loop, of the span
+tree copy on the export side), that can cross threads and processes."""
 from __future__ import annotations
 
 from collections.abc import Container, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Union
 
+from dask_otel_spans.protocol.tasks import TaskRecord
+
 if TYPE_CHECKING:
     from distributed.spans import Span
-
-    from dask_otel_spans.task_sampling import TaskRecord
 
 
 class GroupSnapshot(NamedTuple):
@@ -72,6 +73,7 @@ def done_figures(tg: Any, erred_window: tuple[float, float]) -> tuple[Any, ...]:
     reported one): dask's ``start`` and ``stop`` count the tasks that finished
     only."""
     return (*snapshot_group(tg), *erred_window)
+
 
 
 def snapshot_span(

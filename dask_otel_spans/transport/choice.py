@@ -1,8 +1,8 @@
 """Where the export session runs, chosen in one place: in an export child process
-(:class:`~dask_otel_spans.export_process.ExportProcess`) when the providers can be
+(:class:`~dask_otel_spans.transport.sender.ExportProcess`) when the providers can be
 built from configuration there, else on a thread of the scheduler process
 (:class:`ThreadTransport`). Both take the same messages and run the same
-:class:`~dask_otel_spans.session.ExportSession`; the plugin never asks which one it
+:class:`~dask_otel_spans.export.session.ExportSession`; the plugin never asks which one it
 has.
 """
 from __future__ import annotations
@@ -12,20 +12,21 @@ import logging
 import os
 from typing import Any, Protocol
 
-from dask_otel_spans.export_process import (
-    EXPORT_PROCESS_NICE,
-    ExportProcess,
-    ExportProcessError,
-)
-from dask_otel_spans.export_share import ExportShareWatch
-from dask_otel_spans.pipeline import ExportPipeline, PipelineSpec
-from dask_otel_spans.otlp_exporters import ConfigurationError
-from dask_otel_spans.providers import (
+from dask_otel_spans.export.pipeline import ExportPipeline
+from dask_otel_spans.export.session import ExportSession
+from dask_otel_spans.export.share import ExportShareWatch
+from dask_otel_spans.sdk.otlp import ConfigurationError
+from dask_otel_spans.sdk.providers import (
     exporter_names,
     global_sdk_meter_provider,
     global_sdk_tracer_provider,
 )
-from dask_otel_spans.session import ExportSession
+from dask_otel_spans.transport.sender import (
+    EXPORT_PROCESS_NICE,
+    ExportProcess,
+    ExportProcessError,
+)
+from dask_otel_spans.transport.spec import PipelineSpec
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ process's sender can marshal it as it is; the named tuples below document the
 fields of each kind, in order, and :func:`dispatch` calls the handler's method for
 it with those fields. Both transports (the in-process thread and the export child
 process) deliver the same messages to the same
-:class:`~dask_otel_spans.session.ExportSession`.
+:class:`~dask_otel_spans.export.session.ExportSession`.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ class GroupRunning(NamedTuple):
 
 class GroupDone(NamedTuple):
     """Every task of the group settled; ``figures`` as
-    :func:`~dask_otel_spans.snapshot.done_figures`: the group's, then the earliest
+    :func:`~dask_otel_spans.protocol.snapshots.done_figures`: the group's, then the earliest
     start and the latest stop of the compute of its tasks that erred since it was
     last done."""
 
@@ -60,7 +60,7 @@ class GroupErred(NamedTuple):
 
 class GroupTasks(NamedTuple):
     """Tasks of a group chosen for task spans (``task-spans``), forwarded with the
-    group: ``records`` as :class:`~dask_otel_spans.task_sampling.TaskRecord` tuples,
+    group: ``records`` as :class:`~dask_otel_spans.protocol.tasks.TaskRecord` tuples,
     and how many erred and finished tasks could have been chosen."""
 
     span_id: str

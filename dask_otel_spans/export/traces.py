@@ -10,11 +10,11 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from dask_otel_spans import names
-from dask_otel_spans.propagation import ChainIds, prefix_span_id
-from dask_otel_spans.task_spans import TaskSpanFields, task_span_fields
+from dask_otel_spans.export.task_spans import TaskSpanFields, task_span_fields
+from dask_otel_spans.protocol.propagation import ChainIds, prefix_span_id
 
 if TYPE_CHECKING:
-    from dask_otel_spans.snapshot import GroupSnapshot, SpanSnapshot
+    from dask_otel_spans.protocol.snapshots import GroupSnapshot, SpanSnapshot
 
 
 def to_ns(seconds: float) -> int:
@@ -305,9 +305,9 @@ def span_fields(
     Parameters
     ----------
     span:
-        Snapshot of the dask span, see :func:`~dask_otel_spans.snapshot.snapshot_span`
+        Snapshot of the dask span, see :func:`~dask_otel_spans.protocol.snapshots.snapshot_span`
     ids:
-        Its OTel identity, see :func:`~dask_otel_spans.propagation.resolve_chain`
+        Its OTel identity, see :func:`~dask_otel_spans.protocol.propagation.resolve_chain`
     summary:
         Figures of its whole tree, see :func:`subtree_summary`
     now:

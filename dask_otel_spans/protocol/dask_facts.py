@@ -1,0 +1,38 @@
+"""Facts about dask that both sides rely on: which task states are settled, when a
+task group is done, how long late heartbeats can take."""
+from __future__ import annotations
+
+from typing import Any
+
+from distributed.scheduler import ALL_TASK_STATES, heartbeat_interval
+
+#: Task states a transition can leave a TaskGroup done in (``TaskGroup.done``)
+SETTLED_STATES = frozenset({"memory", "erred", "released", "forgotten"})
+
+
+#: The others: a TaskGroup with a task in one of them is not done
+RUNNING_STATES = tuple(sorted(ALL_TASK_STATES - SETTLED_STATES))
+
+
+def group_done(tg: Any, running_states: tuple[str, ...] = RUNNING_STATES) -> bool:
+    """``TaskGroup.done`` (no task in a running state) from its state counts,
+    without its generator over every state."""
+    states = tg.states
+    for state in running_states:
+        if states.get(state):
+            return False
+    return True
+
+
+def a_running_group(span: Any) -> Any:
+    """The span's first task group, if it is not done; else None (no groups, or a
+    done first group: the span needs a look). O(1) in the span's groups."""
+    for tg in span.groups:
+        return None if group_done(tg) else tg
+    return None
+
+
+def grace_period(export_delay: float, n_workers: int) -> float:
+    """How long a done span waits for late worker heartbeats: ``export-delay``, and
+    at least two heartbeat intervals of a cluster of ``n_workers``."""
+    return max(export_delay, 2 * heartbeat_interval(n_workers))

@@ -1,0 +1,497 @@
+"""``OTelSpansPlugin``: the scheduler plugin that turns dask spans into OTel spans and
+dask fine performance metrics into OTel metrics.
+
+It keeps the lifecycle, the hooks, the wrapping of the heartbeats (and its undoing)
+and the choice of transport. On the event loop the hooks only queue what happened
+(O(1) each); every tick (:data:`~dask_otel_spans.config.TICK_INTERVAL`) the
+:class:`~dask_otel_spans.scheduler.forwarder.SpanForwarder` sends what changed, in slices of
+at most :data:`TICK_BUDGET`, through the transport (:mod:`~dask_otel_spans.transport.choice`)
+to the export session, which tracks the spans' readiness and exports them, in an
+export child process or on a thread.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time as _time
+import uuid
+import weakref
+from collections.abc import Hashable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+from distributed.metrics import time
+from tornado.ioloop import IOLoop, PeriodicCallback
+
+from dask_otel_spans import names
+from dask_otel_spans.config import TICK_INTERVAL, PluginConfig
+from dask_otel_spans.logonce import OnceLogger
+from dask_otel_spans.protocol import events
+from dask_otel_spans.protocol.dask_facts import SETTLED_STATES, grace_period
+from dask_otel_spans.scheduler.forwarder import SpanForwarder
+from dask_otel_spans.scheduler.loopstats import EventLoopStats
+from dask_otel_spans.scheduler.sampler import TaskSampler
+from dask_otel_spans.transport.choice import Transport, open_transport
+from dask_otel_spans.transport.spec import PipelineSpec
+
+if TYPE_CHECKING:
+    from distributed import Scheduler
+
+logger = logging.getLogger(__name__)
+
+#: Plugins created in this process, so that one registered through
+#: ``client.register_plugin`` on an in-process scheduler keeps its providers
+_LOCAL_PLUGINS: weakref.WeakValueDictionary[str, OTelSpansPlugin] = (
+    weakref.WeakValueDictionary()
+)
+#: Longest slice of forwarding per event-loop callback, in seconds (a slice ends
+#: after the step that crosses it: 256 spans, keys or task groups at most)
+TICK_BUDGET = 0.001
+
+
+class OTelSpansPlugin(SchedulerPlugin):
+    """Export the scheduler's dask spans as OTel traces and its fine performance
+    metrics as OTel metrics.
+
+    Parameters
+    ----------
+    tracer_provider, meter_provider:
+        Providers to use. Default: the process's global SDK providers when one is
+        installed, else providers built from the standard ``OTEL_*`` variables, else
+        the embedded default (OTLP-JSON lines files in ``otel-spans.output-dir``).
+        Providers passed here or taken from the globals are flushed at close, never
+        shut down, and keep export in the scheduler process (on a thread);
+        providers built from configuration are built in the export process
+        (``export-process: auto``, the default).
+    environ:
+        Mapping to read ``OTEL_*`` variables from; default ``os.environ``.
+    use_global_providers:
+        Whether to pick up the process's global SDK providers.
+    **settings:
+        Overrides of the ``otel-spans`` dask config, by field of
+        :class:`~dask_otel_spans.config.PluginConfig` (e.g. ``export_delay=0.5``).
+
+    Examples
+    --------
+    >>> client.register_plugin(OTelSpansPlugin())  # doctest: +SKIP
+
+    or ``dask scheduler --preload dask_otel_spans``.
+    """
+
+    name = names.PLUGIN_NAME
+    idempotent = False
+
+    def __init__(
+        self,
+        *,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
+        environ: Mapping[str, str] | None = None,
+        use_global_providers: bool = True,
+        **settings: Any,
+    ):
+        self.config = PluginConfig.from_dask_config(**settings)
+        self._settings = settings
+        self._tracer_provider = tracer_provider
+        self._meter_provider = meter_provider
+        self._environ = environ
+        self._use_global = use_global_providers
+        self._token = uuid.uuid4().hex
+        _LOCAL_PLUGINS[self._token] = self
+
+        self.scheduler: Scheduler | None = None
+        #: where the forwarder's messages go (None: idle)
+        self.transport: Transport | None = None
+        self.forwarder: SpanForwarder | None = None
+        #: what the plugin's own code costs the event loop
+        self.loop_stats = EventLoopStats()
+        self._spec: PipelineSpec | None = None
+        self._tasks: Mapping[Any, Any] | None = None
+        self._pc: PeriodicCallback | None = None
+        #: the forwarding in progress, one slice at a time
+        self._work: Iterator[None] | None = None
+        self._closed = False
+        self._started = False
+        self._log_once = OnceLogger(logger)
+        self._undo: list[Any] = []
+
+    # -- pickling: keep providers when the scheduler is in this process -------------
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        had_providers = (
+            self._tracer_provider is not None or self._meter_provider is not None
+        )
+        return (
+            restore_plugin,
+            (self._token, dict(self._settings), had_providers, self._use_global),
+        )
+
+    # -- figures (tests, benchmarks, run_on_scheduler) -------------------------------
+
+    def export_stats(self) -> dict[str, Any]:
+        """The export session's figures: ``open`` (spans not emitted yet),
+        ``handed_over`` (spans handed to the exporters), ``exported`` (spans that
+        reached the tracer provider), ``received`` (spans the session was
+        forwarded), ... (as last reported when it runs in the export process)."""
+        return self.transport.stats() if self.transport is not None else {}
+
+    @property
+    def open_span_count(self) -> int:
+        """Spans not emitted yet, those forwarded and not taken in yet included."""
+        stats = self.export_stats()
+        forwarder = self.forwarder
+        if forwarder is None:
+            return 0
+        to_it = forwarder.forwarded_spans - forwarder.forwarded_before_adoption
+        on_the_way = to_it - int(stats.get("received", 0))
+        return int(stats.get("open", 0)) + max(0, on_the_way)
+
+    @property
+    def handed_over_count(self) -> int:
+        """Spans handed to the exporters."""
+        return int(self.export_stats().get("handed_over", 0))
+
+    @property
+    def emitted_count(self) -> int:
+        """Spans that reached the tracer provider (ended there)."""
+        return int(self.export_stats().get("exported", 0))
+
+    @property
+    def grace(self) -> float:
+        """The grace period a done span waits for late heartbeats, now."""
+        n = len(self.scheduler.workers) if self.scheduler is not None else 0
+        return grace_period(self.config.export_delay, n)
+
+    @property
+    def destinations(self) -> dict[str, Any]:
+        """Where traces and metrics go, and whether an export process runs."""
+        return dict(self.transport.destinations) if self.transport is not None else {}
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def start(self, scheduler: Scheduler) -> None:
+        if self._started:
+            if scheduler is not self.scheduler:
+                self._log_once(
+                    "reuse", "one OTelSpansPlugin instance cannot serve two "
+                    "schedulers; create one per scheduler", level=logging.ERROR,
+                )
+            return
+        self._started = True
+        self.scheduler = scheduler
+        ext = scheduler.extensions.get("spans")
+        if ext is None:
+            self._log_once(
+                "no-ext", "the scheduler has no 'spans' extension; the plugin stays "
+                "idle", level=logging.WARNING,
+            )
+            return
+        self._spec = PipelineSpec(
+            self.config,
+            dict(self._environ) if self._environ is not None else None,
+            scheduler.address,
+            self.config.providers,
+        )
+        previous = scheduler.plugins.get(self.name)
+        if not isinstance(previous, OTelSpansPlugin) or previous is self:
+            previous = None
+        history = getattr(scheduler, "total_nthreads_history", None)
+        if previous is not None and previous._hands_over_to(self):
+            self.transport = previous.transport
+        else:
+            self.transport = await open_transport(
+                self._spec, tracer_provider=self._tracer_provider,
+                meter_provider=self._meter_provider, use_global=self._use_global,
+                nthreads_history=history if isinstance(history, list) else None,
+            )
+            if self.transport is None:
+                if previous is not None:
+                    await previous.close()
+                return
+            destinations = self.transport.destinations
+            logger.info(
+                "dask_otel_spans: traces to %s; metrics to %s; %s",
+                destinations.get("traces_to"), destinations.get("metrics_to"),
+                f"export process pid {destinations.get('pid')}"
+                if destinations.get("export_process")
+                else "exporting on a thread of the scheduler process",
+            )
+        self._tasks = scheduler.tasks
+        self.forwarder = SpanForwarder(
+            ext.spans, scheduler.tasks, self.transport, self.config.include_code,
+            TaskSampler(self.config.task_spans, self.config.max_task_spans),
+        )
+        if previous is not None and previous.transport is self.transport:
+            # the same export session carries on: the forwarding goes on from
+            # where the previous instance was
+            previous._forward_all()
+            self.forwarder.take_over(previous.forwarder)
+            previous.transport = None
+            logger.info("dask_otel_spans: carrying on from the plugin registered "
+                        "before, with the same settings")
+        else:
+            # spans from before the plugin: forwarded first, in slices
+            self._work = self.forwarder.adopt()
+            IOLoop.current().add_callback(self._run_slice)
+        if previous is not None:
+            await previous.close()
+        self._wrap_heartbeats(ext, scheduler)
+        self._pc = PeriodicCallback(self._tick, TICK_INTERVAL * 1000)
+        scheduler.periodic_callbacks[f"{self.name}-tick"] = self._pc
+        self._pc.start()
+
+    def _hands_over_to(self, successor: OTelSpansPlugin) -> bool:
+        """Whether ``successor`` (registered after this instance) may keep this
+        instance's export session: the same settings and providers."""
+        return (
+            self.transport is not None
+            and not self._closed
+            and self._spec == successor._spec
+            and self._tracer_provider is successor._tracer_provider
+            and self._meter_provider is successor._meter_provider
+            and self._use_global == successor._use_global
+        )
+
+    async def close(self, **kwargs: Any) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._tasks = None
+        if self._pc is not None:
+            self._pc.stop()
+            if self.scheduler is not None:
+                self.scheduler.periodic_callbacks.pop(f"{self.name}-tick", None)
+        with self._guard("close"):
+            # (the export session emits what is open when it stops)
+            self._forward_all()
+            if self.forwarder is not None:
+                self.forwarder.forward_tasks_left()
+        for undo in reversed(self._undo):
+            try:
+                undo()
+            except Exception:
+                self._log_failure("unwrap")
+        self._undo.clear()
+        transport, self.transport = self.transport, None
+        if transport is not None:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, transport.stop, self.config.shutdown_timeout)
+        _LOCAL_PLUGINS.pop(self._token, None)
+
+    async def flush(self, timeout: float = 10.0) -> bool:
+        """Forward what happened so far, let the export session emit what is ready
+        now, then flush the exporters; False when it did not finish in time."""
+        if self.transport is None:
+            return True
+        if not self._closed:
+            with self._guard("flush"):
+                self._forward_all()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, self.transport.flush, timeout)
+
+    # -- wrapping dask internals -----------------------------------------------------
+
+    def _wrap_heartbeats(self, ext: Any, scheduler: Scheduler) -> None:
+        plugin_ref = weakref.ref(self)
+        original_span_hb = ext.heartbeat
+
+        @functools.wraps(original_span_hb)
+        def span_heartbeat(ws: Any, data: dict) -> None:
+            original_span_hb(ws, data)
+            plugin = plugin_ref()
+            if plugin is not None and not plugin._closed and data:
+                with plugin._guard("heartbeat"):
+                    plugin.forwarder.forward_deltas(data)
+
+        ext.heartbeat = span_heartbeat
+
+        def undo_span_hb() -> None:
+            if ext.__dict__.get("heartbeat") is span_heartbeat:
+                if getattr(original_span_hb, "__self__", None) is ext:
+                    del ext.heartbeat
+                else:
+                    ext.heartbeat = original_span_hb
+
+        self._undo.append(undo_span_hb)
+
+        original_worker_hb = scheduler.handlers.get("heartbeat_worker")
+        if original_worker_hb is None:
+            return
+
+        @functools.wraps(original_worker_hb)
+        def heartbeat_worker(*args: Any, **kwargs: Any) -> Any:
+            result = original_worker_hb(*args, **kwargs)
+            plugin = plugin_ref()
+            if plugin is not None and not plugin._closed:
+                plugin._on_worker_heartbeat(result, kwargs.get("metrics"))
+            return result
+
+        scheduler.handlers["heartbeat_worker"] = heartbeat_worker
+
+        def undo_worker_hb() -> None:
+            if scheduler.handlers.get("heartbeat_worker") is heartbeat_worker:
+                scheduler.handlers["heartbeat_worker"] = original_worker_hb
+
+        self._undo.append(undo_worker_hb)
+
+    def _on_worker_heartbeat(self, result: Any, metrics: Any) -> None:
+        if not isinstance(result, dict) or result.get("status") != "OK":
+            return
+        if not isinstance(metrics, dict):
+            return
+        with self._guard("worker-heartbeat"):
+            digests = metrics.get("digests_total_since_heartbeat") or {}
+            worker_wide: dict[Hashable, float] = {
+                k: v
+                for k, v in digests.items()
+                if isinstance(k, tuple) and k and k[0] not in names.CONTEXTS_WITH_SPAN_ID
+            }
+            if worker_wide:
+                self.transport.send([(events.WORKER_DELTAS, worker_wide)])
+
+    # -- hooks: O(1) each; the forwarder sends what they queued at the next tick -----
+    # (not timed: the clock reads would cost more than the work)
+
+    def update_graph(self, scheduler: Scheduler, *, tasks: Any = (),
+                     annotations: Mapping[str, Any] | None = None,
+                     client: str | None = None, **kwargs: Any) -> None:
+        forwarder = self.forwarder
+        if forwarder is None or self._closed:
+            return
+        try:
+            otel = span_of_key = None
+            if annotations:
+                otel = annotations.get(names.ANNOTATION_KEY)
+                span_of_key = annotations.get("span")
+            forwarder.pending.append(
+                (events.GRAPH, time(), client, tasks, otel, span_of_key)
+            )
+        except Exception:
+            self._log_failure("update_graph")
+
+    def log_event(self, topic: str, msg: Any, **kwargs: Any) -> None:
+        forwarder = self.forwarder
+        if topic != names.EVENT_TOPIC or forwarder is None or self._closed:
+            return
+        forwarder.pending.append((events.NOTICE, time(), msg))
+
+    def remove_client(self, scheduler: Scheduler, client: str, **kwargs: Any) -> None:
+        forwarder = self.forwarder
+        if forwarder is None or self._closed:
+            return
+        forwarder.pending.append((events.CLIENT_GONE, time(), client))
+
+    def transition(self, key: Any, start: str, finish: str, *args: Any,
+                   **kwargs: Any) -> None:
+        # Called for every transition of every task: the group of a task that
+        # settles or starts (again) is noted, once per tick. From one settled state
+        # to another (memory -> released -> forgotten) its ``done`` cannot change.
+        # Tasks that err, and under task-spans slowest or all those that finish,
+        # go to the task sampler (from the worker's report in ``kwargs``).
+        if (finish in SETTLED_STATES) is (start in SETTLED_STATES):
+            return
+        tasks = self._tasks
+        if tasks is None:
+            return
+        try:
+            ts = tasks.get(key)
+            if ts is not None:
+                tg = ts.group
+                forwarder = self.forwarder
+                forwarder.touched.add(tg)
+                if finish == "erred":
+                    erred = forwarder.erred
+                    erred[tg] = erred.get(tg, 0) + 1
+                    if start == "processing":  # (it ran: not erred by a dependency)
+                        forwarder.sampler.erred(tg, key, kwargs)
+                elif (forwarder.sampler.finished is not None and finish == "memory"
+                      and start == "processing"):
+                    forwarder.sampler.finished(tg, key, kwargs)
+        except Exception:
+            self._log_failure("transition")
+
+    # -- the tick --------------------------------------------------------------------
+
+    def _tick(self) -> None:
+        if self._closed or self._work is not None:
+            return
+        with self._guard("tick"):
+            resend_from = self.transport.restarted()
+            if resend_from is not None:
+                # a new export process (the previous one died): it knows no span,
+                # and what went to the old one after its last report may be lost
+                self._work = self.forwarder.adopt(resend_from)
+            else:
+                self._work = self.forwarder.tick_steps(len(self.scheduler.workers))
+        self._run_slice()
+
+    def _run_slice(self) -> None:
+        """Run the forwarding in progress for at most :data:`TICK_BUDGET`; the rest goes
+        to a new event-loop callback."""
+        work = self._work
+        if work is None:
+            return
+        if self._closed:
+            self._work = None
+            return
+        more = False
+        with self._guard("tick"):
+            deadline = _time.perf_counter() + TICK_BUDGET
+            try:
+                for _ in work:
+                    if _time.perf_counter() > deadline:
+                        more = True
+                        break
+            except BaseException:
+                self._work = None
+                raise
+        if more:
+            IOLoop.current().add_callback(self._run_slice)
+        else:
+            self._work = None
+
+    def _forward_all(self) -> None:
+        """Forward everything now, an adoption in progress included (close, flush,
+        hand-over)."""
+        forwarder = self.forwarder
+        if forwarder is None or self.transport is None:
+            return
+        try:
+            for _ in self._work or ():
+                pass
+        finally:
+            self._work = None
+        forwarder.tick(len(self.scheduler.workers))
+
+    # -- helpers ---------------------------------------------------------------------
+
+    @contextmanager
+    def _guard(self, where: str) -> Iterator[None]:
+        """Never let an exception escape into the scheduler; log once per place;
+        account the time spent on the event loop."""
+        with self.loop_stats.timed(where):
+            try:
+                yield
+            except Exception:
+                self._log_failure(where)
+
+    def _log_failure(self, where: str) -> None:
+        self._log_once.failure(where)
+
+
+def restore_plugin(
+    token: str, settings: dict[str, Any], had_providers: bool, use_global: bool
+) -> OTelSpansPlugin:
+    """Unpickle a plugin: the very same object when the scheduler is in the process
+    that created it, else a new one configured from this process's environment."""
+    plugin = _LOCAL_PLUGINS.get(token)
+    if plugin is not None:
+        return plugin
+    if had_providers:
+        logger.warning(
+            "dask_otel_spans: providers passed to OTelSpansPlugin cannot travel to a "
+            "scheduler in another process; using this scheduler's OTEL_* configuration"
+        )
+    return OTelSpansPlugin(use_global_providers=use_global, **settings)

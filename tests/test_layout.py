@@ -1,0 +1,79 @@
+"""The package's sides, as its folders show them, import in one direction: protocol/
+imports no side, the scheduler side nothing of the export side, the worker side
+nothing of the scheduler, transport or export sides. A new crossing fails here."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).parent.parent / "dask_otel_spans"
+SIDES = ("protocol", "scheduler", "transport", "export", "sdk", "worker")
+#: side -> the sides it must not import
+FORBIDDEN = {
+    "protocol": {"scheduler", "transport", "export", "sdk", "worker"},
+    "scheduler": {"export", "sdk", "worker"},
+    "transport": {"scheduler", "worker"},
+    "export": {"scheduler", "transport", "worker"},
+    "sdk": {"scheduler", "transport", "export", "worker"},
+    "worker": {"scheduler", "transport", "export"},
+}
+
+
+def side_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "dask_otel_spans" \
+        and parts[1] in SIDES else None
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every ``dask_otel_spans`` module ``path`` imports, at any depth (inside
+    functions and ``TYPE_CHECKING`` blocks too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {m for m in found if m.startswith("dask_otel_spans")}
+
+
+MODULES = sorted(p for side in SIDES for p in (PACKAGE / side).rglob("*.py"))
+
+
+def test_every_side_is_a_folder_with_modules():
+    assert {p.relative_to(PACKAGE).parts[0] for p in MODULES} == set(SIDES)
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_a_side_imports_only_in_the_allowed_direction(path):
+    side = path.relative_to(PACKAGE).parts[0]
+    crossings = {m for m in imports_of(path) if side_of(m) in FORBIDDEN[side]}
+    assert not crossings, f"{side}/ must not import {sorted(crossings)}"
+
+
+def test_the_check_sees_a_crossing(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from dask_otel_spans.export.session import X\n")
+    assert side_of(next(iter(imports_of(module)))) == "export"
+
+
+def test_the_client_imports_no_side_and_no_sdk():
+    """``import dask_otel_spans`` (``span``, ``wait_for_export``) loads neither a side
+    of the package nor the OTel SDK; the plugins load when first asked for."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, dask_otel_spans\n"
+        "print(sorted(m for m in sys.modules if m.startswith("
+        "('dask_otel_spans.scheduler', 'dask_otel_spans.export', 'opentelemetry.sdk',"
+        " 'dask_otel_spans.transport', 'dask_otel_spans.worker', 'dask_otel_spans.sdk'))))\n"
+        "dask_otel_spans.OTelSpansPlugin, dask_otel_spans.OTelWorkerPlugin\n"
+        "print('dask_otel_spans.scheduler.plugin' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60).stdout.split("\n")
+    assert out[:2] == ["[]", "True"]
