@@ -268,7 +268,7 @@ def stats(dask_scheduler) -> dict:
         "handed_over": since_reset("handed_over"),
         "metric_updates": since_reset("metric_updates"),
         "metric_sdk_calls": since_reset("metric_sdk_calls"),
-        "emitted": plugin.emitted_count if plugin else 0,
+        "emitted": plugin.ended_count if plugin else 0,
         "open": plugin.open_span_count if plugin else 0,
         "grace_s": plugin.grace if plugin else 0.0,
         "latencies": list(LATENCIES),

@@ -771,7 +771,7 @@ async def _memory(checkpoints: list[int], export_process: bool) -> list[dict[str
             # (each span is emitted a grace period after it is done: the checkpoint
             # waits until none is open)
             deadline = time.monotonic() + 60
-            while (plugin.open_span_count or plugin.emitted_count < made) and (
+            while (plugin.open_span_count or plugin.ended_count < made) and (
                 time.monotonic() < deadline
             ):
                 await asyncio.sleep(0.2)
@@ -781,7 +781,7 @@ async def _memory(checkpoints: list[int], export_process: bool) -> list[dict[str
                 [tracemalloc.Filter(True, "*dask_otel_spans*")]
             )
             row = {
-                "emitted": plugin.emitted_count,
+                "emitted": plugin.ended_count,
                 "plugin_bytes": sum(stat.size for stat in snap.statistics("filename")),
                 "open": plugin.open_span_count,
             }

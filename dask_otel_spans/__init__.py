@@ -21,9 +21,7 @@ standard ``OTEL_*`` variables; with none, OTLP-JSON lines files are written to
 from __future__ import annotations
 
 import logging
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dask_otel_spans import config as _config  # noqa: F401  (registers defaults)
 from dask_otel_spans import names as _names

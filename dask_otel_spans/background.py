@@ -1,10 +1,14 @@
-"""A daemon thread that runs queued work in order, off the scheduler's event loop."""
+"""The engine of the package's threads: a daemon thread that runs queued work in
+order, off the scheduler's event loop. The session, the emitter, the metrics pump and
+the child sender each compose one (:class:`QueueThread`) and give it their
+handlers."""
 from __future__ import annotations
 
 import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -16,31 +20,57 @@ class _Batch(list):
     """Items queued in one queue operation, handled one by one, in order."""
 
 
-class BackgroundQueue:
-    """Run ``handle(item)`` for every submitted item, in order, on a daemon thread.
+class QueueThread:
+    """Run ``handle(item)`` for every queued item, in order, on a daemon thread.
 
-    ``submit`` never blocks the caller: with a ``maxsize`` and a full queue the item
-    is dropped, counted in ``dropped`` and logged once. ``maxsize=0`` never drops.
-    A failure of one item is logged once per exception type and never stops the
-    thread.
+    :meth:`put` never blocks the caller: with a ``maxsize`` and a full queue the item
+    is dropped, counted in :attr:`dropped` and logged once. ``maxsize=0`` never
+    drops. A failure of one item is logged once per exception type and never stops
+    the thread.
 
     Parameters
     ----------
     name:
         Thread name
+    handle:
+        Called on the thread with each item
     maxsize:
         Largest number of pending items; 0 for no limit
     what:
         What the items are, for the log lines
+    due:
+        Work that ``handle`` held back (a batch to write, sums to send): called on
+        the thread when ``due_in`` runs out with no item, and before a flush or a
+        stop completes
+    due_in:
+        Seconds the thread may wait for an item before ``due`` is called; None
+        waits for the next item
+    counted_in:
+        Where drops are counted, for the log line (e.g. ``"MetricsPump.dropped"``)
     """
 
-    def __init__(self, name: str, maxsize: int = 0, what: str = "items"):
+    def __init__(
+        self,
+        name: str,
+        handle: Callable[[Any], None],
+        *,
+        maxsize: int = 0,
+        what: str = "items",
+        due: Callable[[], None] | None = None,
+        due_in: Callable[[], float | None] | None = None,
+        counted_in: str = "dropped",
+    ):
         self.name = name
         self.what = what
+        self._handle = handle
+        self._due = due
+        self._due_in = due_in
+        self._counted_in = counted_in
         self._queue: queue.Queue = queue.Queue(maxsize=max(0, maxsize))
         self._thread: threading.Thread | None = None
+        #: items dropped because the queue was full
         self.dropped = 0
-        #: CPU seconds the thread spent handling items (figures for benchmarks)
+        #: CPU seconds the thread spent on its work (figures for benchmarks)
         self.cpu_seconds = 0.0
         self._failures_logged: set[str] = set()
 
@@ -48,19 +78,6 @@ class BackgroundQueue:
     def running(self) -> bool:
         """Whether the thread runs (started and not stopped)."""
         return self._thread is not None
-
-    def handle(self, item: Any) -> None:
-        raise NotImplementedError
-
-    def settle(self) -> None:
-        """Finish work that ``handle`` held back: called on the thread when
-        :meth:`next_settle_in` runs out with no item, and before a flush or a stop
-        completes."""
-
-    def next_settle_in(self) -> float | None:
-        """Seconds the thread may wait for an item before :meth:`settle` is due;
-        None waits for the next item."""
-        return None
 
     def start(self) -> None:
         if self._thread is None:
@@ -91,47 +108,58 @@ class BackgroundQueue:
             self._count_dropped(len(items))
             return False
 
-    def _count_dropped(self, n: int, why: str | None = None, *args: Any) -> None:
-        """Count ``n`` dropped items; the first drop is logged (``why``, or the
-        queue being full)."""
+    def put_waiting(self, item: Any, timeout: float | None) -> bool:
+        """Queue ``item``, waiting at most ``timeout`` seconds for room (an item that
+        must not be dropped, such as a flush request); False when there was none."""
+        try:
+            self._queue.put(item, timeout=timeout)
+            return True
+        except queue.Full:
+            return False
+
+    def _count_dropped(self, n: int) -> None:
         first = self.dropped == 0
         self.dropped += n
-        if not first:
-            return
-        if why is None:
-            why = ("dask_otel_spans: %s queue full (%d pending); dropping %s "
-                   "(counted in %s.dropped)")
-            args = (self.name, self._queue.maxsize, self.what, type(self).__name__)
-        logger.warning(why, *args)
+        if first:
+            logger.warning(
+                "dask_otel_spans: %s queue full (%d pending); dropping %s (counted in "
+                "%s)", self.name, self._queue.maxsize, self.what, self._counted_in,
+            )
 
     def _run(self) -> None:
         while True:
             try:
-                item = self._queue.get(timeout=self.next_settle_in())
+                item = self._queue.get(
+                    timeout=self._due_in() if self._due_in is not None else None
+                )
             except queue.Empty:
                 cpu0 = time.thread_time()
-                self._safely(self.settle)
+                self._run_due()
                 self.cpu_seconds += time.thread_time() - cpu0
                 continue
             cpu0 = time.thread_time()
             try:
                 if item is _STOP:
-                    self._safely(self.settle)
+                    self._run_due()
                     return
                 if isinstance(item, threading.Event):
-                    self._safely(self.settle)
+                    self._run_due()
                     item.set()
                     continue
                 if type(item) is _Batch:
                     for one in item:
-                        self._safely(self.handle, one)
+                        self._safely(self._handle, one)
                 else:
-                    self._safely(self.handle, item)
+                    self._safely(self._handle, item)
             finally:
                 self.cpu_seconds += time.thread_time() - cpu0
                 self._queue.task_done()
 
-    def _safely(self, method: Any, *args: Any) -> None:
+    def _run_due(self) -> None:
+        if self._due is not None:
+            self._safely(self._due)
+
+    def _safely(self, method: Callable[..., None], *args: Any) -> None:
         """Run one piece of work; a failure is logged once per exception type."""
         try:
             method(*args)
@@ -145,13 +173,12 @@ class BackgroundQueue:
                 )
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every item submitted so far was handled; False on timeout."""
+        """Wait until every item queued so far was handled and the due work done;
+        False on timeout."""
         if self._thread is None:
             return True
         marker = threading.Event()
-        try:
-            self._queue.put(marker, timeout=timeout)
-        except queue.Full:
+        if not self.put_waiting(marker, timeout):
             return False
         return marker.wait(timeout)
 
@@ -159,11 +186,7 @@ class BackgroundQueue:
         """Handle what is queued, then end the thread."""
         if self._thread is None:
             return
-        while True:
-            try:
-                self._queue.put(_STOP, timeout=timeout)
-                break
-            except queue.Full:  # pragma: no cover
-                continue
+        while not self.put_waiting(_STOP, timeout):  # pragma: no cover
+            pass
         self._thread.join(timeout)
         self._thread = None

@@ -14,7 +14,8 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from dask_otel_spans import names
-from dask_otel_spans.background import BackgroundQueue
+from dask_otel_spans.background import QueueThread
+from dask_otel_spans.export.metrics import DaskInstruments, MetricsPump
 from dask_otel_spans.export.traces import (
     SpanFields,
     SpanSummary,
@@ -25,7 +26,6 @@ from dask_otel_spans.export.traces import (
 from dask_otel_spans.protocol.propagation import parse_carried, resolve_chain
 
 if TYPE_CHECKING:
-    from dask_otel_spans.export.metrics import MetricsPump
     from dask_otel_spans.export.task_spans import TaskSpanFields
     from dask_otel_spans.protocol.snapshots import SpanSnapshot
 
@@ -87,7 +87,7 @@ class EmitRequest(NamedTuple):
     counted: bool = False
 
 
-class SpanEmitter(BackgroundQueue):
+class SpanEmitter:
     """Emit :class:`EmitRequest` objects, in order, on a daemon thread.
 
     Parameters
@@ -119,13 +119,16 @@ class SpanEmitter(BackgroundQueue):
         code_max_length: int | None = None,
         record_exceptions: bool = True,
     ):
-        super().__init__("dask-otel-spans-emitter", 0, "spans")
+        self.thread = QueueThread("dask-otel-spans-emitter", self._end, what="spans",
+                                  counted_in="SpanEmitter.dropped")
         self.pump = pump
         self.prefix_spans = prefix_spans
         self.code_max_length = code_max_length
         self.record_exceptions = record_exceptions
         self.summaries: dict[str, SpanSummary] = {}
-        self.exported_count = 0
+        #: dask spans ended (translated into OTel spans and ended in the tracer
+        #: provider)
+        self.ended_count = 0
         #: OTel spans ended (a dask span's own, and its prefix spans')
         self.otel_spans = 0
         self._ids = _PinnedIdGenerator()
@@ -152,21 +155,40 @@ class SpanEmitter(BackgroundQueue):
             )
         return tracer
 
+    @property
+    def dropped(self) -> int:
+        """Requests dropped because the queue was full (never: it has no bound)."""
+        return self.thread.dropped
+
+    @property
+    def cpu_seconds(self) -> float:
+        return self.thread.cpu_seconds
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every request emitted so far was ended."""
+        return self.thread.flush(timeout)
+
+    def stop(self, timeout: float = 10) -> None:
+        self.thread.stop(timeout)
+
     def emit(self, request: EmitRequest) -> None:
-        self.put(request)
+        self.thread.put(request)
 
     def emit_many(self, requests: list[EmitRequest]) -> None:
         """:meth:`emit` each of ``requests``, in one queue operation."""
-        self.put_many(requests)
+        self.thread.put_many(requests)
 
-    def handle(self, request: EmitRequest) -> None:
+    def _end(self, request: EmitRequest) -> None:
         fields, idle = self.translate(request)
         self.export(fields)
-        self.exported_count += 1
+        self.ended_count += 1
         if self.pump is not None:
             ids = fields.ids
             self.pump.submit(
-                "span_emitted", request.tags, fields.duration_s, idle, request.counted,
+                DaskInstruments.span_ended, request.tags, fields.duration_s, idle, request.counted,
                 (ids.trace_id, ids.span_id, int(ids.trace_flags)),
             )
 

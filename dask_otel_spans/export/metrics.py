@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry.context import Context
@@ -20,7 +20,7 @@ from opentelemetry.trace import (
 )
 
 from dask_otel_spans import names
-from dask_otel_spans.background import BackgroundQueue
+from dask_otel_spans.background import QueueThread
 from dask_otel_spans.protocol.propagation import prefix_span_id
 from dask_otel_spans.sdk.providers import SDK_DEFAULT_CARDINALITY_LIMIT
 
@@ -329,11 +329,11 @@ class DaskInstruments:
         name = self.span_names(tags)
         self._sum(self._series(self.span_active, {names.SPAN_NAME: name}), 1)
 
-    def span_emitted(
+    def span_ended(
         self, tags: Sequence[str], duration: float, idle_seconds: float, opened: bool,
         trace: tuple[int, int, int] | None = None,
     ) -> None:
-        """A span was emitted: its duration, its closing ``idle or other spans``
+        """A span was ended: its duration, its closing ``idle or other spans``
         seconds, and (when it was counted as open) one fewer active span; ``trace``
         (its ``(trace id, OTel span id, trace flags)``) is the duration's exemplar."""
         name = self.span_names(tags)
@@ -386,7 +386,12 @@ class DaskInstruments:
                 self.sdk_calls += 1
 
 
-class MetricsPump(BackgroundQueue):
+#: An update of the instruments: an unbound method of :class:`DaskInstruments` (a
+#: rename fails at import, not at run time on the metrics thread) and its arguments
+MetricCall = tuple[Callable[..., None], tuple[Any, ...]]
+
+
+class MetricsPump:
     """Runs instrument updates on a daemon thread, off the scheduler's event loop,
     and hands their sums to the SDK at most every ``send_interval`` seconds (and at
     every flush and at stop).
@@ -398,33 +403,56 @@ class MetricsPump(BackgroundQueue):
     def __init__(self, instruments: DaskInstruments,
                  max_queue_size: int = MAX_QUEUE_SIZE,
                  send_interval: float = SEND_INTERVAL):
-        super().__init__(
-            "dask-otel-spans-metrics", max(1, max_queue_size), "metric updates"
-        )
         self.instruments = instruments
         self.send_interval = max(0.0, send_interval)
         self._next_send = 0.0
+        self.thread = QueueThread(
+            "dask-otel-spans-metrics", self._handle, maxsize=max(1, max_queue_size),
+            what="metric updates", due=self.send_sums, due_in=self._send_in,
+            counted_in="MetricsPump.dropped",
+        )
 
-    def settle(self) -> None:
+    @property
+    def dropped(self) -> int:
+        """Updates dropped because the queue was full."""
+        return self.thread.dropped
+
+    @property
+    def cpu_seconds(self) -> float:
+        return self.thread.cpu_seconds
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Apply the updates submitted so far and hand their sums to the SDK."""
+        return self.thread.flush(timeout)
+
+    def stop(self, timeout: float = 10) -> None:
+        self.thread.stop(timeout)
+
+    def send_sums(self) -> None:
+        """Hand the sums to the SDK now."""
         self._next_send = time.monotonic() + self.send_interval
         self.instruments.send()
 
-    def next_settle_in(self) -> float | None:
+    def _send_in(self) -> float | None:
         if not self.instruments.has_unsent:
             return None
         return max(0.0, self._next_send - time.monotonic())
 
-    def submit(self, method: str, *args: Any) -> None:
-        """Call ``instruments.<method>(*args)`` on the thread."""
-        self.put((method, args))
+    def submit(self, method: Callable[..., None], *args: Any) -> None:
+        """Call ``method(instruments, *args)`` on the thread (``method`` a method of
+        :class:`DaskInstruments`, e.g. ``DaskInstruments.add_worker_deltas``)."""
+        self.thread.put((method, args))
 
-    def submit_many(self, calls: list[tuple[str, tuple[Any, ...]]]) -> None:
+    def submit_many(self, calls: list[MetricCall]) -> None:
         """:meth:`submit` each ``(method, args)`` of ``calls``, in one queue
         operation."""
-        self.put_many(calls)
+        self.thread.put_many(calls)
 
-    def handle(self, item: tuple[str, tuple[Any, ...]]) -> None:
+    def _handle(self, item: MetricCall) -> None:
         method, args = item
-        getattr(self.instruments, method)(*args)
+        method(self.instruments, *args)
         if time.monotonic() >= self._next_send:
-            self.settle()
+            self.send_sums()

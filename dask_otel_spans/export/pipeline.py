@@ -141,13 +141,13 @@ class ExportPipeline:
 
     def _undelivered_spans(self) -> str:
         """How many spans the SDK was handed and its exporters did not report
-        (exported or dropped), where the pipeline built them ("some" otherwise)."""
+        (delivered or failed), where the pipeline built them ("some" otherwise)."""
         health = [h for h in self.providers.health if h.signal == "traces"]
         if not health:
             return "some spans"
-        # (each dask span is 1 + its task prefixes OTel spans: counted as exported
+        # (each dask span is 1 + its task prefixes OTel spans: counted as ended
         # by the emitter once per dask span, by the exporters once per OTel span)
-        reported = min(h.exported + h.dropped for h in health)
+        reported = min(h.delivered + h.failed for h in health)
         handed = self.emitter.otel_spans
         return f"{max(0, handed - reported)} spans"
 
@@ -161,7 +161,7 @@ class ExportPipeline:
         """Figures for tests and benchmarks."""
         instruments = self.instruments
         return {
-            "exported": self.emitter.exported_count,
+            "ended": self.emitter.ended_count,
             "emitter_cpu_s": self.emitter.cpu_seconds,
             "metrics_cpu_s": self.pump.cpu_seconds if self.pump is not None else 0.0,
             "dropped": self.emitter.dropped

@@ -13,12 +13,13 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
-from dask_otel_spans.background import BackgroundQueue
+from dask_otel_spans.background import QueueThread
 from dask_otel_spans.config import TICK_INTERVAL, PluginConfig
 from dask_otel_spans.export.collisions import CollisionWarnings
+from dask_otel_spans.export.metrics import DaskInstruments
 from dask_otel_spans.export.pipeline import ExportPipeline
 from dask_otel_spans.export.share import ExportShareWatch
 from dask_otel_spans.export.tracking.readiness import ReadinessTracker
@@ -28,7 +29,6 @@ from dask_otel_spans.logonce import OnceLogger
 from dask_otel_spans.protocol.events import UnknownMessage, dispatch
 from dask_otel_spans.protocol.propagation import parse_carried, resolve_chain
 from dask_otel_spans.protocol.tasks import SLOWEST
-from dask_otel_spans.protocol.wire import span_tags_of
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 MAX_TRACES = 10_000
 
 
-class ExportSession(BackgroundQueue):
+class ExportSession:
     """Apply the forwarder's messages to a span tree copy and its readiness tracker,
     and export what is ready through ``pipeline``.
 
@@ -59,7 +59,10 @@ class ExportSession(BackgroundQueue):
         config: PluginConfig,
         nthreads_history: list[tuple[float, int]] | None = None,
     ):
-        super().__init__("dask-otel-spans-export-session", 0, "forwarded messages")
+        self.thread = QueueThread(
+            "dask-otel-spans-export-session", self._apply, what="forwarded messages",
+            due=self.run_pass, due_in=self._pass_in,
+        )
         self.pipeline = pipeline
         self.config = config
         self.history: list[tuple[float, int]] = (
@@ -70,7 +73,7 @@ class ExportSession(BackgroundQueue):
         )
         self.tracker = ReadinessTracker(
             self.tree.spans, self.tree.chain_of, config,
-            n_workers=lambda: self.tree.n_workers, on_emitted=self.tree.forget,
+            n_workers=lambda: self.tree.n_workers, on_handed_over=self.tree.forget,
         )
         #: says which blocks' tasks dask counted in another span
         self.collisions = CollisionWarnings()
@@ -86,27 +89,35 @@ class ExportSession(BackgroundQueue):
 
     # -- the transport's side ----------------------------------------------------------
 
+    @property
+    def cpu_seconds(self) -> float:
+        """CPU seconds of the session's thread so far."""
+        return self.thread.cpu_seconds
+
+    def start(self) -> None:
+        self.thread.start()
+
     def send(self, messages: list[tuple[Any, ...]]) -> None:
         """Queue ``messages`` (in order, one queue operation); never blocks."""
         if messages:
-            self.put(messages)
+            self.thread.put(messages)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Apply everything sent so far, emit what is ready now, then flush the
         pipeline; False when it did not finish within ``timeout`` seconds."""
         timeout = 10.0 if timeout is None else timeout
         deadline = time.monotonic() + timeout
-        ok = super().flush(timeout)
+        ok = self.thread.flush(timeout)
         return self.pipeline.flush(max(0.0, deadline - time.monotonic())) and ok
 
     def stop(self, timeout: float = 10) -> None:
         """Apply what is queued, emit every span still open (complete or not: the
         scheduler is closing), then stop the pipeline and its providers, waiting
         at most about ``timeout`` seconds for the exporters."""
-        super().stop(timeout)
+        self.thread.stop(timeout)
         try:
             self.tracker.close()
-            self._deliver()
+            self._hand_over()
         except Exception:
             logger.exception("dask_otel_spans: cannot emit the spans still open")
         self.pipeline.shut_down(timeout)
@@ -128,7 +139,7 @@ class ExportSession(BackgroundQueue):
 
     # -- the thread ----------------------------------------------------------------------
 
-    def handle(self, messages: list[tuple[Any, ...]]) -> None:
+    def _apply(self, messages: list[tuple[Any, ...]]) -> None:
         for message in messages:
             try:
                 dispatch(self, message)
@@ -142,20 +153,20 @@ class ExportSession(BackgroundQueue):
                 self._log_once(f"error:{message[0]!r:.40}", "cannot apply a %r message "
                                "(logged once per kind)", message[0], exc_info=True)
         if time.monotonic() >= self._next_pass:
-            self.settle()
+            self.run_pass()
         # (else what the messages made the tracker count goes with the next pass's
         # spans: one hand-over to the pipeline's threads per pass, not per batch)
 
-    def next_settle_in(self) -> float | None:
+    def _pass_in(self) -> float | None:
         return max(0.0, self._next_pass - time.monotonic())
 
-    def settle(self) -> None:
-        """Run the tracker's pass and deliver what it emitted."""
+    def run_pass(self) -> None:
+        """Run the tracker's pass and hand what it made ready to the pipeline."""
         self._next_pass = time.monotonic() + TICK_INTERVAL
         try:
             self.tracker.run_pass()
         finally:
-            self._deliver()
+            self._hand_over()
         if self.share_watch is not None:
             self._watch_share()
 
@@ -165,15 +176,15 @@ class ExportSession(BackgroundQueue):
             share, window = found
             logger.info(
                 "dask_otel_spans: exporting in the scheduler process took %.0f%% of "
-                "its CPU over the last %.0f s (%d spans emitted so far); "
+                "its CPU over the last %.0f s (%d spans ended so far); "
                 "otel-spans.export-process: auto (the default) moves that work to a "
                 "child process", share * 100, window,
-                self.pipeline.emitter.exported_count,
+                self.pipeline.emitter.ended_count,
             )
 
-    def _deliver(self) -> None:
-        """Hand what the tracker emitted and counted to the pipeline: the counts
-        first, so that a span's opening is counted before its emission."""
+    def _hand_over(self) -> None:
+        """Hand what the tracker made ready and counted to the pipeline: the counts
+        first, so that a span's opening is counted before it ends."""
         calls, requests = self.tracker.take()
         pump = self.pipeline.pump
         if calls and pump is not None:
@@ -230,8 +241,8 @@ class ExportSession(BackgroundQueue):
         self.tree.add_deltas(deltas)
         pump = self.pipeline.pump
         if pump is not None:
-            tags = span_tags_of(deltas, self.tree.tags)
-            pump.submit("add_span_deltas", deltas, tags, self._traces_of(tags))
+            tags = _span_tags_of(deltas, self.tree.tags)
+            pump.submit(DaskInstruments.add_span_deltas, deltas, tags, self._traces_of(tags))
 
     def _traces_of(self, span_ids: Iterable[str]) -> dict[str, tuple[int, int, int]]:
         """``(trace id, OTel span id, trace flags)`` of the open spans among
@@ -257,10 +268,27 @@ class ExportSession(BackgroundQueue):
     def on_worker_deltas(self, deltas: Mapping[Hashable, float]) -> None:
         pump = self.pipeline.pump
         if pump is not None:
-            pump.submit("add_worker_deltas", deltas)
+            pump.submit(DaskInstruments.add_worker_deltas, deltas)
 
     def on_nthreads_history(self, start: int, entries: Any) -> None:
         """Entries of the scheduler's ``total_nthreads_history`` from ``start`` on (a
         message sent again after a failed write changes nothing)."""
         del self.history[start:]
         self.history.extend(entries)
+
+
+def _span_tags_of(
+    deltas: Mapping[Hashable, float], span_tags: Mapping[str, Sequence[str]]
+) -> dict[str, tuple[str, ...]]:
+    """The tags of the spans named in heartbeat deltas
+    ``{(context, span_id, prefix, activity, unit): value}``, as a plain dict."""
+    out: dict[str, tuple[str, ...]] = {}
+    for key in deltas:
+        if isinstance(key, tuple) and len(key) >= 4:
+            span_id = key[1]
+            if span_id not in out:
+                try:
+                    out[span_id] = tuple(span_tags[span_id])
+                except (KeyError, TypeError):  # unknown: the metrics use the id
+                    pass
+    return out

@@ -1,11 +1,11 @@
 """What crosses the pipe to the export process: length-prefixed frames (marshal of
-plain built-ins for the sender's batches of messages, pickle for anything else)."""
+plain built-ins for the sender's batches of messages, pickle for anything else), and
+the control messages beside the protocol's events."""
 from __future__ import annotations
 
 import marshal
 import pickle
 import struct
-from collections.abc import Hashable, Mapping, Sequence
 from typing import IO, Any
 
 _HEADER = struct.Struct("!I")
@@ -13,6 +13,22 @@ _HEADER = struct.Struct("!I")
 #: messages is marshalled, or else pickled; any other object is pickled)
 _PICKLED, _MARSHALLED, _PICKLED_BATCH = 0x50, 0x4D, 0x42  # "P", "M", "B"
 _MARSHAL_VERSION = 4
+
+# Control messages, beside the protocol's events (:mod:`.events`), as the first
+# field of a frame's tuple. Scheduler -> export process:
+#: ``(FLUSH, token, timeout)``: export what came before, flush, answer ``FLUSHED``
+FLUSH = "flush"
+# Export process -> scheduler:
+#: ``(READY, info)``: the exporters are set up (where data goes, pid)
+READY = "ready"
+#: ``(FAILED, reason)``: the exporters could not be set up; the process ends
+FAILED = "failed"
+#: ``(STATS, figures)``: the session's figures, when they changed
+STATS = "stats"
+#: ``(FLUSHED, token, ok, figures)``: the answer to a ``FLUSH``
+FLUSHED = "flushed"
+#: ``(STOPPED, figures)``: the last figures, at the end of stdin
+STOPPED = "stopped"
 
 
 def encode_frame(obj: Any) -> bytes:
@@ -64,20 +80,3 @@ def decode_payload(payload: bytes) -> Any:
     if kind == _MARSHALLED:
         return marshal.loads(memoryview(payload)[1:])
     raise ValueError(f"unknown frame encoding {kind:#x}")
-
-
-def span_tags_of(
-    deltas: Mapping[Hashable, float], span_tags: Mapping[str, Sequence[str]]
-) -> dict[str, tuple[str, ...]]:
-    """The tags of the spans named in heartbeat deltas
-    ``{(context, span_id, prefix, activity, unit): value}``, as a plain dict."""
-    out: dict[str, tuple[str, ...]] = {}
-    for key in deltas:
-        if isinstance(key, tuple) and len(key) >= 4:
-            span_id = key[1]
-            if span_id not in out:
-                try:
-                    out[span_id] = tuple(span_tags[span_id])
-                except (KeyError, TypeError):  # unknown: the metrics use the id
-                    pass
-    return out

@@ -131,15 +131,17 @@ class OTelSpansPlugin(SchedulerPlugin):
     # -- figures (tests, benchmarks, run_on_scheduler) -------------------------------
 
     def export_stats(self) -> dict[str, Any]:
-        """The export session's figures: ``open`` (spans not emitted yet),
-        ``handed_over`` (spans handed to the exporters), ``exported`` (spans that
-        reached the tracer provider), ``received`` (spans the session was
-        forwarded), ... (as last reported when it runs in the export process)."""
+        """The export session's figures, by stage (as last reported when it runs in
+        the export process): ``received`` (spans forwarded to the session and taken
+        in), ``open`` (not handed over yet), ``handed_over`` (to the pipeline),
+        ``ended`` (ended in the tracer provider), ``traces_delivered``/
+        ``traces_failed`` and ``metrics_delivered``/``metrics_failed`` (as the
+        exporters reported them), and others for benchmarks."""
         return self.transport.stats() if self.transport is not None else {}
 
     @property
     def open_span_count(self) -> int:
-        """Spans not emitted yet, those forwarded and not taken in yet included."""
+        """Spans not handed over yet, those forwarded and not received yet included."""
         stats = self.export_stats()
         forwarder = self.forwarder
         if forwarder is None:
@@ -150,13 +152,13 @@ class OTelSpansPlugin(SchedulerPlugin):
 
     @property
     def handed_over_count(self) -> int:
-        """Spans handed to the exporters."""
+        """Spans handed over to the pipeline."""
         return int(self.export_stats().get("handed_over", 0))
 
     @property
-    def emitted_count(self) -> int:
-        """Spans that reached the tracer provider (ended there)."""
-        return int(self.export_stats().get("exported", 0))
+    def ended_count(self) -> int:
+        """Spans ended in the tracer provider."""
+        return int(self.export_stats().get("ended", 0))
 
     @property
     def grace(self) -> float:

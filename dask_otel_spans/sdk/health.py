@@ -33,8 +33,10 @@ class ExportHealth:
     def __init__(self, signal: str, where: str):
         self.signal = signal
         self.where = where
-        self.exported = 0
-        self.dropped = 0
+        #: items the exporter reported delivered
+        self.delivered = 0
+        #: items the exporter failed to deliver (dropped)
+        self.failed = 0
         self.failed_batches = 0
         self.down = False
         self._dropped_in_outage = 0
@@ -43,13 +45,13 @@ class ExportHealth:
     def record(self, ok: bool, items: int) -> None:
         with self._lock:
             if ok:
-                self.exported += items
+                self.delivered += items
                 if not self.down:
                     return
                 self.down = False
                 dropped, self._dropped_in_outage = self._dropped_in_outage, 0
             else:
-                self.dropped += items
+                self.failed += items
                 self.failed_batches += 1
                 self._dropped_in_outage += items
                 if self.down:
@@ -59,7 +61,7 @@ class ExportHealth:
             logger.warning(
                 "dask_otel_spans: %s export to %s recovered; %d %s were dropped "
                 "during the outage (%d in total so far)",
-                self.signal, self.where, dropped, self._unit(), self.dropped,
+                self.signal, self.where, dropped, self._unit(), self.failed,
             )
         else:
             logger.error(
@@ -73,7 +75,7 @@ class ExportHealth:
 
 
 class HealthSpanExporter(SpanExporter):
-    """Wraps a span exporter: counts exported and dropped spans in ``health``."""
+    """Wraps a span exporter: counts delivered and failed spans in ``health``."""
 
     def __init__(self, inner: SpanExporter, health: ExportHealth):
         self.inner = inner

@@ -88,9 +88,9 @@ class Providers:
         for signal in ("traces", "metrics"):
             health = [h for h in self.health if h.signal == signal]
             out[f"{signal}_delivered"] = (
-                min(h.exported for h in health) if health else None
+                min(h.delivered for h in health) if health else None
             )
-            out[f"{signal}_failed"] = max(h.dropped for h in health) if health else None
+            out[f"{signal}_failed"] = max(h.failed for h in health) if health else None
         return out
 
     def delivering(self) -> bool:

@@ -2,7 +2,7 @@
 translation, OTel SDK, exporters) on what the scheduler's plugin forwards over its
 stdin, outside the scheduler process.
 
-Started by :class:`~dask_otel_spans.transport.sender.ExportProcess` as
+Started by :class:`~dask_otel_spans.transport.supervisor.ChildSupervisor` as
 ``python -m dask_otel_spans.transport.child``. Protocol (frames of :mod:`~dask_otel_spans.protocol.wire`):
 
 - stdin, first frame: a :class:`~dask_otel_spans.transport.spec.PipelineSpec`; then batches
@@ -32,7 +32,16 @@ import psutil
 from dask_otel_spans.config import CPU_POLICIES
 from dask_otel_spans.export.pipeline import ExportPipeline
 from dask_otel_spans.export.session import ExportSession
-from dask_otel_spans.protocol.wire import read_frame, write_frame
+from dask_otel_spans.protocol.wire import (
+    FAILED,
+    FLUSH,
+    FLUSHED,
+    READY,
+    STATS,
+    STOPPED,
+    read_frame,
+    write_frame,
+)
 from dask_otel_spans.transport.spec import PipelineSpec
 
 logger = logging.getLogger("dask_otel_spans.transport.child")
@@ -130,7 +139,7 @@ def report_stats(session: ExportSession, outbox: _Outbox,
             stats.pop("session_cpu_s", None)
             if stats != last:  # CPU and memory always change: not compared
                 last = stats
-                outbox.send_made(lambda: ("stats", _stats(session)))
+                outbox.send_made(lambda: (STATS, _stats(session)))
         except Exception:
             # (the scheduler waits on these figures: the thread carries on)
             if not failed:
@@ -148,10 +157,10 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
         return 0
     except Exception as e:
         # (the scheduler says it, once, with what it does instead)
-        outbox.send(("failed", f"{type(e).__name__}: {e}"))
+        outbox.send((FAILED, f"{type(e).__name__}: {e}"))
         return 1
     outbox.send((
-        "ready",
+        READY,
         {
             "traces_to": pipeline.providers.traces_to,
             "metrics_to": pipeline.providers.metrics_to,
@@ -181,18 +190,18 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
             continue
         messages: list[tuple[Any, ...]] = []
         for message in batch:
-            if message[0] != "flush":
+            if message[0] != FLUSH:
                 messages.append(message)
                 continue
             session.send(messages)
             messages = []
             _, token, timeout = message
             ok = session.flush(timeout)
-            outbox.send_made(lambda: ("flushed", token, ok, _stats(session)))
+            outbox.send_made(lambda: (FLUSHED, token, ok, _stats(session)))
         session.send(messages)
     stopped.set()
     session.stop(spec.config.shutdown_timeout)
-    outbox.send(("stopped", _stats(session)))
+    outbox.send((STOPPED, _stats(session)))
     return 0
 
 

@@ -1,5 +1,6 @@
 """Where the export session runs, chosen in one place: in an export child process
-(:class:`~dask_otel_spans.transport.sender.ExportProcess`) when the providers can be
+(:class:`ChildTransport`: :class:`~dask_otel_spans.transport.sender.ChildSender`
+and :class:`~dask_otel_spans.transport.supervisor.ChildSupervisor`) when the providers can be
 built from configuration there, else on a thread of the scheduler process
 (:class:`ThreadTransport`). Both take the same messages and run the same
 :class:`~dask_otel_spans.export.session.ExportSession`; the plugin never asks which one it
@@ -21,12 +22,13 @@ from dask_otel_spans.sdk.providers import (
     global_sdk_meter_provider,
     global_sdk_tracer_provider,
 )
-from dask_otel_spans.transport.sender import (
+from dask_otel_spans.transport.sender import ChildSender
+from dask_otel_spans.transport.spec import PipelineSpec
+from dask_otel_spans.transport.supervisor import (
     EXPORT_PROCESS_NICE,
-    ExportProcess,
+    ChildSupervisor,
     ExportProcessError,
 )
-from dask_otel_spans.transport.spec import PipelineSpec
 
 logger = logging.getLogger(__name__)
 
@@ -95,34 +97,35 @@ class ChildTransport:
 
     Parameters
     ----------
-    process:
-        The export process's sender, started
+    sender:
+        The sender to the export process, started (its supervisor launched the
+        child)
     """
 
-    def __init__(self, process: ExportProcess):
-        self.process = process
-        self.destinations = {**process.info, "export_process": True}
-        self._launches = process.launches
+    def __init__(self, sender: ChildSender):
+        self.sender = sender
+        self.destinations = {**sender.supervisor.info, "export_process": True}
+        self._launches = sender.supervisor.launches
 
     def send(self, messages: list[tuple[Any, ...]]) -> None:
-        self.process.send(messages)
+        self.sender.send(messages)
 
     def restarted(self) -> int | None:
-        process = self.process
-        if process.launches == self._launches:
+        supervisor = self.sender.supervisor
+        if supervisor.launches == self._launches:
             return None
-        self._launches = process.launches
-        return process.confirmed_position + 1
+        self._launches = supervisor.launches
+        return supervisor.confirmed_position + 1
 
     def flush(self, timeout: float) -> bool:
-        return self.process.flush(timeout)
+        return self.sender.flush(timeout)
 
     def stop(self, timeout: float) -> None:
         # (the child waits ``timeout`` for its exporters itself, then exits)
-        self.process.stop(timeout + CHILD_EXIT_MARGIN)
+        self.sender.stop(timeout + CHILD_EXIT_MARGIN)
 
     def stats(self) -> dict[str, Any]:
-        return self.process.stats()
+        return self.sender.stats()
 
 
 def why_export_stays_here(
@@ -188,13 +191,12 @@ async def open_transport(
                          "exported until this is fixed", e)
             return None
     if setting is not False and stays is None:
-        process = ExportProcess(
-            spec, budget=config.forward_budget, nice=EXPORT_PROCESS_NICE,
-            cpu_policy=config.export_process_cpu_policy,
+        supervisor = ChildSupervisor(
+            spec, nice=EXPORT_PROCESS_NICE, cpu_policy=config.export_process_cpu_policy,
         )
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(None, process.launch)
+            await loop.run_in_executor(None, supervisor.launch)
         except ExportProcessError as e:
             if e.setup_failed:  # (the scheduler process would fail the same way)
                 logger.error("dask_otel_spans: cannot set up exporters (%s); the "
@@ -206,9 +208,10 @@ async def open_transport(
                 "in the scheduler process", e,
             )
         else:
-            process.nthreads_history = nthreads_history
-            process.start()
-            return ChildTransport(process)
+            sender = ChildSender(supervisor, budget=config.forward_budget)
+            sender.nthreads_history = nthreads_history
+            sender.start()
+            return ChildTransport(sender)
     elif setting is not False:
         logger.log(
             logging.INFO if setting is True else logging.DEBUG,

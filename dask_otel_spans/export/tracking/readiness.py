@@ -3,7 +3,7 @@
 
 It knows nothing of where it runs (a thread of the scheduler process, or the export
 process): the export session feeds it the forwarder's events and the spans of its
-:class:`~dask_otel_spans.export.tracking.tree.SpanTree`, and takes what it emits.
+:class:`~dask_otel_spans.export.tracking.tree.SpanTree`, and takes what it hands over.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from distributed.metrics import time
 from dask_otel_spans import names
 from dask_otel_spans.config import PluginConfig
 from dask_otel_spans.export.emitter import EmitRequest
+from dask_otel_spans.export.metrics import DaskInstruments, MetricCall
 from dask_otel_spans.export.tracking.records import OpenSpan, carried_for_translation
 from dask_otel_spans.export.tracking.schedule import CheckSchedule
 from dask_otel_spans.export.tracking.verdicts import Verdicts
@@ -32,7 +33,7 @@ from dask_otel_spans.protocol.snapshots import snapshot_span
 
 logger = logging.getLogger(__name__)
 
-#: Ids remembered in the bounded id sets (spans emitted, against duplicates; ids
+#: Ids remembered in the bounded id sets (spans handed over, against duplicates; ids
 #: carried by graphs before the tracker knew the span)
 MAX_REMEMBERED = 10_000
 
@@ -43,7 +44,7 @@ class ReadinessTracker:
     Parameters
     ----------
     spans:
-        span id -> ``Span`` of the span tree copy (the spans not emitted yet)
+        span id -> ``Span`` of the span tree copy (the spans not handed over yet)
     chain_of:
         The chain of ids of a span of ``spans``, root first
     config:
@@ -51,15 +52,15 @@ class ReadinessTracker:
         include-code)
     n_workers:
         The number of workers now (the grace period follows it)
-    on_emitted:
-        Called with each emitted ``Span`` (the tree forgets it)
+    on_handed_over:
+        Called with each handed over ``Span`` (the tree forgets it)
 
     Notes
     -----
     Events: :meth:`add_span`, :meth:`graph`, :meth:`close_notice`,
     :meth:`client_gone`, :meth:`group_settled`. :meth:`run_pass` checks the spans
-    that changed or whose wait ran out, deepest first, and emits those ready;
-    :meth:`close` emits every open span. What was emitted is taken with
+    that changed or whose wait ran out, deepest first, and hands over those ready;
+    :meth:`close` hands over every open span. What was handed over is taken with
     :meth:`take`: the metric updates (``(method, args)`` of
     :class:`~dask_otel_spans.export.metrics.DaskInstruments`) and the
     :class:`~dask_otel_spans.export.emitter.EmitRequest` objects, in order.
@@ -72,20 +73,20 @@ class ReadinessTracker:
         config: PluginConfig,
         *,
         n_workers: Callable[[], int] = lambda: 0,
-        on_emitted: Callable[[Any], None] | None = None,
+        on_handed_over: Callable[[Any], None] | None = None,
     ):
         self.spans = spans
         self.chain_of = chain_of
         self.config = config
         self.n_workers = n_workers
-        self.on_emitted = on_emitted
+        self.on_handed_over = on_handed_over
         self._open: dict[str, OpenSpan] = {}
-        #: emitted spans whose parent is still open: the emitter holds their summary
+        #: handed over spans whose parent is still open: the emitter holds their summary
         self._summarized: set[str] = set()
-        self._unseen_emitted: OrderedDict[str, None] = OrderedDict()
+        self._unseen_handed_over: OrderedDict[str, None] = OrderedDict()
         self._submitted_unknown: OrderedDict[str, None] = OrderedDict()
         self._schedule = CheckSchedule()
-        self._metric_calls: list[tuple[str, tuple[Any, ...]]] = []
+        self._metric_calls: list[MetricCall] = []
         self._requests: list[EmitRequest] = []
         self._log_once = OnceLogger(logger)
         #: spans handed over for export so far
@@ -97,7 +98,7 @@ class ReadinessTracker:
 
     @property
     def open_count(self) -> int:
-        """Spans not emitted yet."""
+        """Spans not handed over yet."""
         return len(self._open)
 
     def record(self, dask_id: str) -> OpenSpan | None:
@@ -106,7 +107,7 @@ class ReadinessTracker:
 
     def pending_wake_ups(self) -> list[float]:
         """When the tracker will look at spans again, whatever changes: the waits
-        set (some for spans emitted since) and the waits for graphs."""
+        set (some for spans handed over since) and the waits for graphs."""
         return self._schedule.pending_wake_ups()
 
     @property
@@ -114,8 +115,8 @@ class ReadinessTracker:
         """The grace period now (:func:`grace_period`)."""
         return grace_period(self.config.export_delay, self.n_workers())
 
-    def take(self) -> tuple[list[tuple[str, tuple[Any, ...]]], list[EmitRequest]]:
-        """The metric updates and the requests emitted since the last call."""
+    def take(self) -> tuple[list[MetricCall], list[EmitRequest]]:
+        """The metric updates and the requests handed over since the last call."""
         calls, self._metric_calls = self._metric_calls, []
         requests, self._requests = self._requests, []
         return calls, requests
@@ -124,7 +125,7 @@ class ReadinessTracker:
 
     def add_span(self, span: Any, now: float | None = None) -> None:
         """A span of the tree, new or adopted."""
-        if span.id in self._unseen_emitted:
+        if span.id in self._unseen_handed_over:
             return
         rec = self._open.get(span.id)
         parent = span.parent
@@ -147,7 +148,7 @@ class ReadinessTracker:
             rec.unfinished_group = running
         if not rec.counted:
             rec.counted = True
-            self._metric_calls.append(("span_opened", (rec.tags,)))
+            self._metric_calls.append((DaskInstruments.span_opened, (rec.tags,)))
 
     def group_settled(self, span_id: str, stop: float) -> None:
         """Every task of a group of the span settled, the last at ``stop``: look
@@ -189,7 +190,7 @@ class ReadinessTracker:
 
     def run_pass(self, now: float | None = None) -> None:
         """Check the open spans that changed or whose wait ran out, deepest first
-        (children before their parents), and emit those that are ready."""
+        (children before their parents), and hand over those that are ready."""
         now = time() if now is None else now
         schedule = self._schedule
         schedule.wake_due(now, self._open)
@@ -210,9 +211,9 @@ class ReadinessTracker:
                 ready_at = now + grace
             if ready_at is not None and ready_at <= now:
                 try:
-                    self._emit(rec, now, complete=True, verdicts=verdicts)
+                    self._hand_over(rec, now, complete=True, verdicts=verdicts)
                 except Exception:
-                    self._log_failure("emit")
+                    self._log_failure("hand-over")
             elif ready_at is not None:
                 self._schedule.wake_up_at(rec, ready_at)
 
@@ -231,9 +232,9 @@ class ReadinessTracker:
                 if rec.closed_at is None:
                     rec.close_reason = names.CLOSE_REASON_SHUTDOWN
             try:
-                self._emit(rec, now, complete=complete, verdicts=verdicts)
+                self._hand_over(rec, now, complete=complete, verdicts=verdicts)
             except Exception:
-                self._log_failure("emit")
+                self._log_failure("hand-over")
 
     # -- events, in detail -----------------------------------------------------------
 
@@ -331,8 +332,8 @@ class ReadinessTracker:
             dask_id = ids[level]
             rec = self._open.get(dask_id)
             if rec is None:
-                if dask_id in self.spans or dask_id in self._unseen_emitted:
-                    continue  # emitted already, or finished before the plugin
+                if dask_id in self.spans or dask_id in self._unseen_handed_over:
+                    continue  # handed over already, or finished before the plugin
                 rec = OpenSpan(dask_id, tags[: level + 1], ids[: level + 1])
                 self._open[dask_id] = rec
                 if self._submitted_unknown.pop(dask_id, False) is None:
@@ -425,7 +426,7 @@ class ReadinessTracker:
 
     # -- emission --------------------------------------------------------------------
 
-    def _emit(self, rec: OpenSpan, now: float, *, complete: bool,
+    def _hand_over(self, rec: OpenSpan, now: float, *, complete: bool,
               verdicts: Verdicts) -> None:
         """Copy the span, queue its request, forget the record; its parent learns
         when its tree finished and is looked at again."""
@@ -450,7 +451,7 @@ class ReadinessTracker:
         self._schedule.graph_came(rec.id)
         keep_summary = False
         if span is None:
-            _remember(self._unseen_emitted, rec.id)
+            _remember(self._unseen_handed_over, rec.id)
         else:
             for child in span.children:
                 self._summarized.discard(child.id)
@@ -466,15 +467,15 @@ class ReadinessTracker:
                     self._schedule.look_again(parent_rec)
                 if keep_summary:
                     self._summarized.add(span.id)
-            _remember(self._unseen_emitted, rec.id)
+            _remember(self._unseen_handed_over, rec.id)
         self.handed_over += 1
         self._requests.append(EmitRequest(
             rec.tags, rec.ids, carried_for_translation(rec, self._open.get(rec.ids[0])),
             snapshot, now, complete,
             rec.close_reason, rec.enter, rec.exit, keep_summary, rec.counted,
         ))
-        if span is not None and self.on_emitted is not None:
-            self.on_emitted(span)
+        if span is not None and self.on_handed_over is not None:
+            self.on_handed_over(span)
 
     # -- logging ---------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The readiness tracker's record of one dask span that was not emitted yet."""
+"""The readiness tracker's record of one dask span that was not handed over yet."""
 from __future__ import annotations
 
 from typing import Any
@@ -7,7 +7,7 @@ from dask_otel_spans import names
 
 
 class OpenSpan:
-    """Bookkeeping of one dask span that was not emitted yet.
+    """Bookkeeping of one dask span that was not handed over yet.
 
     Parameters
     ----------
@@ -58,15 +58,15 @@ class OpenSpan:
         #: closed before the scheduler saw it, and the client said collections
         #: built in the block are still to be computed: their graph will bring it
         self.awaiting_graph = False
-        #: children not emitted yet (a check looks at the open children only)
+        #: children not handed over yet (a check looks at the open children only)
         self.open_children: set[str] = set()
-        #: when the last task of the emitted children finished
+        #: when the last task of the handed-over children finished
         self.children_finished_at = 0.0
         #: when a pass looks at it again, unless something changes first
         self.wake_at: float | None = None
         #: a TaskGroup found not done by the last check: looked at first
         self.unfinished_group: Any = None
-        #: id of an open child found not done (or closed, and so emitted before
+        #: id of an open child found not done (or closed, and so handed over before
         #: it) by the last check: looked at first
         self.unfinished_child: str | None = None
 

@@ -79,6 +79,6 @@ class CheckSchedule:
                 self.look_again(rec)
 
     def pending_wake_ups(self) -> list[float]:
-        """The wake-up times set (some for spans emitted since) and the waits for
+        """The wake-up times set (some for spans handed over since) and the waits for
         graphs."""
         return [when for when, _ in self._wakeups] + list(self._awaiting_graph.values())

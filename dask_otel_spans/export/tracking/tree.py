@@ -2,9 +2,9 @@
 messages, as real ``distributed.spans.Span`` objects with task groups that stand in
 for the scheduler's (their state counts and figures as last forwarded).
 
-The copy holds the spans not emitted yet (and, for a parent still open, its emitted
+The copy holds the spans not handed over yet (and, for a parent still open, its handed-over
 children, which its snapshot lists) and the span metrics summed from the heartbeat
-deltas. A span leaves the copy when it is emitted: memory follows the open spans,
+deltas. A span leaves the copy when it is handed over: memory follows the open spans,
 not history.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dask_otel_spans.export.tracking.samples import PrefixTasks
 
 logger = logging.getLogger(__name__)
 
-#: Tags of emitted spans kept for heartbeat deltas that come after the emission
+#: Tags of handed over spans kept for heartbeat deltas that come after the hand-over
 RECENT_TAGS = 10_000
 
 #: The state counts of a group with a task running (shared: never changed in place)
@@ -87,7 +87,7 @@ class TreeGroup:
 
 class TreeSpan(Span):
     """A ``distributed.spans.Span`` of the copy, which holds its parent (the copy
-    forgets emitted spans, which a weak reference would then lose while a child
+    forgets handed over spans, which a weak reference would then lose while a child
     is open) until the parent is forgotten."""
 
     __slots__ = ("_parent_span", "task_samples")
@@ -117,13 +117,13 @@ class SpanTree:
         self.history = nthreads_history
         self.max_task_spans = max_task_spans
         self.slowest_tasks = slowest_tasks
-        #: span id -> Span, of the spans not emitted yet
+        #: span id -> Span, of the spans not handed over yet
         self.spans: dict[str, TreeSpan] = {}
         #: (span id, group key) -> group, of the spans in ``spans``
         self.groups: dict[tuple[str, int], TreeGroup] = {}
         #: span id -> its chain of ids, root first (an ancestor may have left)
         self.chains: dict[str, tuple[str, ...]] = {}
-        #: tags of spans emitted lately, for heartbeat deltas that come late
+        #: tags of spans handed over lately, for heartbeat deltas that come late
         self.recent_tags: OrderedDict[str, tuple[str, ...]] = OrderedDict()
         self.n_workers = 0
         #: spans added to the copy
@@ -161,7 +161,7 @@ class SpanTree:
     def group(self, span_id: str, key: int, prefix: str,
               figures: Any = None) -> TreeGroup | None:
         """A task group of a span runs (``figures`` None) or settled; None when the
-        span was emitted already (a late settle changes nothing)."""
+        span was handed over already (a late settle changes nothing)."""
         span = self.spans.get(span_id)
         if span is None:
             return None
@@ -189,7 +189,7 @@ class SpanTree:
     def add_tasks(self, span_id: str, prefix: str, records: Any, erred_seen: int,
                   others_seen: int) -> None:
         """Tasks of a group of the span chosen for task spans, merged into its
-        prefix's under the cap (nothing when the span was emitted already)."""
+        prefix's under the cap (nothing when the span was handed over already)."""
         span = self.spans.get(span_id)
         if span is None:
             return
@@ -226,7 +226,7 @@ class SpanTree:
                 span._cumulative_worker_metrics[(context, *other)] += value
 
     def forget(self, span: Span) -> None:
-        """An emitted span leaves the copy (its parent's list of children keeps it
+        """An handed over span leaves the copy (its parent's list of children keeps it
         while the parent is open); its tags stay a while for late deltas."""
         span_id = span.id
         if self.spans.get(span_id) is not span:
@@ -249,7 +249,7 @@ class SpanTree:
 
 
 class _Tags(Mapping):
-    """Span id -> tags, of the spans in the copy and of those emitted lately."""
+    """Span id -> tags, of the spans in the copy and of those handed over lately."""
 
     __slots__ = ("_tree",)
 

@@ -1,6 +1,6 @@
 """Whether an open span's tree is done, and when its last task finished: worked out
 once per span per pass from its own task groups, its open children and what its
-emitted children left in its record; never the whole history of the tree."""
+handed-over children left in its record; never the whole history of the tree."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
@@ -20,7 +20,7 @@ class Verdicts:
     ----------
     records:
         span id -> :class:`~dask_otel_spans.export.tracking.records.OpenSpan`, of the
-        spans not emitted yet
+        spans not handed over yet
     """
 
     def __init__(self, records: Mapping[str, OpenSpan]):
@@ -30,7 +30,7 @@ class Verdicts:
 
     def open_with_tasks(self, ids: list[str]) -> Iterator[OpenSpan]:
         """The records of the spans of ``ids`` still open and seen by the
-        scheduler; an emitted child counts as done, its finish time is in its
+        scheduler; an handed over child counts as done, its finish time is in its
         parent's record."""
         records = self.records
         for dask_id in ids:
@@ -39,8 +39,8 @@ class Verdicts:
                 yield rec
 
     def is_done(self, rec: OpenSpan) -> bool:
-        """``Span.done``, taking emitted children as done and open closed children
-        as not done yet (they are emitted first, and their emission queues this
+        """``Span.done``, taking handed-over children as done and open closed children
+        as not done yet (they are handed over first, and their emission queues this
         span again)."""
         cached = self.done.get(rec.id)
         if cached is not None:
@@ -62,7 +62,7 @@ class Verdicts:
         if not self._unfinished_child_done(rec):
             return False
         for child in self.open_with_tasks(list(rec.open_children)):
-            # a closed child: its own checks emit it once done, no later than this
+            # a closed child: its own checks hand it over once done, no later than this
             # span can be ready; until then this span waits for it, with no walk
             # of its waiting siblings pass after pass
             if child.closed_at is not None or not self.is_done(child):
@@ -104,7 +104,7 @@ class Verdicts:
 
     def finished_at(self, rec: OpenSpan) -> float:
         """When the last task of a done span tree finished (0 without tasks): its
-        own groups, its open children, and what its emitted children left in the
+        own groups, its open children, and what its handed-over children left in the
         record."""
         cached = self.finished.get(rec.id)
         if cached is not None:
