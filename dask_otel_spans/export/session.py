@@ -241,7 +241,7 @@ class ExportSession:
         self.tree.add_deltas(deltas)
         pump = self.pipeline.pump
         if pump is not None:
-            tags = _span_tags_of(deltas, self.tree.tags)
+            tags = span_tags_of(deltas, self.tree.tags)
             pump.submit(DaskInstruments.add_span_deltas, deltas, tags, self._traces_of(tags))
 
     def _traces_of(self, span_ids: Iterable[str]) -> dict[str, tuple[int, int, int]]:
@@ -277,7 +277,7 @@ class ExportSession:
         self.history.extend(entries)
 
 
-def _span_tags_of(
+def span_tags_of(
     deltas: Mapping[Hashable, float], span_tags: Mapping[str, Sequence[str]]
 ) -> dict[str, tuple[str, ...]]:
     """The tags of the spans named in heartbeat deltas
