@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import re
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+import pytest
+from support.paths import BENCHMARKS
+
+sys.path.insert(0, str(BENCHMARKS))
 from bench_hooks import main  # noqa: E402
 
 
+@pytest.mark.cluster  # (an in-process scheduler)
 def test_the_hook_benchmark_reports_a_cost_per_task_for_the_plugin_and_a_no_op(capsys):
     assert main(["--calls", "2000", "--repeat", "2"]) == 0
     out = capsys.readouterr().out

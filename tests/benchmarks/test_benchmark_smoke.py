@@ -5,12 +5,15 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
 
-BENCH = Path(__file__).parent.parent / "benchmarks" / "bench_scheduler.py"
+import pytest
+from support.paths import BENCHMARKS
+
+BENCH = BENCHMARKS / "bench_scheduler.py"
 NUMBER = r"-?[0-9]+(?:\.[0-9]+)?"
 
 
+@pytest.mark.cluster  # (the benchmark's scheduler and workers)
 def test_quick_benchmark_reports_every_part():
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--quick", "--export-process", "--workloads",

@@ -31,6 +31,7 @@ def demo_run(tmp_path_factory):
     return cwd, proc.stdout
 
 
+@pytest.mark.cluster  # (the demo: a LocalCluster of processes)
 def test_demo_prints_the_span_tree(demo_run):
     _, output = demo_run
     for name in ("demo workflow", "array step", "dataframe step", "futures step",
@@ -43,6 +44,7 @@ def test_demo_prints_the_span_tree(demo_run):
     assert output.count("check record") == 8 and "(in a task)" in output
 
 
+@pytest.mark.cluster  # (the demo: a LocalCluster of processes)
 def test_demo_announces_its_deliberate_failure_before_dask_logs_it(demo_run):
     _, output = demo_run
     # (dask's own block, from the worker: "distributed.worker - ERROR - Compute Failed")
@@ -50,6 +52,7 @@ def test_demo_announces_its_deliberate_failure_before_dask_logs_it(demo_run):
     assert output.index(VALIDATION_NOTICE) < output.index("ERROR - Compute Failed")
 
 
+@pytest.mark.cluster  # (the demo: a LocalCluster of processes)
 def test_demo_writes_embedded_default_files_and_says_where(demo_run):
     cwd, output = demo_run
     traces = cwd / "dask-otel-spans" / "traces.jsonl"
@@ -67,6 +70,7 @@ def test_demo_writes_embedded_default_files_and_says_where(demo_run):
     assert any(p["name"] == "dask.span.activity.custom" and p["attributes"]["dask.unit"] == "rows" for p in points)
 
 
+@pytest.mark.cluster  # (the demo: a LocalCluster of processes)
 def test_tree_command_reads_saved_files(demo_run):
     cwd, _ = demo_run
     proc = subprocess.run(
@@ -80,6 +84,7 @@ def test_tree_command_reads_saved_files(demo_run):
     assert any(line.startswith("    array step") for line in lines)
 
 
+@pytest.mark.cluster  # (the demo: a LocalCluster of processes)
 def test_demo_prints_only_its_own_run_when_the_files_hold_earlier_ones(demo_run):
     cwd, _ = demo_run
     proc = run_demo(cwd)
@@ -91,6 +96,7 @@ def test_demo_prints_only_its_own_run_when_the_files_hold_earlier_ones(demo_run)
     assert sum(line.strip().startswith("demo workflow") for line in printed) == 1
 
 
+@pytest.mark.cluster  # (the command in a process of its own)
 def test_tree_of_missing_file_fails(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "dask_otel_spans.cli", "tree", str(tmp_path / "nope")],
@@ -164,6 +170,7 @@ def run_cli(*args: str, code: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.cluster  # (the command in a process of its own)
 def test_no_command_prints_the_help():
     proc = run_cli()
     assert proc.returncode == 2
@@ -171,6 +178,7 @@ def test_no_command_prints_the_help():
     assert "demo" in proc.stdout and "tree" in proc.stdout and not proc.stderr
 
 
+@pytest.mark.cluster  # (the command in a process of its own)
 def test_version_is_the_packages():
     import dask_otel_spans
 
@@ -179,12 +187,14 @@ def test_version_is_the_packages():
     assert proc.stdout.strip() == f"dask-otel-spans {dask_otel_spans.__version__}"
 
 
+@pytest.mark.cluster  # (the command in a process of its own)
 def test_every_demo_option_has_help_text():
     proc = run_cli("demo", "--help")
     assert "worker processes of the LocalCluster" in proc.stdout
     assert "directory of the embedded default exporter" in proc.stdout
 
 
+@pytest.mark.cluster  # (the command in a process of its own)
 def test_demo_without_its_extra_says_which_extra_in_one_line_before_anything():
     # (numpy cannot be imported, as after a plain `pip install dask_otel_spans`)
     proc = run_cli(code="import sys; sys.modules['numpy'] = None; "

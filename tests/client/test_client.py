@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dask
 import dask.array as da
-from conftest import async_wait_for
 from distributed.utils_test import gen_cluster, inc
 from opentelemetry.sdk.trace import TracerProvider
+from support.polling import async_wait_for
 
 from dask_otel_spans import names, span
 from dask_otel_spans.protocol.propagation import otel_span_id

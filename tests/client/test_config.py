@@ -182,3 +182,17 @@ def test_a_misspelt_key_is_one_error_line_naming_it(caplog):
     [line] = [r.getMessage() for r in caplog.records]
     assert "otel-spans.export-dely is not a setting" in line
     assert "export-delay" in line
+
+
+def test_max_series_is_a_dask_setting():
+    assert PluginConfig.from_dask_config().max_series == 2000
+    with dask.config.set({"otel-spans.metrics.max-series": 50}):
+        assert PluginConfig.from_dask_config().max_series == 50
+    with dask.config.set({"otel-spans.metrics.max-series": None}):
+        assert PluginConfig.from_dask_config().max_series is None
+
+
+def test_export_process_cpu_policy_comes_from_dask_config():
+    assert PluginConfig.from_dask_config().export_process_cpu_policy == "idle"
+    with dask.config.set({"otel-spans.export-process-cpu-policy": "Batch"}):
+        assert PluginConfig.from_dask_config().export_process_cpu_policy == "batch"

@@ -5,16 +5,19 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from conftest import DaskProcesses, otlp_grpc_env, wait_for
 from distributed import Client
+from support.paths import EXAMPLES
+from support.polling import wait_for
+from support.processes import DaskProcesses, otlp_grpc_env
+from support.receivers import OTLPReceiver
 
 from dask_otel_spans import names
 from dask_otel_spans.sdk.otlpjson import read_spans
 
-EXAMPLES = Path(__file__).parent.parent / "examples"
+#: every example runs a cluster: a LocalCluster of its own, or a real scheduler's
+pytestmark = pytest.mark.cluster
 
 
 def run_example(name: str, *args: str, cwd) -> str:
@@ -29,8 +32,6 @@ def run_example(name: str, *args: str, cwd) -> str:
 
 @pytest.fixture(scope="module")
 def remote(tmp_path_factory):
-    from conftest import OTLPReceiver
-
     receiver = OTLPReceiver().start()
     procs = DaskProcesses(otlp_grpc_env(receiver), cwd=str(tmp_path_factory.mktemp("s")),
                           workers=2)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import OTLPReceiver, free_port, otlp_grpc_env
 from distributed import Client, LocalCluster
+from support.processes import free_port, otlp_grpc_env
+from support.receivers import OTLPReceiver
 
 from dask_otel_spans import OTelSpansPlugin, span, wait_for_export
 from dask_otel_spans.client import PluginMissing
@@ -37,11 +38,13 @@ def run_one_span(client: Client) -> None:
         client.submit(inc, 1, key="one-1").result()
 
 
+@pytest.mark.cluster  # (a LocalCluster)
 def test_without_the_plugin_it_raises_naming_the_preload(client):
     with pytest.raises(PluginMissing, match="--preload dask_otel_spans"):
         wait_for_export(client, timeout=1)
 
 
+@pytest.mark.cluster  # (a LocalCluster)
 def test_an_idle_plugin_reports_nowhere_and_not_flushed(client, tmp_path):
     register(client, {"OTEL_TRACES_EXPORTER": "zipkin"}, tmp_path)
     state = wait_for_export(client, timeout=5)
@@ -52,6 +55,7 @@ def test_an_idle_plugin_reports_nowhere_and_not_flushed(client, tmp_path):
     )
 
 
+@pytest.mark.cluster  # (a LocalCluster)
 def test_with_the_collector_down_nothing_counts_as_delivered(client, tmp_path):
     environ = {
         **otlp_grpc_env(OTLPReceiver(port=free_port())),  # (never started)
@@ -66,6 +70,7 @@ def test_with_the_collector_down_nothing_counts_as_delivered(client, tmp_path):
     assert state.flushed is False
 
 
+@pytest.mark.cluster  # (a LocalCluster)
 def test_with_the_collector_up_delivered_spans_and_points_are_counted(
     client, tmp_path, otlp_receiver
 ):

@@ -6,8 +6,9 @@ from __future__ import annotations
 import logging
 
 import pytest
-from conftest import MemoryProviders, async_wait_for
 from distributed.utils_test import gen_cluster, inc
+from support.polling import async_wait_for
+from support.providers import MemoryProviders
 
 from dask_otel_spans import OTelSpansPlugin, span
 from dask_otel_spans.export.share import ExportShareWatch
@@ -118,13 +119,10 @@ async def test_no_advice_with_given_providers(c, s, a, b):
     await plugin.close()
 
 
-def test_no_advice_with_the_export_process_of_the_default(tmp_path):
-    @gen_cluster(client=True, timeout=120)
-    async def run(c, s, a, b):
-        plugin = configured_plugin(tmp_path)
-        await c.register_plugin(plugin)
-        assert plugin.destinations["export_process"] is True
-        assert not hasattr(plugin.transport, "session")
-        await plugin.close()
-
-    run()
+@gen_cluster(client=True, timeout=120)
+async def test_no_advice_with_the_export_process_of_the_default(c, s, a, b, tmp_path):
+    plugin = configured_plugin(tmp_path)
+    await c.register_plugin(plugin)
+    assert plugin.destinations["export_process"] is True
+    assert not hasattr(plugin.transport, "session")
+    await plugin.close()

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import wait_for
+from support.polling import wait_for
 
 from dask_otel_spans import names
 from dask_otel_spans.export.metrics import (

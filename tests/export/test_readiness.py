@@ -7,14 +7,13 @@ from __future__ import annotations
 import logging
 
 import pytest
-from distributed.scheduler import ALL_TASK_STATES, TaskGroup, TaskPrefix
+from distributed.scheduler import TaskPrefix
 
 from dask_otel_spans import names
 from dask_otel_spans.config import PluginConfig
 from dask_otel_spans.export.tracking.readiness import ReadinessTracker
 from dask_otel_spans.export.tracking.tree import SpanTree
 from dask_otel_spans.export.tracking.verdicts import Verdicts
-from dask_otel_spans.protocol.dask_facts import group_done
 
 CONFIG = PluginConfig.from_dask_config(
     export_delay=0.1, idle_timeout=5.0, lazy_timeout=60.0
@@ -74,15 +73,6 @@ class Feed:
 @pytest.fixture
 def feed() -> Feed:
     return Feed()
-
-
-@pytest.mark.parametrize("state", sorted(ALL_TASK_STATES))
-def test_the_group_verdict_is_taskgroup_done(state):
-    for others in (0, 3):
-        tg = TaskGroup("g", TaskPrefix("g"))
-        tg.states["memory"] = others
-        tg.states[state] += 1
-        assert group_done(tg) is tg.done
 
 
 def test_a_closed_span_is_emitted_a_grace_period_after_its_last_task(feed):

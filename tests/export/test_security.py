@@ -6,9 +6,11 @@ import subprocess
 
 import grpc
 import pytest
-from conftest import MemoryProviders, OTLPReceiver, async_wait_for
 from distributed.utils_test import gen_cluster
-from test_plugin import install
+from support.plugin import install
+from support.polling import async_wait_for
+from support.providers import MemoryProviders
+from support.receivers import RECEIVER_THREADS, OTLPReceiver
 
 from dask_otel_spans import OTelSpansPlugin, names, span
 
@@ -61,6 +63,7 @@ async def test_code_snippets_only_when_opted_in_and_cut(c, s, a, b):
 
 @pytest.fixture
 def tls_files(tmp_path):
+    """A key and a self-signed certificate for localhost (made by openssl)."""
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
@@ -71,31 +74,33 @@ def tls_files(tmp_path):
     return key, cert
 
 
-def test_otlp_over_tls_with_an_api_key(tls_files):
+@pytest.fixture
+def tls_receiver(tls_files) -> OTLPReceiver:
+    """A receiver over TLS that turns away a request without its bearer token."""
     key, cert = tls_files
     credentials = grpc.ssl_server_credentials([(key.read_bytes(), cert.read_bytes())])
     receiver = OTLPReceiver(required_headers={"authorization": "Bearer t0k3n"},
                             credentials=credentials).start()
+    yield receiver
+    receiver.stop()
+
+
+@gen_cluster(client=True, clean_kwargs=RECEIVER_THREADS)
+async def test_otlp_over_tls_with_an_api_key(c, s, a, b, tls_files, tls_receiver):
+    _, cert = tls_files
     environ = {
-        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": tls_receiver.endpoint,
         "OTEL_EXPORTER_OTLP_CERTIFICATE": str(cert),
         "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20t0k3n",
         "OTEL_BSP_SCHEDULE_DELAY": "50",
     }
-    assert receiver.endpoint.startswith("https://")
-    try:
-        @gen_cluster(client=True, clean_kwargs={"threads": False})
-        async def run(c, s, a, b):
-            plugin = OTelSpansPlugin(environ=environ, use_global_providers=False,
-                                     export_delay=0.1)
-            await c.register_plugin(plugin)
-            with span("over tls"):
-                await c.submit(identity, 1, key="identity-1")
-            await async_wait_for(lambda: any(sp["name"] == "over tls" for sp in receiver.spans()))
-            await plugin.close()
-
-        run()
-        assert receiver.rejected == 0
-        assert receiver.metadata[0]["authorization"] == "Bearer t0k3n"
-    finally:
-        receiver.stop()
+    assert tls_receiver.endpoint.startswith("https://")
+    plugin = OTelSpansPlugin(environ=environ, use_global_providers=False,
+                             export_delay=0.1)
+    await c.register_plugin(plugin)
+    with span("over tls"):
+        await c.submit(identity, 1, key="identity-1")
+    await async_wait_for(lambda: any(sp["name"] == "over tls" for sp in tls_receiver.spans()))
+    await plugin.close()
+    assert tls_receiver.rejected == 0
+    assert tls_receiver.metadata[0]["authorization"] == "Bearer t0k3n"

@@ -6,14 +6,15 @@ from __future__ import annotations
 import logging
 import time
 
-from conftest import MemoryProviders, async_wait_for
 from distributed import wait
 from distributed.metrics import time as scheduler_time
 from distributed.utils_test import gen_cluster
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import StatusCode
-from test_plugin import install
+from support.plugin import install
+from support.polling import async_wait_for
+from support.providers import MemoryProviders
 
 from dask_otel_spans import names, span
 from dask_otel_spans.protocol.propagation import otel_span_id, prefix_span_id

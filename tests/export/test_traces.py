@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
 
 import pytest
 from distributed.spans import Span
+from support.stand_ins import Prefix, TaskGroup
 
 from dask_otel_spans import names
 from dask_otel_spans.export.traces import (
@@ -24,27 +24,6 @@ ROOT = "9cd7531a-e510-4f61-837a-ca1e4437bd90"
 CHILD = "0eadd631-e68b-495e-b072-7765d0d61002"
 
 
-@dataclass(eq=False)
-class Prefix:
-    name: str
-
-
-@dataclass(eq=False)
-class Group:
-    """The TaskGroup attributes the translation reads."""
-
-    prefix: Prefix
-    start: float
-    stop: float
-    nbytes_total: int = 0
-    duration: float = 0.0
-    states: dict = field(default_factory=lambda: {"memory": 0, "erred": 0})
-
-    @property
-    def done(self) -> bool:
-        return True
-
-
 def make_tree():
     history = [(100.0, 4)]
     root = Span(("wf",), ROOT, None, history)
@@ -52,13 +31,13 @@ def make_tree():
     root.children.append(child)
     root.enqueued = child.enqueued = 100.0
     child.groups.add(
-        Group(Prefix("read"), 101.0, 103.0, 800, 4.0, {"forgotten": 8, "erred": 0})
+        TaskGroup(Prefix("read"), 101.0, 103.0, 800, 4.0, {"forgotten": 8, "erred": 0})
     )
     child.groups.add(
-        Group(Prefix("read"), 102.0, 104.0, 200, 1.0, {"forgotten": 1, "erred": 1})
+        TaskGroup(Prefix("read"), 102.0, 104.0, 200, 1.0, {"forgotten": 1, "erred": 1})
     )
     root.groups.add(
-        Group(Prefix("sum"), 104.0, 105.0, 8, 0.5, {"forgotten": 1, "erred": 0})
+        TaskGroup(Prefix("sum"), 104.0, 105.0, 8, 0.5, {"forgotten": 1, "erred": 0})
     )
     child._cumulative_worker_metrics.update(
         {
@@ -105,7 +84,7 @@ def test_snapshot_is_independent_of_later_changes():
     snap = snapshot_span(root)
     child._cumulative_worker_metrics[("execute", "read", "thread-cpu", "seconds")] = 99.0
     root.groups.add(
-        Group(Prefix("late"), 106.0, 107.0, 1, 0.1, {"forgotten": 5, "erred": 0})
+        TaskGroup(Prefix("late"), 106.0, 107.0, 1, 0.1, {"forgotten": 5, "erred": 0})
     )
     s = subtree_summary(snap, {})
     assert s.task_count == 11
@@ -227,7 +206,7 @@ def test_active_cpu_seconds_matches_distributed():
     span = Span(("x",), ROOT, None, history)
     span.enqueued = 5.0
     span._total_nthreads_offset = 0
-    span.groups.add(Group(Prefix("p"), 6.0, 25.0))
+    span.groups.add(TaskGroup(Prefix("p"), 6.0, 25.0))
     assert active_cpu_seconds(history, 0, 5.0, span.stop) == pytest.approx(
         span.active_cpu_seconds
     )

@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import DaskProcesses, otlp_grpc_env, wait_for
 from distributed import Client
 from opentelemetry.sdk.trace import TracerProvider
+from support.polling import wait_for
+from support.processes import DaskProcesses, otlp_grpc_env
 
 from dask_otel_spans import names, span
 from dask_otel_spans.protocol.propagation import otel_span_id, prefix_span_id

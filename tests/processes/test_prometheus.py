@@ -1,26 +1,26 @@
 """Pull path with a real Prometheus (Debian's ``prometheus``): it scrapes the scheduler's
 own ``/metrics`` (dashboard port) while a workflow with nested spans runs; assertions are
-PromQL queries through its HTTP API. Also checks deploy/: promtool, YAML/JSON, and that
-every metric a dashboard queries is in a real scrape."""
+PromQL queries through its HTTP API. Also that every metric a deploy/ dashboard queries
+is in a real scrape (deploy/'s files themselves: client/test_deploy.py)."""
 from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import time
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
 import pytest
 import yaml
-from conftest import DaskProcesses, free_port, wait_for
 from distributed import Client
+from support.paths import DEPLOY
+from support.polling import wait_for
+from support.processes import DaskProcesses, free_port
+from support.prometheus import prometheus_binary, promtool_check_metrics
 
 from dask_otel_spans import span, wait_for_export
 
-DEPLOY = Path(__file__).parent.parent / "deploy"
 SLEEP, N_TASKS = 0.2, 5
 
 
@@ -31,12 +31,6 @@ def sleepy(x: float) -> float:
 
 def inc(x: int) -> int:
     return x + 1
-
-
-def prometheus_binary(name: str) -> str:
-    path = shutil.which(name) or f"/usr/bin/{name}"
-    assert Path(path).exists(), f"{name} not installed (apt-get install -y prometheus)"
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -201,72 +195,3 @@ def test_every_dashboard_metric_is_in_a_real_scrape(scraped):
         wait_for(lambda: not missing(), timeout=30, interval=0.5)
     except AssertionError:
         raise AssertionError(f"never scraped: {sorted(missing())}") from None
-
-
-def test_promtool_accepts_the_prometheus_config():
-    proc = subprocess.run(
-        [prometheus_binary("promtool"), "check", "config",
-         str(DEPLOY / "compose" / "prometheus.yml")],
-        capture_output=True, text=True, timeout=60,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-
-
-def test_every_deploy_yaml_and_json_parses():
-    files = [p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml", ".json")]
-    assert len(files) >= 10
-    for path in files:
-        text = path.read_text()
-        if path.suffix == ".json":
-            json.loads(text)
-        else:
-            assert list(yaml.safe_load_all(text)), path
-
-
-def promtool_check_metrics(text: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [prometheus_binary("promtool"), "check", "metrics"], input=text,
-        capture_output=True, text=True, timeout=60,
-    )
-
-
-@pytest.fixture
-def prometheus_meter_provider():
-    """A meter provider with a Prometheus reader on a registry of its own, and a
-    counter with one point."""
-    from opentelemetry.exporter.prometheus import PrometheusMetricReader
-    from opentelemetry.sdk.metrics import MeterProvider
-    from prometheus_client import REGISTRY, generate_latest
-
-    reader = PrometheusMetricReader()
-    provider = MeterProvider(metric_readers=[reader])
-    provider.get_meter("test").create_counter(
-        "dask.test.count", description="A test count"
-    ).add(1, {"a": "b"})
-    yield provider, lambda: generate_latest(REGISTRY).decode()
-    provider.shutdown()
-
-
-def test_flushing_never_repeats_a_prometheus_metric_family(prometheus_meter_provider):
-    from dask_otel_spans.sdk.providers import flush_provider
-
-    provider, scrape = prometheus_meter_provider
-    for _ in range(3):
-        assert flush_provider(provider, 1000)
-    text = scrape()
-    assert text.count("# TYPE dask_test_count_total counter") == 1
-    check = promtool_check_metrics(text)
-    assert check.returncode == 0, check.stdout + check.stderr
-
-
-def test_the_sdks_own_flush_of_a_pull_reader_breaks_the_exposition(
-    prometheus_meter_provider
-):
-    """What :func:`flush_provider` avoids (if the SDK stops queueing a collection per
-    flush, this fails and the avoidance can go)."""
-    provider, scrape = prometheus_meter_provider
-    for _ in range(3):
-        provider.force_flush(1000)
-    text = scrape()
-    assert text.count("# TYPE dask_test_count_total counter") == 4
-    assert promtool_check_metrics(text).returncode != 0

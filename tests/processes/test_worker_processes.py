@@ -12,10 +12,11 @@ import urllib.request
 
 import dask
 import pytest
-from conftest import DaskProcesses, otlp_grpc_env, wait_for
 from distributed import Client
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, use_span
+from support.polling import wait_for
+from support.processes import DaskProcesses, otlp_grpc_env
 
 from dask_otel_spans import names, span
 from dask_otel_spans.protocol.propagation import otel_span_id, prefix_span_id

@@ -3,7 +3,7 @@ not of the protocol is refused by name, never half-applied."""
 from __future__ import annotations
 
 import pytest
-from conftest import Recorder
+from support.stand_ins import Recorder
 
 from dask_otel_spans.export.session import ExportSession
 from dask_otel_spans.protocol import events

@@ -6,14 +6,15 @@ import logging
 
 import dask
 import pytest
-from conftest import MemoryProviders, async_wait_for
 from distributed import span as dask_span
 from distributed.metrics import context_meter
 from distributed.utils_test import gen_cluster, gen_test, inc
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from test_plugin import install
+from support.plugin import install
+from support.polling import async_wait_for
+from support.providers import MemoryProviders
 
 from dask_otel_spans import names, span
 from dask_otel_spans.protocol.propagation import otel_trace_id

@@ -5,11 +5,12 @@ from __future__ import annotations
 import uuid
 
 import dask
-from conftest import MemoryProviders, async_wait_for
 from distributed import span as dask_span
 from distributed import wait
 from distributed.utils_test import gen_cluster, inc, slowdec, slowinc
-from test_plugin import install
+from support.plugin import install
+from support.polling import async_wait_for
+from support.providers import MemoryProviders
 
 from dask_otel_spans import names, span
 

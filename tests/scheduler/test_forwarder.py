@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import Recorder
 from distributed.spans import Span
+from support.stand_ins import Prefix, Recorder, Task, TaskGroup
 
 from dask_otel_spans.protocol.events import dispatch
 from dask_otel_spans.scheduler.forwarder import (
@@ -18,25 +18,13 @@ from dask_otel_spans.scheduler.forwarder import (
 )
 
 
-class Prefix:
-    def __init__(self, name: str):
-        self.name = name
-
-
-class Group:
-    """The fields of a ``TaskGroup`` the forwarder reads."""
-
-    def __init__(self, name: str, span_id: str, running: int = 1, memory: int = 0):
-        self.name = name
-        self.prefix = Prefix(name.split("-")[0])
-        self.span_id = span_id
-        self.states = {"processing": running, "memory": memory, "erred": 0}
-        self.start, self.stop, self.duration, self.nbytes_total = 1.0, 2.0, 0.5, 28
-
-
-class Task:
-    def __init__(self, group: Group):
-        self.group = group
+def task_group(name: str, span_id: str, running: int = 1, memory: int = 0) -> TaskGroup:
+    """The task group ``name`` of the span ``span_id``, ``running`` of its tasks
+    processing and ``memory`` in memory."""
+    return TaskGroup(Prefix(name.split("-")[0]), start=1.0, stop=2.0, nbytes_total=28,
+                     duration=0.5,
+                     states={"processing": running, "memory": memory, "erred": 0},
+                     name=name, span_id=span_id)
 
 
 class Sink:
@@ -95,7 +83,7 @@ def test_worker_count_is_forwarded_when_it_changes(tree, sink):
 
 
 def test_a_graph_is_forwarded_as_the_ids_of_its_spans_and_its_distinct_chains(tree, sink):
-    group = Group("inc-1", "c")
+    group = task_group("inc-1", "c")
     tasks = {("inc-1", 0): Task(group), ("inc-1", 1): Task(group)}
     forwarder = forwarder_of(tree, sink, tasks)
     chain = {"r": {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}, "c": {}}
@@ -115,7 +103,7 @@ def test_notices_and_departed_clients_are_forwarded_as_they_came(tree, sink):
 
 
 def test_a_touched_group_is_forwarded_running_then_done_with_its_figures(tree, sink):
-    group = Group("inc-1", "c")
+    group = task_group("inc-1", "c")
     forwarder = forwarder_of(tree, sink)
     forwarder.touched.add(group)
     forwarder.tick(2)
@@ -132,7 +120,7 @@ def test_a_touched_group_is_forwarded_running_then_done_with_its_figures(tree, s
 def test_a_done_group_carries_the_compute_times_of_its_erred_tasks(tree, sink):
     """Under ``task-spans: none`` too: dask's TaskGroup counts them in no
     ``start`` or ``stop``; the transition hook hands them to the sampler."""
-    group = Group("div-1", "c", running=0, memory=0)
+    group = task_group("div-1", "c", running=0, memory=0)
     group.start = group.stop = 0.0  # (no task of it finished)
     forwarder = forwarder_of(tree, sink)  # (its sampler keeps no task)
     for key, start, stop in [("div-1-0", 3.0, 3.5), ("div-1-1", 2.5, 3.2)]:
@@ -148,7 +136,7 @@ def test_a_done_group_carries_the_compute_times_of_its_erred_tasks(tree, sink):
 
 
 def test_a_group_touched_many_times_in_a_tick_is_forwarded_once(tree, sink):
-    group = Group("inc-1", "c", running=0, memory=3)
+    group = task_group("inc-1", "c", running=0, memory=3)
     forwarder = forwarder_of(tree, sink)
     for _ in range(3):
         forwarder.touched.add(group)
@@ -160,8 +148,8 @@ def test_adoption_forwards_running_spans_with_ancestors_groups_and_metrics(sink)
     root = Span(("root",), "r", None, HISTORY)
     running = Span(("root", "running"), "a", root, HISTORY)
     finished = Span(("old",), "o", None, HISTORY)
-    running.groups.add(Group("inc-1", "a"))
-    finished.groups.add(Group("inc-2", "o", running=0, memory=1))
+    running.groups.add(task_group("inc-1", "a"))
+    finished.groups.add(task_group("inc-2", "o", running=0, memory=1))
     running._cumulative_worker_metrics[("execute", "inc", "thread-cpu", "seconds")] = 2.0
     spans = {"r": root, "a": running, "o": finished}
     forwarder = SpanForwarder(spans, {}, sink)
@@ -177,9 +165,9 @@ def test_adoption_forwards_running_spans_with_ancestors_groups_and_metrics(sink)
 def test_adoption_for_a_new_process_forwards_again_the_done_spans_past_its_report(sink):
     done = [Span((f"s{i}",), f"s{i}", None, HISTORY) for i in range(4)]
     for i, span in enumerate(done):
-        span.groups.add(Group(f"inc-{i}", span.id, running=0, memory=1))
+        span.groups.add(task_group(f"inc-{i}", span.id, running=0, memory=1))
     child = Span(("s3", "child"), "c", done[3], HISTORY)  # done too, its parent as well
-    child.groups.add(Group("inc-c", "c", running=0, memory=1))
+    child.groups.add(task_group("inc-c", "c", running=0, memory=1))
     spans = {span.id: span for span in [*done, child]}
     forwarder = SpanForwarder(spans, {}, sink)
     for _ in forwarder.adopt(resend_from=3):
@@ -195,7 +183,7 @@ def test_adoption_for_a_new_process_forwards_again_the_done_spans_past_its_repor
 
 def test_adoption_at_start_leaves_done_spans_out(sink):
     span = Span(("s",), "s", None, HISTORY)
-    span.groups.add(Group("inc-1", "s", running=0, memory=1))
+    span.groups.add(task_group("inc-1", "s", running=0, memory=1))
     forwarder = SpanForwarder({"s": span}, {}, sink)
     for _ in forwarder.adopt():
         pass
@@ -239,7 +227,7 @@ def test_a_span_made_during_a_pause_is_forwarded_before_its_group(sink):
     next(steps)  # paused after the first spans
     late = Span(("late",), "late", None, HISTORY)
     spans["late"] = late
-    group = Group("inc-9", "late", running=0, memory=1)
+    group = task_group("inc-9", "late", running=0, memory=1)
     forwarder.touched.add(group)
     for _ in steps:
         pass
@@ -259,7 +247,7 @@ def test_spans_a_heartbeat_forwarded_during_a_pause_are_not_forwarded_again(sink
 
 
 def test_a_group_still_running_is_not_forwarded_again_at_each_tick(tree, sink):
-    group = Group("inc-1", "c")
+    group = task_group("inc-1", "c")
     forwarder = forwarder_of(tree, sink)
     for _ in range(3):  # tasks of the group start and settle, tick after tick
         forwarder.touched.add(group)
@@ -276,7 +264,7 @@ def test_a_group_still_running_is_not_forwarded_again_at_each_tick(tree, sink):
 def test_a_group_that_runs_again_after_it_was_done_is_forwarded_running_again(
     tree, sink
 ):
-    group = Group("inc-1", "c")
+    group = task_group("inc-1", "c")
     forwarder = forwarder_of(tree, sink)
     for running, memory in ((1, 0), (0, 1), (1, 1), (0, 2)):
         group.states.update(processing=running, memory=memory)
@@ -288,7 +276,7 @@ def test_a_group_that_runs_again_after_it_was_done_is_forwarded_running_again(
 
 
 def test_after_an_adoption_a_running_group_is_forwarded_running_again(tree, sink):
-    group = Group("inc-1", "c")
+    group = task_group("inc-1", "c")
     forwarder = forwarder_of(tree, sink)
     forwarder.touched.add(group)
     forwarder.tick(2)
@@ -302,7 +290,7 @@ def test_after_an_adoption_a_running_group_is_forwarded_running_again(tree, sink
 
 def test_a_tick_pauses_among_many_groups_it_need_not_forward(sink):
     spans = {"s": Span(("s",), "s", None, HISTORY)}
-    groups = [Group(f"inc-{i}", "s") for i in range(600)]
+    groups = [task_group(f"inc-{i}", "s") for i in range(600)]
     forwarder = forwarder_of(spans, sink)
     forwarder.touched.update(groups)
     forwarder.tick(2)
@@ -316,7 +304,7 @@ def test_an_adoption_counts_the_spans_it_forwards_to_the_new_process(tree, sink)
     forwarder = forwarder_of(tree, sink)
     forwarder.tick(2)  # both spans, to the first export process
     for span in tree.values():
-        span.groups.add(Group(f"inc-{span.id}", span.id))  # still running
+        span.groups.add(task_group(f"inc-{span.id}", span.id))  # still running
     for _ in forwarder.adopt():  # a second export process
         pass
     assert forwarder.forwarded_spans == 4
@@ -326,7 +314,7 @@ def test_an_adoption_counts_the_spans_it_forwards_to_the_new_process(tree, sink)
 
 def test_a_running_group_an_adoption_sent_is_not_sent_again_while_it_runs(sink):
     span = Span(("s",), "s", None, HISTORY)
-    group = Group("inc-1", "s")
+    group = task_group("inc-1", "s")
     span.groups.add(group)
     forwarder = SpanForwarder({"s": span}, {}, sink)
     for _ in forwarder.adopt():
@@ -347,7 +335,7 @@ def test_deltas_are_forwarded_after_the_spans_they_name(tree, sink):
 def test_two_groups_of_one_name_in_a_span_are_told_apart(tree, sink):
     """A task group forgotten, and a new one of the same name in the same span (as
     a second ``submit`` of ``inc`` after the first's results were released)."""
-    first, second = Group("inc", "c", running=0, memory=1), Group("inc", "c")
+    first, second = task_group("inc", "c", running=0, memory=1), task_group("inc", "c")
     tree["c"].groups.update((first, second))
     forwarder = forwarder_of(tree, sink)
     forwarder.touched.update((first, second))
@@ -358,7 +346,7 @@ def test_two_groups_of_one_name_in_a_span_are_told_apart(tree, sink):
 
 def test_code_is_forwarded_once_per_snippet_with_include_code(tree, sink):
     tree["c"]._code[("snippet-1",)] = None
-    group = Group("inc-1", "c")
+    group = task_group("inc-1", "c")
     tasks = {"inc-1": Task(group)}
     forwarder = SpanForwarder(tree, tasks, sink, include_code=True)
     forwarder.n_known = 0
@@ -374,7 +362,7 @@ def test_code_is_forwarded_once_per_snippet_with_include_code(tree, sink):
 
 
 def test_every_message_the_forwarder_sends_is_of_the_protocol(tree, sink):
-    group = Group("inc-1", "c")
+    group = task_group("inc-1", "c")
     tasks = {"inc-1": Task(group)}
     forwarder = forwarder_of(tree, sink, tasks)
     forwarder.include_code = True
@@ -401,7 +389,7 @@ def test_every_message_the_forwarder_sends_is_of_the_protocol(tree, sink):
 
 
 def test_errors_are_forwarded_as_they_were_counted_before_the_groups(tree, sink):
-    group = Group("div-1", "c", running=0, memory=0)
+    group = task_group("div-1", "c", running=0, memory=0)
     forwarder = forwarder_of(tree, sink)
     forwarder.erred[group] = 3  # (the transition hook counts tasks that err)
     forwarder.touched.add(group)

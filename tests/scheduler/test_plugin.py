@@ -7,8 +7,7 @@ from time import time
 
 import dask
 import pytest
-from conftest import MemoryProviders, async_wait_for, wait_for_event
-from distributed import Client, Event, Scheduler, default_client, wait
+from distributed import Client, Event, default_client, wait
 from distributed import span as dask_span
 from distributed.utils_test import gen_cluster, inc, slowinc
 from opentelemetry import trace
@@ -19,30 +18,12 @@ from opentelemetry.trace import (
     TraceFlags,
     TraceState,
 )
+from support.plugin import install, plugin_of, tracker_of, wait_for_event
+from support.polling import async_wait_for
+from support.providers import MemoryProviders
 
-from dask_otel_spans import OTelSpansPlugin, names, span
+from dask_otel_spans import names, span
 from dask_otel_spans.protocol.propagation import otel_span_id, otel_trace_id
-
-FAST = dict(export_delay=0.1, idle_timeout=1.0)
-
-
-async def install(c, memory: MemoryProviders, **settings) -> OTelSpansPlugin:
-    plugin = OTelSpansPlugin(
-        tracer_provider=memory.tracer_provider,
-        meter_provider=memory.meter_provider,
-        **{**FAST, **settings},
-    )
-    await c.register_plugin(plugin)
-    return plugin
-
-
-def plugin_of(s: Scheduler) -> OTelSpansPlugin:
-    return s.plugins[names.PLUGIN_NAME]
-
-
-def tracker_of(plugin: OTelSpansPlugin):
-    """The readiness tracker of a plugin that exports in this process."""
-    return plugin.transport.session.tracker
 
 
 @gen_cluster(client=True)
@@ -454,16 +435,6 @@ async def test_metrics_past_max_series_keep_their_totals(c, s, a, b):
     assert sum(v for _, _, v in points) == pytest.approx(seconds)
     assert len(points) <= 10
     assert any(attrs[names.SPAN_NAME] == names.OTHER_SPAN_NAME for _, attrs, _ in points)
-
-
-def test_max_series_is_a_dask_setting():
-    from dask_otel_spans.config import PluginConfig
-
-    assert PluginConfig.from_dask_config().max_series == 2000
-    with dask.config.set({"otel-spans.metrics.max-series": 50}):
-        assert PluginConfig.from_dask_config().max_series == 50
-    with dask.config.set({"otel-spans.metrics.max-series": None}):
-        assert PluginConfig.from_dask_config().max_series is None
 
 
 @gen_cluster(client=True)

@@ -7,18 +7,14 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from conftest import OTLPReceiver, async_wait_for
 from distributed.utils_test import gen_cluster, inc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+from support.polling import async_wait_for
+from support.receivers import RECEIVER_THREADS, OTLPReceiver
 
 from dask_otel_spans import OTelSpansPlugin, names, span
 from dask_otel_spans.sdk.otlpjson import flatten_spans, to_otlp_json
-
-#: The receivers run in this process: their server threads start with the first
-#: request, inside the cluster, and are not a leak of the plugin's (test_plugin.py
-#: keeps gen_cluster's thread-leak check for the plugin itself).
-RECEIVER_THREADS = {"threads": False}
 
 
 class HTTPReceiver:
@@ -86,8 +82,10 @@ def env_plugin(environ, **settings) -> OTelSpansPlugin:
     )
 
 
-def test_http_protobuf_with_headers_and_gzip(http_receiver):
-    environ = {
+@pytest.fixture
+def http_environ(http_receiver) -> dict[str, str]:
+    """OTLP http/protobuf to ``http_receiver``, with headers and gzip."""
+    return {
         "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
         "OTEL_EXPORTER_OTLP_ENDPOINT": http_receiver.endpoint,
         "OTEL_EXPORTER_OTLP_HEADERS": "api-key=s3cr3t,x-tenant=data%20team",
@@ -95,17 +93,17 @@ def test_http_protobuf_with_headers_and_gzip(http_receiver):
         "OTEL_BSP_SCHEDULE_DELAY": "50",
     }
 
-    @gen_cluster(client=True, clean_kwargs=RECEIVER_THREADS)
-    async def run(c, s, a, b):
-        plugin = env_plugin(environ)
-        await c.register_plugin(plugin)
-        with span("over http"):
-            await c.submit(inc, 1, key="inc-1")
-        await async_wait_for(lambda: any(sp["name"] == "over http" for sp in http_receiver.spans()))
-        await plugin.close()  # flushes the metrics too
-        assert http_receiver.metrics
 
-    run()
+@gen_cluster(client=True, clean_kwargs=RECEIVER_THREADS)
+async def test_http_protobuf_with_headers_and_gzip(c, s, a, b, http_receiver,
+                                                   http_environ):
+    plugin = env_plugin(http_environ)
+    await c.register_plugin(plugin)
+    with span("over http"):
+        await c.submit(inc, 1, key="inc-1")
+    await async_wait_for(lambda: any(sp["name"] == "over http" for sp in http_receiver.spans()))
+    await plugin.close()  # flushes the metrics too
+    assert http_receiver.metrics
     assert http_receiver.headers[0]["api-key"] == "s3cr3t"
     assert http_receiver.headers[0]["x-tenant"] == "data team"
     assert http_receiver.headers[0]["content-encoding"] == "gzip"
@@ -113,51 +111,43 @@ def test_http_protobuf_with_headers_and_gzip(http_receiver):
     assert sp["attributes"][names.SPAN_TASK_COUNT] == 1
 
 
-def test_grpc_receiver_requiring_an_api_key_gets_it():
+@pytest.fixture
+def keyed_receiver() -> OTLPReceiver:
+    """A gRPC receiver that turns away a request without the header api-key=s3cr3t."""
     receiver = OTLPReceiver(required_headers={"api-key": "s3cr3t"}).start()
-    environ = {
-        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+    yield receiver
+    receiver.stop()
+
+
+@gen_cluster(client=True, clean_kwargs=RECEIVER_THREADS)
+async def test_grpc_receiver_requiring_an_api_key_gets_it(c, s, a, b, keyed_receiver):
+    plugin = env_plugin({
+        "OTEL_EXPORTER_OTLP_ENDPOINT": keyed_receiver.endpoint,
         "OTEL_EXPORTER_OTLP_INSECURE": "true",
         "OTEL_EXPORTER_OTLP_HEADERS": "api-key=s3cr3t",
         "OTEL_BSP_SCHEDULE_DELAY": "50",
-    }
-    try:
-        @gen_cluster(client=True, clean_kwargs=RECEIVER_THREADS)
-        async def run(c, s, a, b):
-            plugin = env_plugin(environ)
-            await c.register_plugin(plugin)
-            with span("authenticated"):
-                await c.submit(inc, 1, key="inc-1")
-            await async_wait_for(lambda: any(sp["name"] == "authenticated" for sp in receiver.spans()))
-            await plugin.close()
-
-        run()
-        assert receiver.rejected == 0
-        assert all(m["api-key"] == "s3cr3t" for m in receiver.metadata)
-        assert receiver.metric_requests
-    finally:
-        receiver.stop()
+    })
+    await c.register_plugin(plugin)
+    with span("authenticated"):
+        await c.submit(inc, 1, key="inc-1")
+    await async_wait_for(lambda: any(sp["name"] == "authenticated" for sp in keyed_receiver.spans()))
+    await plugin.close()
+    assert keyed_receiver.rejected == 0
+    assert all(m["api-key"] == "s3cr3t" for m in keyed_receiver.metadata)
+    assert keyed_receiver.metric_requests
 
 
-def test_grpc_receiver_rejects_a_missing_api_key():
-    receiver = OTLPReceiver(required_headers={"api-key": "s3cr3t"}).start()
-    environ = {
-        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+@gen_cluster(client=True, clean_kwargs=RECEIVER_THREADS)
+async def test_grpc_receiver_rejects_a_missing_api_key(c, s, a, b, keyed_receiver):
+    plugin = env_plugin({
+        "OTEL_EXPORTER_OTLP_ENDPOINT": keyed_receiver.endpoint,
         "OTEL_EXPORTER_OTLP_INSECURE": "true",
         "OTEL_EXPORTER_OTLP_TIMEOUT": "2",
         "OTEL_BSP_SCHEDULE_DELAY": "50",
-    }
-    try:
-        @gen_cluster(client=True, clean_kwargs=RECEIVER_THREADS)
-        async def run(c, s, a, b):
-            plugin = env_plugin(environ)
-            await c.register_plugin(plugin)
-            with span("anonymous"):
-                assert await c.submit(inc, 1, key="inc-1") == 2
-            await async_wait_for(lambda: receiver.rejected > 0)
-            await plugin.close()
-
-        run()
-        assert receiver.spans() == []
-    finally:
-        receiver.stop()
+    })
+    await c.register_plugin(plugin)
+    with span("anonymous"):
+        assert await c.submit(inc, 1, key="inc-1") == 2
+    await async_wait_for(lambda: keyed_receiver.rejected > 0)
+    await plugin.close()
+    assert keyed_receiver.spans() == []

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import pytest
-from conftest import otlp_grpc_env, wait_for
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
+from support.polling import wait_for
+from support.processes import otlp_grpc_env
 
 from dask_otel_spans import names
 from dask_otel_spans.export.metrics import DaskInstruments, SeriesCap, SpanNameCap

@@ -15,25 +15,18 @@ import warnings
 
 import psutil
 import pytest
-from conftest import (
-    DaskProcesses,
-    MemoryProviders,
-    async_wait_for,
-    free_port,
-    otlp_grpc_env,
-    wait_for,
-    wait_for_event,
-)
-from distributed import Client, Event
+from distributed import Event
 from distributed.utils_test import gen_cluster, inc
+from support.plugin import FAST, wait_for_event
+from support.polling import async_wait_for, wait_for
+from support.processes import free_port
+from support.providers import MemoryProviders
 
 from dask_otel_spans import OTelSpansPlugin, names, span
 from dask_otel_spans.config import PluginConfig
 from dask_otel_spans.sdk.otlpjson import latest_points, read_metric_points, read_spans
 from dask_otel_spans.transport.sender import EXPORT_PROCESS_NICE, ExportProcess
 from dask_otel_spans.transport.spec import PipelineSpec
-
-FAST = dict(export_delay=0.1, idle_timeout=1.0)
 
 
 async def install_process_plugin(c, output_dir, **settings) -> OTelSpansPlugin:
@@ -69,33 +62,18 @@ def child_pid(plugin: OTelSpansPlugin) -> int:
     return plugin.destinations["pid"]
 
 
-def export_children(pid: int) -> list[psutil.Process]:
-    return [
-        p for p in psutil.Process(pid).children(recursive=True)
-        if "dask_otel_spans.transport.child" in " ".join(p.cmdline())
-    ]
-
-
-def test_export_process_exports_spans_and_metrics(tmp_path):
-    state = {}
-
-    @gen_cluster(client=True, timeout=120)
-    async def run(c, s, a, b):
-        plugin = await install_process_plugin(c, tmp_path)
-        state["child"] = child_pid(plugin)
-        with span("workflow") as root_id:
-            with span("load") as load_id:
-                assert await c.gather(c.map(inc, range(8), key=[f"x-{i}" for i in range(8)])) == list(range(1, 9))
-        await async_wait_for(lambda: plugin.emitted_count >= 2, timeout=60)
-        await plugin.flush()
-        state["ids"] = root_id, load_id
-        state["points"] = read_metric_points(str(tmp_path / "metrics.jsonl"))
-        await plugin.close()
-
-    run()
-    assert state["child"] != os.getpid()
+@gen_cluster(client=True, timeout=120)
+async def test_export_process_exports_spans_and_metrics(c, s, a, b, tmp_path):
+    plugin = await install_process_plugin(c, tmp_path)
+    assert child_pid(plugin) != os.getpid()
+    with span("workflow") as root_id:
+        with span("load") as load_id:
+            assert await c.gather(c.map(inc, range(8), key=[f"x-{i}" for i in range(8)])) == list(range(1, 9))
+    await async_wait_for(lambda: plugin.emitted_count >= 2, timeout=60)
+    await plugin.flush()
+    points = read_metric_points(str(tmp_path / "metrics.jsonl"))
+    await plugin.close()
     spans = {sp["name"]: sp for sp in exported_spans(tmp_path)}
-    root_id, load_id = state["ids"]
     assert spans["workflow"]["attributes"][names.SPAN_ID] == root_id
     assert spans["load"]["attributes"][names.SPAN_ID] == load_id
     assert spans["load"]["parentSpanId"] == spans["workflow"]["spanId"]
@@ -103,7 +81,7 @@ def test_export_process_exports_spans_and_metrics(tmp_path):
     assert spans["workflow"]["attributes"][names.SPAN_TASK_COUNT] == 8
     assert spans["x"]["parentSpanId"] == spans["load"]["spanId"]  # prefix child span
     cpu = [
-        p for p in latest_points(state["points"])
+        p for p in latest_points(points)
         if p["name"] == "dask.span.activity.time"
         and p["attributes"].get(names.SPAN_NAME) == "workflow/load"
         and p["attributes"].get(names.TASK_PREFIX) == "x"
@@ -111,161 +89,134 @@ def test_export_process_exports_spans_and_metrics(tmp_path):
     assert cpu and sum(p["value"] for p in cpu) > 0
 
 
-def test_span_code_reaches_the_export_process_in_a_pickled_batch(tmp_path):
+@gen_cluster(
+    client=True, timeout=120,
+    config={"distributed.diagnostics.computations.nframes": 2},
+)
+async def test_span_code_reaches_the_export_process_in_a_pickled_batch(
+    c, s, a, b, tmp_path
+):
     """With ``include-code``, a span's code (distributed's ``SourceCode`` named
     tuples, which marshal cannot take) crosses in a pickled batch and is exported."""
-    state = {}
-
-    @gen_cluster(
-        client=True, timeout=120,
-        config={"distributed.diagnostics.computations.nframes": 2},
+    plugin = await install_process_plugin(
+        c, tmp_path, include_code=True, max_code_length=200
     )
-    async def run(c, s, a, b):
-        plugin = await install_process_plugin(
-            c, tmp_path, include_code=True, max_code_length=200
-        )
-        await export_one_span(c, plugin, "coded")
-        state["lost"] = plugin.export_stats()["lost"]
-        await plugin.close()
-
-    run()
+    await export_one_span(c, plugin, "coded")
+    lost = plugin.export_stats()["lost"]
+    await plugin.close()
     [coded] = [
         sp for sp in exported_spans(tmp_path)
         if sp["name"] == "coded" and names.SPAN_ID in sp["attributes"]  # (no prefix)
     ]
     code = coded["attributes"][names.SPAN_CODE]
     assert 0 < len(code) <= 200 and code.startswith("# ")
-    assert state["lost"] == 0
+    assert lost == 0
 
 
-def test_flush_returns_once_the_export_process_exported(tmp_path):
-    state = {}
-
-    @gen_cluster(client=True, timeout=120)
-    async def run(c, s, a, b):
-        plugin = await install_process_plugin(c, tmp_path)
-        await export_one_span(c, plugin, "flushed")
-        # no waiting here: flush is a round trip to the export process
-        state["names"] = exported_names(tmp_path)
-        await plugin.close()
-
-    run()
-    assert "flushed" in state["names"]
+@gen_cluster(client=True, timeout=120)
+async def test_flush_returns_once_the_export_process_exported(c, s, a, b, tmp_path):
+    plugin = await install_process_plugin(c, tmp_path)
+    await export_one_span(c, plugin, "flushed")
+    # no waiting here: flush is a round trip to the export process
+    assert "flushed" in exported_names(tmp_path)
+    await plugin.close()
 
 
-def test_export_process_reports_its_memory(tmp_path, monkeypatch):
+@gen_cluster(client=True, timeout=120)
+async def test_export_process_reports_its_memory(c, s, a, b, tmp_path, monkeypatch):
     # the export process inherits the scheduler's environment
     monkeypatch.setenv("PYTHONTRACEMALLOC", "1")
-    state = {}
-
-    @gen_cluster(client=True, timeout=120)
-    async def run(c, s, a, b):
-        plugin = await install_process_plugin(c, tmp_path)
-        await export_one_span(c, plugin, "measured")
-        state["stats"] = plugin.export_stats()
-        state["rss"] = psutil.Process(child_pid(plugin)).memory_info().rss
-        await plugin.close()
-
-    run()
-    stats = state["stats"]
+    plugin = await install_process_plugin(c, tmp_path)
+    await export_one_span(c, plugin, "measured")
+    stats = plugin.export_stats()
+    rss = psutil.Process(child_pid(plugin)).memory_info().rss
+    await plugin.close()
     assert stats["exported"] >= 1
     # the child's own resident set, of the order psutil sees from outside
-    assert 0.5 * state["rss"] < stats["rss_bytes"] < 2 * state["rss"]
+    assert 0.5 * rss < stats["rss_bytes"] < 2 * rss
     # Python's allocations still alive in the child: imports alone are megabytes
     assert stats["traced_bytes"] > 2**20
 
 
-def test_export_process_ends_with_the_plugin_and_exports_open_spans(tmp_path):
-    state = {}
-
-    @gen_cluster(client=True, timeout=120)
-    async def run(c, s, a, b):
-        plugin = await install_process_plugin(c, tmp_path)
-        child = psutil.Process(child_pid(plugin))
-        with span("still running"):
-            fut = c.submit(wait_for_event, "release-sleeper", key="sleeper")
-            await async_wait_for(lambda: s.tasks.get("sleeper") is not None
-                                 and s.tasks["sleeper"].state == "processing")
-        await async_wait_for(lambda: plugin.open_span_count >= 1)
-        await plugin.close()
-        state["child_running"] = child.is_running() and child.status() != "zombie"
-        await Event("release-sleeper").set()
-        del fut
-
-    run()
-    assert not state["child_running"]
+@gen_cluster(client=True, timeout=120)
+async def test_export_process_ends_with_the_plugin_and_exports_open_spans(
+    c, s, a, b, tmp_path
+):
+    plugin = await install_process_plugin(c, tmp_path)
+    child = psutil.Process(child_pid(plugin))
+    with span("still running"):
+        fut = c.submit(wait_for_event, "release-sleeper", key="sleeper")
+        await async_wait_for(lambda: s.tasks.get("sleeper") is not None
+                             and s.tasks["sleeper"].state == "processing")
+    await async_wait_for(lambda: plugin.open_span_count >= 1)
+    await plugin.close()
+    child_running = child.is_running() and child.status() != "zombie"
+    await Event("release-sleeper").set()
+    del fut
+    assert not child_running
     [open_span] = [sp for sp in exported_spans(tmp_path) if sp["name"] == "still running"]
     assert open_span["attributes"][names.SPAN_INCOMPLETE] is True
 
 
-def test_killed_export_process_is_replaced(tmp_path, caplog):
-    state = {}
-
-    @gen_cluster(client=True, timeout=120)
-    async def run(c, s, a, b):
-        plugin = await install_process_plugin(c, tmp_path)
-        process = plugin.transport.process
-        first = process.pid
-        with span("before"):
-            await c.submit(inc, 1, key="b-1")
-        await async_wait_for(lambda: plugin.emitted_count >= 1, timeout=60)
-        await plugin.flush()
-        os.kill(first, signal.SIGKILL)
-        # Dead for good: its pipes closed (the reader saw the end). A zombie main
-        # thread is not enough: while its other threads exit, the pipe still takes
-        # what is written to it, and that is lost with the process.
-        await async_wait_for(lambda: f"export process (pid {first}) exited"
-                             in caplog.text)
-        with span("after"):
-            await c.submit(inc, 2, key="a-1")
-        await async_wait_for(lambda: process.restarts == 1, timeout=60)
-        await async_wait_for(lambda: plugin.handed_over_count >= 2, timeout=60)
-        await plugin.flush()
-        state["names"] = exported_names(tmp_path)
-        state["pids"] = first, process.pid
-        state["emitted"] = plugin.emitted_count
-        await plugin.close()
-
-    with caplog.at_level(logging.WARNING, logger="dask_otel_spans"):
-        run()
-    assert {"before", "after"} <= state["names"]
-    assert state["emitted"] >= 2  # the dead child's count is kept
-    first, second = state["pids"]
+@gen_cluster(client=True, timeout=120)
+async def test_killed_export_process_is_replaced(c, s, a, b, tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="dask_otel_spans")
+    plugin = await install_process_plugin(c, tmp_path)
+    process = plugin.transport.process
+    first = process.pid
+    with span("before"):
+        await c.submit(inc, 1, key="b-1")
+    await async_wait_for(lambda: plugin.emitted_count >= 1, timeout=60)
+    await plugin.flush()
+    os.kill(first, signal.SIGKILL)
+    # Dead for good: its pipes closed (the reader saw the end). A zombie main
+    # thread is not enough: while its other threads exit, the pipe still takes
+    # what is written to it, and that is lost with the process.
+    await async_wait_for(lambda: f"export process (pid {first}) exited"
+                         in caplog.text)
+    with span("after"):
+        await c.submit(inc, 2, key="a-1")
+    await async_wait_for(lambda: process.restarts == 1, timeout=60)
+    await async_wait_for(lambda: plugin.handed_over_count >= 2, timeout=60)
+    await plugin.flush()
+    exported = exported_names(tmp_path)
+    second = process.pid
+    emitted = plugin.emitted_count
+    await plugin.close()
+    assert {"before", "after"} <= exported
+    assert emitted >= 2  # the dead child's count is kept
     assert second != first
     assert caplog.text.count(f"export process (pid {first}) exited") == 1
     assert "starting a new export process (1 of at most 3" in caplog.text
 
 
-def test_spans_sent_to_an_export_process_as_it_dies_are_sent_again(tmp_path, caplog):
+@gen_cluster(client=True, timeout=120)
+async def test_spans_sent_to_an_export_process_as_it_dies_are_sent_again(
+    c, s, a, b, tmp_path, caplog
+):
     """What the dying process's pipe took (it was stopped, then killed) is lost with
     it; the new process gets those spans from the scheduler again."""
-    state = {}
-
-    @gen_cluster(client=True, timeout=120)
-    async def run(c, s, a, b):
-        plugin = await install_process_plugin(c, tmp_path)
-        process = plugin.transport.process
-        await export_one_span(c, plugin, "before")
-        first = process.pid
-        os.kill(first, signal.SIGSTOP)  # it reads no more
-        with span("into the pipe"):
-            await c.submit(inc, 2, key="p-1")
-        # forwarded and written (or, if the kill comes first, failed and sent again)
-        await async_wait_for(lambda: plugin.forwarder.forwarded_spans >= 2
-                             and process.waiting == 0)
-        os.kill(first, signal.SIGKILL)
-        await async_wait_for(lambda: f"export process (pid {first}) exited"
-                             in caplog.text)
-        with span("after"):  # (a write to a process gone: a new one starts)
-            await c.submit(inc, 3, key="a-1")
-        await async_wait_for(lambda: plugin.handed_over_count >= 3, timeout=60)
-        await plugin.flush()
-        state["names"] = exported_names(tmp_path)
-        await plugin.close()
-
-    with caplog.at_level(logging.WARNING, logger="dask_otel_spans"):
-        run()
-    assert {"before", "into the pipe", "after"} <= state["names"]
+    caplog.set_level(logging.WARNING, logger="dask_otel_spans")
+    plugin = await install_process_plugin(c, tmp_path)
+    process = plugin.transport.process
+    await export_one_span(c, plugin, "before")
+    first = process.pid
+    os.kill(first, signal.SIGSTOP)  # it reads no more
+    with span("into the pipe"):
+        await c.submit(inc, 2, key="p-1")
+    # forwarded and written (or, if the kill comes first, failed and sent again)
+    await async_wait_for(lambda: plugin.forwarder.forwarded_spans >= 2
+                         and process.waiting == 0)
+    os.kill(first, signal.SIGKILL)
+    await async_wait_for(lambda: f"export process (pid {first}) exited"
+                         in caplog.text)
+    with span("after"):  # (a write to a process gone: a new one starts)
+        await c.submit(inc, 3, key="a-1")
+    await async_wait_for(lambda: plugin.handed_over_count >= 3, timeout=60)
+    await plugin.flush()
+    exported = exported_names(tmp_path)
+    await plugin.close()
+    assert {"before", "into the pipe", "after"} <= exported
 
 
 def test_the_export_process_figures_thread_carries_on_after_an_error(monkeypatch):
@@ -302,24 +253,18 @@ def test_the_export_process_figures_thread_carries_on_after_an_error(monkeypatch
     assert outbox.sent[0][0] == "stats" and outbox.sent[0][1]["open"] == 1
 
 
-def test_export_process_that_cannot_start_leaves_export_in_the_scheduler(
-    tmp_path, monkeypatch, caplog
+@gen_cluster(client=True, timeout=120)
+async def test_export_process_that_cannot_start_leaves_export_in_the_scheduler(
+    c, s, a, b, tmp_path, monkeypatch, caplog
 ):
+    caplog.set_level(logging.ERROR, logger="dask_otel_spans")
     monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))
-    state = {}
-
-    @gen_cluster(client=True, timeout=120)
-    async def run(c, s, a, b):
-        plugin = await install_process_plugin(c, tmp_path)
-        state["in child"] = plugin.destinations["export_process"]
-        with span("in the scheduler"):
-            await c.submit(inc, 1, key="i-1")
-        await async_wait_for(lambda: plugin.emitted_count >= 1, timeout=60)
-        await plugin.close()
-
-    with caplog.at_level(logging.ERROR, logger="dask_otel_spans"):
-        run()
-    assert state["in child"] is False
+    plugin = await install_process_plugin(c, tmp_path)
+    assert plugin.destinations["export_process"] is False
+    with span("in the scheduler"):
+        await c.submit(inc, 1, key="i-1")
+    await async_wait_for(lambda: plugin.emitted_count >= 1, timeout=60)
+    await plugin.close()
     assert "the export process did not start" in caplog.text
     assert "in the scheduler" in exported_names(tmp_path)
 
@@ -340,26 +285,20 @@ async def test_given_providers_keep_export_in_the_scheduler(c, s, a, b):
     memory.shutdown()
 
 
-def test_a_providers_factory_that_fails_in_the_export_process_is_one_error_line(
-    tmp_path, caplog
+@gen_cluster(client=True, timeout=120)
+async def test_a_providers_factory_that_fails_in_the_export_process_is_one_error_line(
+    c, s, a, b, tmp_path, caplog
 ):
     """It loads (the scheduler's check passes) but raises when the export process
     calls it: one line, no traceback, no second try in the scheduler process."""
-    state = {}
-
-    @gen_cluster(client=True, timeout=120)
-    async def run(c, s, a, b):
-        plugin = await install_process_plugin(
-            c, tmp_path, providers="conftest:failing_providers"
-        )
-        state["idle"] = plugin.transport is None
-        with span("unexported"):
-            state["result"] = await c.submit(inc, 1, key="u-1")
-        await plugin.close()
-
-    with caplog.at_level(logging.WARNING, logger="dask_otel_spans"):
-        run()
-    assert state == {"idle": True, "result": 2}
+    caplog.set_level(logging.WARNING, logger="dask_otel_spans")
+    plugin = await install_process_plugin(
+        c, tmp_path, providers="support.providers:failing_providers"
+    )
+    assert plugin.transport is None  # (idle)
+    with span("unexported"):
+        assert await c.submit(inc, 1, key="u-1") == 2
+    await plugin.close()
     [error] = [r for r in caplog.records if r.levelno >= logging.WARNING
                and r.name.startswith("dask_otel_spans")]
     assert error.exc_info is None
@@ -384,6 +323,7 @@ def test_messages_past_the_budget_are_dropped_counted_and_said_once(caplog):
     assert "otel-spans.forward-budget, now 5" in warning and "CPU policy idle" in warning
 
 
+@pytest.mark.cluster  # (an export process)
 def test_flush_after_the_export_process_is_gone_for_good_returns_false(tmp_path):
     process = ExportProcess(
         PipelineSpec(PluginConfig.from_dask_config(output_dir=str(tmp_path)), environ={}),
@@ -404,49 +344,6 @@ def test_flush_after_the_export_process_is_gone_for_good_returns_false(tmp_path)
         process.stop(5)
 
 
-@pytest.fixture
-def process_cluster(otlp_receiver, tmp_path):
-    procs = DaskProcesses(
-        {**otlp_grpc_env(otlp_receiver), "DASK_OTEL_SPANS__EXPORT_PROCESS": "true"},
-        cwd=str(tmp_path),
-    )
-    try:
-        yield procs
-    finally:
-        procs.stop()
-
-
-def test_dask_config_turns_the_export_process_on_in_a_real_scheduler(
-    process_cluster, otlp_receiver
-):
-    with Client(process_cluster.address, timeout=60) as client:
-        client.wait_for_workers(1, timeout=60)
-        [child] = wait_for(lambda: export_children(process_cluster.scheduler.pid))
-        with span("over otlp") as span_id:
-            assert client.submit(inc, 1, key="o-1").result() == 2
-        [received] = wait_for(
-            lambda: [s for s in otlp_receiver.spans() if s["name"] == "over otlp"],
-            timeout=60,
-        )
-    assert received["attributes"][names.SPAN_ID] == span_id
-    log = process_cluster.stop()
-    assert "export process pid" in log  # (the start's INFO line)
-    for trouble in ("did not start", "exited with code", "starting a new export",
-                    "exporting in the scheduler process", "Traceback"):
-        assert trouble not in log
-    wait_for(lambda: not child.is_running() or child.status() == "zombie")
-    sums = otlp_receiver.latest_sums("dask.span.activity.time")
-    assert any(dict(k).get(names.SPAN_NAME) == "over otlp" for k in sums)
-
-
-def test_export_process_ends_when_the_scheduler_is_killed(process_cluster):
-    [child] = wait_for(lambda: export_children(process_cluster.scheduler.pid), timeout=60)
-    process_cluster.scheduler.kill()
-    process_cluster.scheduler.wait(30)
-    # its stdin ended with the scheduler: it finishes and exits
-    wait_for(lambda: not child.is_running() or child.status() == "zombie", timeout=30)
-
-
 @gen_cluster(client=True)
 async def test_prometheus_on_the_scheduler_port_keeps_export_in_the_scheduler(c, s, a, b):
     plugin = OTelSpansPlugin(
@@ -460,37 +357,34 @@ async def test_prometheus_on_the_scheduler_port_keeps_export_in_the_scheduler(c,
     await plugin.close()
 
 
-def test_prometheus_on_a_port_of_its_own_is_served_by_the_export_process():
+@gen_cluster(client=True, timeout=120)
+async def test_prometheus_on_a_port_of_its_own_is_served_by_the_export_process(
+    c, s, a, b
+):
     port = free_port()
-    state = {}
-
-    @gen_cluster(client=True, timeout=120)
-    async def run(c, s, a, b):
-        plugin = OTelSpansPlugin(
-            export_process=True, use_global_providers=False,
-            environ={"OTEL_METRICS_EXPORTER": "prometheus", "OTEL_TRACES_EXPORTER": "none",
-                     "OTEL_EXPORTER_PROMETHEUS_PORT": str(port),
-                     "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1"},
-            **FAST,
-        )
-        await c.register_plugin(plugin)
-        state["child"] = child_pid(plugin)
-        with span("scraped"):
-            await c.submit(inc, 1, key="p-1")
-        await async_wait_for(lambda: plugin.handed_over_count >= 1, timeout=60)
-        await plugin.flush()
-        state["scrape"] = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: wait_for(lambda: _scrape_with(port, 'dask_span_name="scraped"'))
-        )
-        state["listener"] = [
-            conn.pid for conn in psutil.net_connections("tcp")
-            if conn.laddr and conn.laddr.port == port and conn.status == "LISTEN"
-        ]
-        await plugin.close()
-
-    run()
-    assert "dask_span_duration_seconds_count" in state["scrape"]
-    assert state["listener"] in ([state["child"]], [None])  # pid hidden without root
+    plugin = OTelSpansPlugin(
+        export_process=True, use_global_providers=False,
+        environ={"OTEL_METRICS_EXPORTER": "prometheus", "OTEL_TRACES_EXPORTER": "none",
+                 "OTEL_EXPORTER_PROMETHEUS_PORT": str(port),
+                 "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1"},
+        **FAST,
+    )
+    await c.register_plugin(plugin)
+    child = child_pid(plugin)
+    with span("scraped"):
+        await c.submit(inc, 1, key="p-1")
+    await async_wait_for(lambda: plugin.handed_over_count >= 1, timeout=60)
+    await plugin.flush()
+    scrape = await asyncio.get_running_loop().run_in_executor(
+        None, lambda: wait_for(lambda: _scrape_with(port, 'dask_span_name="scraped"'))
+    )
+    listener = [
+        conn.pid for conn in psutil.net_connections("tcp")
+        if conn.laddr and conn.laddr.port == port and conn.status == "LISTEN"
+    ]
+    await plugin.close()
+    assert "dask_span_duration_seconds_count" in scrape
+    assert listener in ([child], [None])  # pid hidden without root
 
 
 def _scrape_with(port: int, needle: str) -> str | None:
@@ -522,6 +416,7 @@ def file_export_process(tmp_path):
     process.stop(10)
 
 
+@pytest.mark.cluster  # (an export process)
 def test_a_message_that_cannot_be_pickled_is_left_out_alone(
     file_export_process, tmp_path, caplog
 ):
@@ -537,21 +432,17 @@ def test_a_message_that_cannot_be_pickled_is_left_out_alone(
     assert exported_names(tmp_path) == {"good", "also good"}
 
 
-def test_by_default_providers_from_configuration_export_in_a_child(tmp_path):
-    state = {}
-
-    @gen_cluster(client=True, timeout=120)
-    async def run(c, s, a, b):
-        # no export_process setting: the shipped default, auto
-        plugin = OTelSpansPlugin(environ={}, use_global_providers=False,
-                                 output_dir=str(tmp_path), **FAST)
-        await c.register_plugin(plugin)
-        state["child"] = plugin.destinations["export_process"]
-        await export_one_span(c, plugin, "by-default")
-        await plugin.close()
-
-    run()
-    assert state["child"]
+@gen_cluster(client=True, timeout=120)
+async def test_by_default_providers_from_configuration_export_in_a_child(
+    c, s, a, b, tmp_path
+):
+    # no export_process setting: the shipped default, auto
+    plugin = OTelSpansPlugin(environ={}, use_global_providers=False,
+                             output_dir=str(tmp_path), **FAST)
+    await c.register_plugin(plugin)
+    assert plugin.destinations["export_process"]
+    await export_one_span(c, plugin, "by-default")
+    await plugin.close()
     assert "by-default" in exported_names(tmp_path)
 
 
@@ -583,56 +474,48 @@ async def test_export_process_false_exports_in_the_scheduler(c, s, a, b, tmp_pat
     assert "here" in exported_names(tmp_path)
 
 
-def test_registered_again_with_the_same_settings_keeps_its_export_process(tmp_path):
-    state = {}
-
-    @gen_cluster(client=True, timeout=120)
-    async def run(c, s, a, b):
-        first = await install_process_plugin(c, tmp_path)
-        child = first.transport.process
-        with span("parent"):
-            with span("child"):
-                await c.submit(inc, 1, key="child-1")
-            # the child span is emitted (its summary is in the export process) while
-            # its parent is still open
-            await async_wait_for(lambda: first.handed_over_count >= 1, timeout=60)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)  # distributed: "overwriting"
-                second = await install_process_plugin(c, tmp_path)
-            await c.submit(inc, 2, key="parent-1")
-        await async_wait_for(lambda: second.handed_over_count >= 1, timeout=60)
-        await second.flush()
-        state["kept"] = second.transport.process is child and first.transport is None
-        state["running"] = child.pid is not None and psutil.pid_exists(child.pid)
-        await second.close()
-
-    run()
+@gen_cluster(client=True, timeout=120)
+async def test_registered_again_with_the_same_settings_keeps_its_export_process(
+    c, s, a, b, tmp_path
+):
+    first = await install_process_plugin(c, tmp_path)
+    child = first.transport.process
+    with span("parent"):
+        with span("child"):
+            await c.submit(inc, 1, key="child-1")
+        # the child span is emitted (its summary is in the export process) while
+        # its parent is still open
+        await async_wait_for(lambda: first.handed_over_count >= 1, timeout=60)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # distributed: "overwriting"
+            second = await install_process_plugin(c, tmp_path)
+        await c.submit(inc, 2, key="parent-1")
+    await async_wait_for(lambda: second.handed_over_count >= 1, timeout=60)
+    await second.flush()
+    assert second.transport.process is child and first.transport is None
+    assert child.pid is not None and psutil.pid_exists(child.pid)
+    await second.close()
     spans = {sp["name"]: sp for sp in exported_spans(tmp_path)}
     # the parent's subtree totals count the child emitted before the hand-over
     assert spans["parent"]["attributes"][names.SPAN_TASK_COUNT] == 2
     assert spans["child"]["attributes"][names.SPAN_TASK_COUNT] == 1
-    assert state["kept"] and state["running"]
 
 
-def test_registered_again_with_other_settings_starts_a_new_export_process(tmp_path):
-    state = {}
-
-    @gen_cluster(client=True, timeout=120)
-    async def run(c, s, a, b):
-        first = await install_process_plugin(c, tmp_path)
-        state["first"] = child_pid(first)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            second = await install_process_plugin(c, tmp_path, export_delay=0.2)
-        state["second"] = child_pid(second)
-        await export_one_span(c, second, "after")
-        await second.close()
-
-    run()
-    assert state["second"] not in (None, state["first"])
+@gen_cluster(client=True, timeout=120)
+async def test_registered_again_with_other_settings_starts_a_new_export_process(
+    c, s, a, b, tmp_path
+):
+    first = child_pid(await install_process_plugin(c, tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        second_plugin = await install_process_plugin(c, tmp_path, export_delay=0.2)
+    second = child_pid(second_plugin)
+    await export_one_span(c, second_plugin, "after")
+    await second_plugin.close()
+    assert second not in (None, first)
     # the first instance stopped its own at its close
-    assert not psutil.pid_exists(state["first"]) or (
-        psutil.Process(state["first"]).status() == psutil.STATUS_ZOMBIE
+    assert not psutil.pid_exists(first) or (
+        psutil.Process(first).status() == psutil.STATUS_ZOMBIE
     )
     assert "after" in exported_names(tmp_path)
 
@@ -648,26 +531,25 @@ def thread_nice_levels(pid: int) -> set[int]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_export_process_runs_its_nice_levels_below_the_scheduler(tmp_path):
-    state = {}
 
-    @gen_cluster(client=True, timeout=120)
-    async def run(c, s, a, b):
-        plugin = await install_process_plugin(c, tmp_path)
-        await export_one_span(c, plugin, "niced")  # the SDK's threads run by now
-        pid = child_pid(plugin)
-        state["levels"] = thread_nice_levels(pid)
-        state["policy"] = os.sched_getscheduler(pid)
-        await plugin.close()
-
-    run()
-    assert state["levels"] == {
+@gen_cluster(client=True, timeout=120)
+async def test_export_process_runs_its_nice_levels_below_the_scheduler(
+    c, s, a, b, tmp_path
+):
+    plugin = await install_process_plugin(c, tmp_path)
+    await export_one_span(c, plugin, "niced")  # the SDK's threads run by now
+    pid = child_pid(plugin)
+    levels = thread_nice_levels(pid)
+    policy = os.sched_getscheduler(pid)
+    await plugin.close()
+    assert levels == {
         min(19, os.getpriority(os.PRIO_PROCESS, 0) + EXPORT_PROCESS_NICE)
     }
     # by default it runs on CPU time nothing else wants
-    assert state["policy"] == os.SCHED_IDLE
+    assert policy == os.SCHED_IDLE
 
 
+@pytest.mark.cluster  # (an export process)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize("nice, policy, expected", [
     (5, "batch", "SCHED_BATCH"),
@@ -690,6 +572,7 @@ def test_export_process_cpu_policy_sets_its_scheduling_policy(
         process.stop(5)
 
 
+@pytest.mark.cluster  # (an export process)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_export_process_nice_0_keeps_the_scheduler_priority(tmp_path):
     process = ExportProcess(
@@ -703,14 +586,7 @@ def test_export_process_nice_0_keeps_the_scheduler_priority(tmp_path):
         process.stop(5)
 
 
-def test_export_process_cpu_policy_comes_from_dask_config():
-    import dask
-
-    assert PluginConfig.from_dask_config().export_process_cpu_policy == "idle"
-    with dask.config.set({"otel-spans.export-process-cpu-policy": "Batch"}):
-        assert PluginConfig.from_dask_config().export_process_cpu_policy == "batch"
-
-
+@pytest.mark.cluster  # (an export process)
 def test_export_process_leaves_its_setup_out_of_garbage_collections(tmp_path):
     from dask_otel_spans.transport.child import YOUNG_GC_THRESHOLD
 
@@ -751,46 +627,38 @@ def run_while_stopped(c, plugin, n: int):
     return names_, run()
 
 
-def test_a_stopped_export_process_loses_nothing_within_the_budget(tmp_path):
-    state = {}
-
-    @gen_cluster(client=True, timeout=120)
-    async def run(c, s, a, b):
-        plugin = await install_process_plugin(c, tmp_path)
-        state["names"], running = run_while_stopped(c, plugin, 300)
-        await running
-        await async_wait_for(lambda: plugin.handed_over_count >= 300, timeout=60)
-        await plugin.flush()
-        state["dropped"] = plugin.export_stats()["dropped_by_kind"]
-        await plugin.close()
-
-    run()
-    assert set(state["names"]) <= exported_names(tmp_path)
-    assert state["dropped"] == {}
-
-
-def test_past_the_budget_a_stopped_export_process_drops_the_newest_and_says_so(
-    tmp_path, caplog
+@gen_cluster(client=True, timeout=120)
+async def test_a_stopped_export_process_loses_nothing_within_the_budget(
+    c, s, a, b, tmp_path
 ):
-    state = {}
+    plugin = await install_process_plugin(c, tmp_path)
+    stopped, running = run_while_stopped(c, plugin, 300)
+    await running
+    await async_wait_for(lambda: plugin.handed_over_count >= 300, timeout=60)
+    await plugin.flush()
+    dropped = plugin.export_stats()["dropped_by_kind"]
+    await plugin.close()
+    assert set(stopped) <= exported_names(tmp_path)
+    assert dropped == {}
 
-    @gen_cluster(client=True, timeout=120)
-    async def run(c, s, a, b):
-        plugin = await install_process_plugin(c, tmp_path, forward_budget=100)
-        state["names"], running = run_while_stopped(c, plugin, 150)
-        await running
-        # the backlog drains: what was kept arrives, then new spans flow again
-        await async_wait_for(lambda: plugin.transport.process.waiting == 0)
-        await export_one_span(c, plugin, "after")
-        await async_wait_for(lambda: "after" in exported_names(tmp_path), timeout=60)
-        state["dropped"] = plugin.export_stats()["dropped_by_kind"]
-        await plugin.close()
 
-    with caplog.at_level(logging.WARNING, logger="dask_otel_spans"):
-        run()
+@gen_cluster(client=True, timeout=120)
+async def test_past_the_budget_a_stopped_export_process_drops_the_newest_and_says_so(
+    c, s, a, b, tmp_path, caplog
+):
+    caplog.set_level(logging.WARNING, logger="dask_otel_spans")
+    plugin = await install_process_plugin(c, tmp_path, forward_budget=100)
+    stopped, running = run_while_stopped(c, plugin, 150)
+    await running
+    # the backlog drains: what was kept arrives, then new spans flow again
+    await async_wait_for(lambda: plugin.transport.process.waiting == 0)
+    await export_one_span(c, plugin, "after")
+    await async_wait_for(lambda: "after" in exported_names(tmp_path), timeout=60)
+    dropped = plugin.export_stats()["dropped_by_kind"]
+    await plugin.close()
     exported = exported_names(tmp_path)
-    kept = [name for name in state["names"] if name in exported]
+    kept = [name for name in stopped if name in exported]
     assert 0 < len(kept) < 150 and "after" in exported
-    assert state["dropped"].get("span", 0) >= 150 - len(kept)
+    assert dropped.get("span", 0) >= 150 - len(kept)
     assert caplog.text.count("otel-spans.forward-budget, now 100") == 1
     assert caplog.text.count("the export process caught up") == 1
