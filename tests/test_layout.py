@@ -60,6 +60,7 @@ def test_the_check_sees_a_crossing(tmp_path):
     assert side_of(next(iter(imports_of(module)))) == "export"
 
 
+@pytest.mark.cluster  # (a fresh interpreter)
 def test_the_client_imports_no_side_and_no_sdk():
     """``import dask_otel_spans`` (``span``, ``wait_for_export``) loads neither a side
     of the package nor the OTel SDK; the plugins load when first asked for."""

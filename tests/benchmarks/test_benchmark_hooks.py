@@ -1,0 +1,29 @@
+"""The hook and worker microbenchmarks run on real plugins and report a cost per task."""
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+from support.paths import BENCHMARKS
+
+sys.path.insert(0, str(BENCHMARKS))
+from bench_hooks import main  # noqa: E402
+
+
+@pytest.mark.cluster  # (an in-process scheduler)
+def test_the_hook_benchmark_reports_a_cost_per_task_for_the_plugin_and_a_no_op(capsys):
+    assert main(["--calls", "2000", "--repeat", "2"]) == 0
+    out = capsys.readouterr().out
+    per_task = re.findall(r"per task \(these 5 transitions\): (-?[0-9.]+) µs", out)
+    assert len(per_task) == 2
+    assert "OTelSpansPlugin.transition" in out and "a no-op hook" in out
+
+
+def test_the_worker_benchmark_reports_the_plugin_cost_per_task_and_per_record(capsys):
+    from bench_worker import main as worker_main
+
+    assert worker_main(["--parts", "micro", "--calls", "500", "--repeat", "2"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"the plugin's work per task: -?[0-9.]+ µs", out)
+    assert re.search(r"per log record made: -?[0-9.]+ µs", out)

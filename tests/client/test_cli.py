@@ -1,0 +1,205 @@
+"""The console script: ``demo`` on the embedded default, ``tree`` on saved files."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dask_otel_spans.cli import VALIDATION_NOTICE, render_tree
+from dask_otel_spans.sdk.otlpjson import read_metric_points, read_spans
+
+
+def run_demo(cwd) -> subprocess.CompletedProcess:
+    """``dask-otel-spans demo`` in ``cwd``, on the embedded default (no OTEL_*); its
+    stdout and stderr in one stream, in the order a terminal shows them."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "dask_otel_spans.cli", "demo"],
+        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout
+    return proc
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("demo")
+    proc = run_demo(cwd)
+    return cwd, proc.stdout
+
+
+@pytest.mark.cluster  # (the demo: a LocalCluster of processes)
+def test_demo_prints_the_span_tree(demo_run):
+    _, output = demo_run
+    for name in ("demo workflow", "array step", "dataframe step", "futures step",
+                 "custom activity", "model fit", "· fit_model"):
+        assert name in output
+    assert "model-fit" in output  # the custom context_meter activity
+    # the task that raised, with its exception, and the spans made in tasks (the
+    # worker plugin), below the prefix span
+    assert "ValueError: record 3: negative amount" in output
+    assert output.count("check record") == 8 and "(in a task)" in output
+
+
+@pytest.mark.cluster  # (the demo: a LocalCluster of processes)
+def test_demo_announces_its_deliberate_failure_before_dask_logs_it(demo_run):
+    _, output = demo_run
+    # (dask's own block, from the worker: "distributed.worker - ERROR - Compute Failed")
+    assert output.count("ERROR - Compute Failed") == 1
+    assert output.index(VALIDATION_NOTICE) < output.index("ERROR - Compute Failed")
+
+
+@pytest.mark.cluster  # (the demo: a LocalCluster of processes)
+def test_demo_writes_embedded_default_files_and_says_where(demo_run):
+    cwd, output = demo_run
+    traces = cwd / "dask-otel-spans" / "traces.jsonl"
+    metrics = cwd / "dask-otel-spans" / "metrics.jsonl"
+    assert f"traces to {traces}" in output
+    names_ = {s["name"] for s in read_spans(str(traces))}
+    assert {"demo workflow", "array step", "model fit"} <= names_
+    points = read_metric_points(str(metrics))
+    assert any(
+        p["name"] == "dask.span.activity.time"
+        and p["attributes"]["dask.activity"] == "model-fit"
+        and p["attributes"]["dask.span.name"] == "demo workflow/custom activity/model fit"
+        for p in points
+    )
+    assert any(p["name"] == "dask.span.activity.custom" and p["attributes"]["dask.unit"] == "rows" for p in points)
+
+
+@pytest.mark.cluster  # (the demo: a LocalCluster of processes)
+def test_tree_command_reads_saved_files(demo_run):
+    cwd, _ = demo_run
+    proc = subprocess.run(
+        [sys.executable, "-m", "dask_otel_spans.cli", "tree", "dask-otel-spans"],
+        cwd=cwd, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("trace ")
+    assert lines[1].strip().startswith("demo workflow")
+    assert any(line.startswith("    array step") for line in lines)
+
+
+@pytest.mark.cluster  # (the demo: a LocalCluster of processes)
+def test_demo_prints_only_its_own_run_when_the_files_hold_earlier_ones(demo_run):
+    cwd, _ = demo_run
+    proc = run_demo(cwd)
+    # the traces file now holds two runs (two traces); the demo shows its own
+    saved = read_spans(str(cwd / "dask-otel-spans" / "traces.jsonl"))
+    assert len({s["traceId"] for s in saved if s["name"] == "demo workflow"}) == 2
+    printed = proc.stdout.splitlines()
+    assert sum(line.startswith("trace ") for line in printed) == 1
+    assert sum(line.strip().startswith("demo workflow") for line in printed) == 1
+
+
+@pytest.mark.cluster  # (the command in a process of its own)
+def test_tree_of_missing_file_fails(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "dask_otel_spans.cli", "tree", str(tmp_path / "nope")],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 1
+    assert "no such file" in proc.stderr
+
+
+def test_render_tree_nests_by_parent():
+    spans = [
+        {"traceId": "t", "spanId": "1", "name": "wf", "startTimeUnixNano": "0",
+         "endTimeUnixNano": "2000000000",
+         "attributes": {"dask.span.id": "x", "dask.span.task_count": 3,
+                        "dask.metrics.thread-cpu.seconds": 1.5}},
+        {"traceId": "t", "spanId": "2", "parentSpanId": "1", "name": "inc",
+         "startTimeUnixNano": "0", "endTimeUnixNano": "1000000000",
+         "attributes": {"dask.task.prefix": "inc", "dask.task_group.task_count": 3}},
+    ]
+    assert render_tree(spans).splitlines() == [
+        "trace t",
+        "  wf  2.000s  3 tasks  | thread-cpu 1.5s",
+        "    · inc  1.000s  3 tasks",
+    ]
+
+
+def test_render_tree_shows_task_spans_and_spans_made_in_tasks():
+    spans = [
+        {"traceId": "t", "spanId": "2", "name": "inc", "startTimeUnixNano": "0",
+         "endTimeUnixNano": "1000000000",
+         "attributes": {"dask.task.prefix": "inc", "dask.task_group.task_count": 3,
+                        "dask.task_spans.left_out": 1}},
+        {"traceId": "t", "spanId": "3", "parentSpanId": "2", "name": "inc",
+         "startTimeUnixNano": "0", "endTimeUnixNano": "500000000",
+         "attributes": {"dask.task.prefix": "inc", "dask.task.key": "inc-1"},
+         "events": [{"name": "exception", "attributes": [
+             {"key": "exception.type", "value": {"stringValue": "KeyError"}},
+             {"key": "exception.message", "value": {"stringValue": "'a'"}}]}]},
+        {"traceId": "t", "spanId": "4", "parentSpanId": "2", "name": "GET",
+         "startTimeUnixNano": "600000000", "endTimeUnixNano": "700000000",
+         "attributes": {}, "resource": {"dask.worker.address": "tcp://w:1"}},
+    ]
+    assert render_tree(spans).splitlines() == [
+        "trace t",
+        "  · inc  1.000s  3 tasks  (+1 task span left out)",
+        "    ✗ inc-1  0.500s  KeyError: 'a'",
+        "    GET  0.100s  (in a task)",
+    ]
+
+
+def test_render_tree_says_1_task_not_1_tasks():
+    spans = [
+        {"traceId": "t", "spanId": "1", "name": "wf", "startTimeUnixNano": "0",
+         "endTimeUnixNano": "2000000000",
+         "attributes": {"dask.span.id": "x", "dask.span.task_count": 1}},
+        {"traceId": "t", "spanId": "2", "parentSpanId": "1", "name": "inc",
+         "startTimeUnixNano": "0", "endTimeUnixNano": "1000000000",
+         "attributes": {"dask.task.prefix": "inc", "dask.task_group.task_count": 1}},
+    ]
+    assert render_tree(spans).splitlines() == [
+        "trace t",
+        "  wf  2.000s  1 task",
+        "    · inc  1.000s  1 task",
+    ]
+
+
+def run_cli(*args: str, code: str | None = None) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "dask_otel_spans.cli", *args]
+    if code is not None:
+        command = [sys.executable, "-c", code]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.cluster  # (the command in a process of its own)
+def test_no_command_prints_the_help():
+    proc = run_cli()
+    assert proc.returncode == 2
+    assert "usage: dask-otel-spans" in proc.stdout
+    assert "demo" in proc.stdout and "tree" in proc.stdout and not proc.stderr
+
+
+@pytest.mark.cluster  # (the command in a process of its own)
+def test_version_is_the_packages():
+    import dask_otel_spans
+
+    proc = run_cli("--version")
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == f"dask-otel-spans {dask_otel_spans.__version__}"
+
+
+@pytest.mark.cluster  # (the command in a process of its own)
+def test_every_demo_option_has_help_text():
+    proc = run_cli("demo", "--help")
+    assert "worker processes of the LocalCluster" in proc.stdout
+    assert "directory of the embedded default exporter" in proc.stdout
+
+
+@pytest.mark.cluster  # (the command in a process of its own)
+def test_demo_without_its_extra_says_which_extra_in_one_line_before_anything():
+    # (numpy cannot be imported, as after a plain `pip install dask_otel_spans`)
+    proc = run_cli(code="import sys; sys.modules['numpy'] = None; "
+                        "from dask_otel_spans.cli import main; sys.exit(main(['demo']))")
+    assert proc.returncode == 1
+    assert proc.stdout == ""  # nothing announced
+    [line] = proc.stderr.strip().splitlines()
+    assert "pip install 'dask_otel_spans[demo]'" in line and "numpy" in line

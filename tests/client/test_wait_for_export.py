@@ -1,0 +1,93 @@
+"""``wait_for_export``: the same documented fields in every state, and the truth
+about delivery (a scheduler without the plugin, an idle plugin, a collector that is
+down, one that is up)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from distributed import Client, LocalCluster
+from support.processes import free_port, otlp_grpc_env
+from support.receivers import OTLPReceiver
+
+from dask_otel_spans import OTelSpansPlugin, span, wait_for_export
+from dask_otel_spans.client import PluginMissing
+from dask_otel_spans.state import IDLE, ExportState
+
+
+def inc(x: int) -> int:
+    return x + 1
+
+
+@pytest.fixture
+def client():
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=":0") as cluster, Client(cluster) as c:
+        yield c
+
+
+def register(client: Client, environ: dict[str, str], tmp_path) -> None:
+    client.register_plugin(OTelSpansPlugin(
+        environ=environ, use_global_providers=False, export_process=False,
+        export_delay=0, output_dir=str(tmp_path),
+    ))
+
+
+def run_one_span(client: Client) -> None:
+    with span("one step"):
+        client.submit(inc, 1, key="one-1").result()
+
+
+@pytest.mark.cluster  # (a LocalCluster)
+def test_without_the_plugin_it_raises_naming_the_preload(client):
+    with pytest.raises(PluginMissing, match="--preload dask_otel_spans"):
+        wait_for_export(client, timeout=1)
+
+
+@pytest.mark.cluster  # (a LocalCluster)
+def test_an_idle_plugin_reports_nowhere_and_not_flushed(client, tmp_path):
+    register(client, {"OTEL_TRACES_EXPORTER": "zipkin"}, tmp_path)
+    state = wait_for_export(client, timeout=5)
+    assert state == ExportState(
+        traces_to=IDLE, metrics_to=IDLE, export_process=False, open=0, handed_over=0,
+        traces_delivered=None, traces_failed=None, metrics_delivered=None,
+        metrics_failed=None, flushed=False,
+    )
+
+
+@pytest.mark.cluster  # (a LocalCluster)
+def test_with_the_collector_down_nothing_counts_as_delivered(client, tmp_path):
+    environ = {
+        **otlp_grpc_env(OTLPReceiver(port=free_port())),  # (never started)
+        "OTEL_METRICS_EXPORTER": "none", "OTEL_EXPORTER_OTLP_TIMEOUT": "1",
+    }
+    register(client, environ, tmp_path)
+    run_one_span(client)
+    state = wait_for_export(client, timeout=20)
+    assert state.open == 0 and state.handed_over == 1
+    # (the dask span and its prefix span)
+    assert state.traces_delivered == 0 and state.traces_failed == 2
+    assert state.flushed is False
+
+
+@pytest.mark.cluster  # (a LocalCluster)
+def test_with_the_collector_up_delivered_spans_and_points_are_counted(
+    client, tmp_path, otlp_receiver
+):
+    register(client, otlp_grpc_env(otlp_receiver), tmp_path)
+    run_one_span(client)
+    state = wait_for_export(client, timeout=20)
+    assert state.flushed is True and state.open == 0 and state.handed_over == 1
+    assert state.traces_delivered == 2 == len(otlp_receiver.spans())
+    assert state.traces_failed == 0 and state.metrics_failed == 0
+    assert state.metrics_delivered > 0
+    assert state.traces_to == f"OTLP grpc to {otlp_receiver.endpoint}"
+
+
+def test_every_state_has_the_documented_fields():
+    documented = {"traces_to", "metrics_to", "export_process", "open", "handed_over",
+                  "traces_delivered", "traces_failed", "metrics_delivered",
+                  "metrics_failed", "flushed"}
+    assert {f.name for f in dataclasses.fields(ExportState)} == documented
+    assert all(f"{name}:" in ExportState.__doc__ or f"{name}," in ExportState.__doc__
+               for name in documented)

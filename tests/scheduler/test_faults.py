@@ -1,0 +1,181 @@
+"""Faults on in-process clusters: a collector that is down, goes away and comes back,
+or is slow; a client that disconnects inside a block; the plugin registered twice or
+late; ``client.restart()``. (A worker killed inside a span and the scheduler's
+shutdown, in real processes: processes/test_process_faults.py.)"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import warnings
+
+import pytest
+from distributed import Client, wait
+from distributed.utils_test import gen_cluster, inc, slowinc
+from support.plugin import install, plugin_of
+from support.polling import async_wait_for
+from support.processes import free_port
+from support.providers import MemoryProviders
+from support.receivers import RECEIVER_THREADS, OTLPReceiver
+
+from dask_otel_spans import OTelSpansPlugin, names, span
+
+
+def env_plugin(endpoint: str, timeout_s: int = 1) -> OTelSpansPlugin:
+    """Exporting in the scheduler process, whose providers' health the tests read
+    (the export process has its own: transport/test_export_process.py)."""
+    return OTelSpansPlugin(
+        environ={
+            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+            "OTEL_EXPORTER_OTLP_INSECURE": "true",
+            "OTEL_EXPORTER_OTLP_TIMEOUT": str(timeout_s),
+            "OTEL_BSP_SCHEDULE_DELAY": "50",
+            "OTEL_METRIC_EXPORT_INTERVAL": "200",
+        },
+        use_global_providers=False, export_process=False,
+        export_delay=0.1, idle_timeout=1.0,
+    )
+
+
+@gen_cluster(client=True, clean_kwargs=RECEIVER_THREADS, timeout=120)
+async def test_collector_down_then_up_then_away_and_back(c, s, a, b, caplog):
+    caplog.set_level(logging.WARNING)
+    port = free_port()
+    plugin = env_plugin(f"http://127.0.0.1:{port}")
+    await c.register_plugin(plugin)
+    [trace_health] = [h for h in plugin.transport.session.pipeline.providers.health if h.signal == "traces"]
+    # 1. collector down from the start
+    for i in range(3):
+        with span(f"down-{i}"):
+            assert await c.submit(inc, i, key=f"down-{i}") == i + 1
+    await async_wait_for(lambda: trace_health.dropped >= 3, timeout=30)
+    assert trace_health.down
+    # 2. it comes up: later spans arrive
+    receiver = OTLPReceiver(port=port).start()
+    with span("after-recovery"):
+        await c.submit(inc, 10, key="up-1")
+    await async_wait_for(
+        lambda: any(sp["name"] == "after-recovery" for sp in receiver.spans()),
+        timeout=60,
+    )
+    # (the receiver holds the spans before its answer reaches the exporter)
+    await async_wait_for(lambda: not trace_health.down, timeout=30)
+    # 3. it goes away mid-workflow and comes back
+    receiver.stop()
+    with span("while-away"):
+        await c.submit(inc, 20, key="away-1")
+    await async_wait_for(lambda: trace_health.down, timeout=30)
+    receiver = OTLPReceiver(port=port).start()
+    with span("back-again"):
+        await c.submit(inc, 30, key="back-1")
+    await async_wait_for(
+        lambda: any(sp["name"] == "back-again" for sp in receiver.spans()),
+        timeout=60,
+    )
+    max_call, dropped = plugin.loop_stats.max_seconds, trace_health.dropped
+    await plugin.close()
+    receiver.stop()
+    # one line per outage, one per recovery; the SDK's per-batch lines rate-limited
+    assert caplog.text.count("cannot export spans") == 2
+    assert caplog.text.count("export to") >= 2 and "recovered" in caplog.text
+    assert dropped >= 4
+    # export never ran on the event loop
+    assert max_call < 0.5
+
+
+@pytest.fixture
+def slow_receiver() -> OTLPReceiver:
+    """A collector that takes 2 s to answer each trace export."""
+    receiver = OTLPReceiver(delay=2.0).start()
+    yield receiver
+    receiver.stop()
+
+
+@gen_cluster(client=True, clean_kwargs=RECEIVER_THREADS, timeout=120)
+async def test_slow_collector_does_not_block_the_scheduler(c, s, a, b, slow_receiver):
+    plugin = env_plugin(slow_receiver.endpoint, timeout_s=10)
+    await c.register_plugin(plugin)
+    t0 = time.monotonic()
+    for i in range(5):
+        with span(f"slow-{i}"):
+            await wait(c.map(inc, range(10), key=[f"s{i}-{j}" for j in range(10)]))
+    workflow_s = time.monotonic() - t0
+    await async_wait_for(lambda: len(slow_receiver.spans()) >= 5, timeout=60)
+    max_call = plugin.loop_stats.max_seconds
+    await plugin.close()
+    # 5 exports of 2 s each happened while the workflow ran: it did not wait for them
+    assert workflow_s < 5.0
+    assert max_call < 0.5
+    assert {sp["name"] for sp in slow_receiver.spans()} >= {f"slow-{i}" for i in range(5)}
+
+
+@gen_cluster(client=True)
+async def test_client_disconnecting_inside_a_block(c, s, a, b):
+    memory = MemoryProviders()
+    await install(c, memory)
+    block = span("orphan")
+    block.__enter__()
+    try:
+        async with Client(s.address, asynchronous=True, set_as_default=False) as c2:
+            assert await c2.submit(inc, 1, key="task-1") == 2
+        await async_wait_for(lambda: memory.by_name("orphan"))
+    finally:
+        block.__exit__(None, None, None)
+    [orphan] = memory.by_name("orphan")
+    assert orphan.attributes[names.SPAN_CLOSE_REASON] == names.CLOSE_REASON_CLIENT_GONE
+    assert orphan.attributes[names.SPAN_TASK_COUNT] == 1
+    await asyncio.sleep(0.5)
+    assert len(memory.by_name("orphan")) == 1
+
+
+@gen_cluster(client=True)
+async def test_registered_twice_hands_over_without_loss_or_duplicates(c, s, a, b):
+    memory = MemoryProviders()
+    first = await install(c, memory)
+    with span("first"):
+        await c.submit(inc, 1, key="inc-1")
+    await async_wait_for(lambda: memory.by_name("first"))
+    with span("across"):
+        slow = c.submit(slowinc, 1, delay=1.0, key="slow-1")
+        await async_wait_for(lambda: "slow-1" in s.tasks and s.tasks["slow-1"].state == "processing")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # distributed: "overwriting"
+            second = await install(c, memory)
+        await slow
+    await async_wait_for(lambda: memory.by_name("across"))
+    await asyncio.sleep(0.5)
+    assert plugin_of(s) is second and first.transport is None
+    assert first.transport is None and second.transport is not None
+    assert len(memory.by_name("across")) == 1
+    assert len(memory.by_name("first")) == 1
+    assert s.extensions["spans"].heartbeat.__wrapped__.__self__ is s.extensions["spans"]
+
+
+@gen_cluster(client=True)
+async def test_registered_while_spans_already_exist(c, s, a, b):
+    with span("early"):
+        slow = c.submit(slowinc, 1, delay=1.0, key="slow-1")
+        await async_wait_for(lambda: "slow-1" in s.tasks and s.tasks["slow-1"].state == "processing")
+        memory = MemoryProviders()
+        await install(c, memory)
+        await slow
+    await async_wait_for(lambda: memory.by_name("early"))
+    [early] = memory.by_name("early")
+    assert early.attributes[names.SPAN_TASK_COUNT] == 1
+
+
+@gen_cluster(client=True, Worker=__import__("distributed").Nanny, timeout=120)
+async def test_client_restart(c, s, a, b):
+    memory = MemoryProviders()
+    await install(c, memory)
+    with span("before restart"):
+        slow = c.submit(slowinc, 1, delay=30, key="slow-1")
+        await async_wait_for(lambda: "slow-1" in s.tasks and s.tasks["slow-1"].state == "processing")
+        await c.restart()
+        del slow
+    with span("after restart"):
+        assert await c.submit(inc, 1, key="inc-1") == 2
+    await async_wait_for(lambda: memory.by_name("before restart") and memory.by_name("after restart"), timeout=60)
+    await asyncio.sleep(0.5)
+    assert len(memory.by_name("before restart")) == 1
+    assert len(memory.by_name("after restart")) == 1

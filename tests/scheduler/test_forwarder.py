@@ -1,0 +1,400 @@
+"""The forwarder: what it sends of spans, graphs, close notices, task groups and
+heartbeat deltas, without a cluster (real ``Span`` objects, task groups and tasks
+standing in for the scheduler's)."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from distributed.spans import Span
+from support.stand_ins import Prefix, Recorder, Task, TaskGroup
+
+from dask_otel_spans.protocol.events import dispatch
+from dask_otel_spans.scheduler.forwarder import (
+    CLIENT_GONE,
+    GRAPH,
+    NOTICE,
+    SpanForwarder,
+)
+
+
+def task_group(name: str, span_id: str, running: int = 1, memory: int = 0) -> TaskGroup:
+    """The task group ``name`` of the span ``span_id``, ``running`` of its tasks
+    processing and ``memory`` in memory."""
+    return TaskGroup(Prefix(name.split("-")[0]), start=1.0, stop=2.0, nbytes_total=28,
+                     duration=0.5,
+                     states={"processing": running, "memory": memory, "erred": 0},
+                     name=name, span_id=span_id)
+
+
+class Sink:
+    """The transport's side: what was sent, in order."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[Any, ...]] = []
+
+    def send(self, messages: list) -> None:
+        self.items += messages
+
+    @property
+    def events(self) -> list[tuple[Any, ...]]:
+        return [item for item in self.items if item[0] in (GRAPH, NOTICE, CLIENT_GONE)]
+
+
+HISTORY = [(0.0, 4)]
+
+
+@pytest.fixture
+def tree() -> dict[str, Span]:
+    root = Span(("root",), "r", None, HISTORY)
+    child = Span(("root", "child"), "c", root, HISTORY)
+    root.children.append(child)
+    return {"r": root, "c": child}
+
+
+@pytest.fixture
+def sink() -> Sink:
+    return Sink()
+
+
+def forwarder_of(spans: dict, sink: Sink, tasks: dict | None = None) -> SpanForwarder:
+    forwarder = SpanForwarder(spans, tasks or {}, sink)
+    forwarder.n_known = 0
+    return forwarder
+
+
+def test_new_spans_are_forwarded_once_with_their_chain_in_creation_order(tree, sink):
+    forwarder = forwarder_of(tree, sink)
+    forwarder.tick(2)
+    forwarder.tick(2)
+    spans = [item for item in sink.items if item[0] == "span"]
+    assert [(s[1], s[2]) for s in spans] == [
+        (("r",), ("root",)), (("r", "c"), ("root", "child"))
+    ]
+
+
+def test_worker_count_is_forwarded_when_it_changes(tree, sink):
+    forwarder = forwarder_of(tree, sink)
+    for n in (2, 2, 3):
+        forwarder.tick(n)
+    assert [item for item in sink.items if item[0] == "workers"] == [
+        ("workers", 2), ("workers", 3)
+    ]
+
+
+def test_a_graph_is_forwarded_as_the_ids_of_its_spans_and_its_distinct_chains(tree, sink):
+    group = task_group("inc-1", "c")
+    tasks = {("inc-1", 0): Task(group), ("inc-1", 1): Task(group)}
+    forwarder = forwarder_of(tree, sink, tasks)
+    chain = {"r": {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}, "c": {}}
+    otel = {("inc-1", 0): chain, ("inc-1", 1): chain}
+    forwarder.pending.append((GRAPH, 10.0, "client-1", list(tasks), otel, None))
+    forwarder.tick(2)
+    assert sink.events == [("graph", 10.0, "client-1", ["c"], [chain], [])]
+    assert not forwarder.pending
+
+
+def test_notices_and_departed_clients_are_forwarded_as_they_came(tree, sink):
+    forwarder = forwarder_of(tree, sink)
+    notice = {"ids": ["r"], "name": ["root"], "opened": 1, "enter": 1, "exit": 2}
+    forwarder.pending.extend([(NOTICE, 5.0, notice), (CLIENT_GONE, 6.0, "client-1")])
+    forwarder.tick(2)
+    assert sink.events == [("notice", 5.0, notice), ("client-gone", 6.0, "client-1")]
+
+
+def test_a_touched_group_is_forwarded_running_then_done_with_its_figures(tree, sink):
+    group = task_group("inc-1", "c")
+    forwarder = forwarder_of(tree, sink)
+    forwarder.touched.add(group)
+    forwarder.tick(2)
+    group.states.update(processing=0, memory=1)
+    forwarder.touched.add(group)
+    forwarder.tick(2)
+    groups = [item for item in sink.items if item[0] in ("run", "done")]
+    assert groups == [
+        ("run", "c", id(group), "inc"),
+        ("done", "c", id(group), ("inc", 1.0, 2.0, 28, 0.5, 1, 0, 0.0, 0.0)),
+    ]
+
+
+def test_a_done_group_carries_the_compute_times_of_its_erred_tasks(tree, sink):
+    """Under ``task-spans: none`` too: dask's TaskGroup counts them in no
+    ``start`` or ``stop``; the transition hook hands them to the sampler."""
+    group = task_group("div-1", "c", running=0, memory=0)
+    group.start = group.stop = 0.0  # (no task of it finished)
+    forwarder = forwarder_of(tree, sink)  # (its sampler keeps no task)
+    for key, start, stop in [("div-1-0", 3.0, 3.5), ("div-1-1", 2.5, 3.2)]:
+        forwarder.sampler.erred(group, key, {"startstops": [
+            {"action": "compute", "start": start, "stop": stop}
+        ]})
+    forwarder.erred[group] = 2
+    forwarder.touched.add(group)
+    forwarder.tick(2)
+    (done,) = [item for item in sink.items if item[0] == "done"]
+    assert done[3][1:3] == (0.0, 0.0) and done[3][-2:] == (2.5, 3.5)
+    assert forwarder.sampler.erred_windows == {}
+
+
+def test_a_group_touched_many_times_in_a_tick_is_forwarded_once(tree, sink):
+    group = task_group("inc-1", "c", running=0, memory=3)
+    forwarder = forwarder_of(tree, sink)
+    for _ in range(3):
+        forwarder.touched.add(group)
+    forwarder.tick(2)
+    assert [item[0] for item in sink.items if item[0] in ("run", "done")] == ["done"]
+
+
+def test_adoption_forwards_running_spans_with_ancestors_groups_and_metrics(sink):
+    root = Span(("root",), "r", None, HISTORY)
+    running = Span(("root", "running"), "a", root, HISTORY)
+    finished = Span(("old",), "o", None, HISTORY)
+    running.groups.add(task_group("inc-1", "a"))
+    finished.groups.add(task_group("inc-2", "o", running=0, memory=1))
+    running._cumulative_worker_metrics[("execute", "inc", "thread-cpu", "seconds")] = 2.0
+    spans = {"r": root, "a": running, "o": finished}
+    forwarder = SpanForwarder(spans, {}, sink)
+    for _ in forwarder.adopt():
+        pass
+    assert [item[0] for item in sink.items] == ["span", "span", "run", "metrics"]
+    assert sink.items[0][1] == ("r",) and sink.items[1][1] == ("r", "a")
+    assert sink.items[3] == (
+        "metrics", "a", {("execute", "inc", "thread-cpu", "seconds"): 2.0}
+    )
+
+
+def test_adoption_for_a_new_process_forwards_again_the_done_spans_past_its_report(sink):
+    done = [Span((f"s{i}",), f"s{i}", None, HISTORY) for i in range(4)]
+    for i, span in enumerate(done):
+        span.groups.add(task_group(f"inc-{i}", span.id, running=0, memory=1))
+    child = Span(("s3", "child"), "c", done[3], HISTORY)  # done too, its parent as well
+    child.groups.add(task_group("inc-c", "c", running=0, memory=1))
+    spans = {span.id: span for span in [*done, child]}
+    forwarder = SpanForwarder(spans, {}, sink)
+    for _ in forwarder.adopt(resend_from=3):
+        pass
+    # the spans at places 3 and 4, alone, each with its place and its done group
+    assert [(item[1], item[5]) for item in sink.items if item[0] == "span"] == [
+        (("s3",), 3), (("s3", "c"), 4)
+    ]
+    assert [item[:2] for item in sink.items if item[0] == "done"] == [
+        ("done", "s3"), ("done", "c")
+    ]
+
+
+def test_adoption_at_start_leaves_done_spans_out(sink):
+    span = Span(("s",), "s", None, HISTORY)
+    span.groups.add(task_group("inc-1", "s", running=0, memory=1))
+    forwarder = SpanForwarder({"s": span}, {}, sink)
+    for _ in forwarder.adopt():
+        pass
+    assert sink.items == []
+
+
+def test_new_spans_carry_their_place_in_the_span_dict(tree, sink):
+    forwarder = forwarder_of(tree, sink)
+    forwarder.tick(2)
+    assert [item[5] for item in sink.items if item[0] == "span"] == [0, 1]
+
+
+def test_spans_of_before_the_forwarder_are_left_to_adoption(tree, sink):
+    forwarder = SpanForwarder(tree, {}, sink)
+    forwarder.tick(2)
+    assert [item for item in sink.items if item[0] == "span"] == []
+
+
+def test_a_new_copy_is_told_the_worker_count_after_adoption(tree, sink):
+    forwarder = forwarder_of(tree, sink)
+    forwarder.tick(2)
+    sink.items.clear()
+    for _ in forwarder.adopt():  # (a new export process: it knows nothing)
+        pass
+    forwarder.tick(2)
+    assert ("workers", 2) in sink.items
+
+
+def test_a_tick_pauses_every_step_and_forwards_all(sink):
+    spans = {f"s{i}": Span((f"s{i}",), f"s{i}", None, HISTORY) for i in range(600)}
+    forwarder = forwarder_of(spans, sink)
+    pauses = sum(1 for _ in forwarder.tick_steps(2))
+    assert pauses >= 2
+    assert [item[5] for item in sink.items if item[0] == "span"] == list(range(600))
+
+
+def test_a_span_made_during_a_pause_is_forwarded_before_its_group(sink):
+    spans = {f"s{i}": Span((f"s{i}",), f"s{i}", None, HISTORY) for i in range(300)}
+    forwarder = forwarder_of(spans, sink)
+    steps = forwarder.tick_steps(2)
+    next(steps)  # paused after the first spans
+    late = Span(("late",), "late", None, HISTORY)
+    spans["late"] = late
+    group = task_group("inc-9", "late", running=0, memory=1)
+    forwarder.touched.add(group)
+    for _ in steps:
+        pass
+    kinds = [(item[0], item[1]) for item in sink.items if item[0] in ("span", "done")]
+    assert kinds.index(("span", ("late",))) < kinds.index(("done", "late"))
+
+
+def test_spans_a_heartbeat_forwarded_during_a_pause_are_not_forwarded_again(sink):
+    spans = {f"s{i}": Span((f"s{i}",), f"s{i}", None, HISTORY) for i in range(600)}
+    forwarder = forwarder_of(spans, sink)
+    steps = forwarder.tick_steps(2)
+    next(steps)
+    forwarder.forward_deltas({})  # (the heartbeat wrapper: the spans, then deltas)
+    for _ in steps:
+        pass
+    assert [item[5] for item in sink.items if item[0] == "span"] == list(range(600))
+
+
+def test_a_group_still_running_is_not_forwarded_again_at_each_tick(tree, sink):
+    group = task_group("inc-1", "c")
+    forwarder = forwarder_of(tree, sink)
+    for _ in range(3):  # tasks of the group start and settle, tick after tick
+        forwarder.touched.add(group)
+        forwarder.tick(2)
+    group.states.update(processing=0, memory=5)
+    forwarder.touched.add(group)
+    forwarder.tick(2)
+    assert [item[0] for item in sink.items if item[0] in ("run", "done")] == [
+        "run", "done"
+    ]
+    assert forwarder.running_forwarded == set()
+
+
+def test_a_group_that_runs_again_after_it_was_done_is_forwarded_running_again(
+    tree, sink
+):
+    group = task_group("inc-1", "c")
+    forwarder = forwarder_of(tree, sink)
+    for running, memory in ((1, 0), (0, 1), (1, 1), (0, 2)):
+        group.states.update(processing=running, memory=memory)
+        forwarder.touched.add(group)
+        forwarder.tick(2)
+    assert [item[0] for item in sink.items if item[0] in ("run", "done")] == [
+        "run", "done", "run", "done"
+    ]
+
+
+def test_after_an_adoption_a_running_group_is_forwarded_running_again(tree, sink):
+    group = task_group("inc-1", "c")
+    forwarder = forwarder_of(tree, sink)
+    forwarder.touched.add(group)
+    forwarder.tick(2)
+    for _ in forwarder.adopt():  # (a new export process; the group is not in the
+        pass                     # span's groups here, so adoption does not send it)
+    sink.items.clear()
+    forwarder.touched.add(group)
+    forwarder.tick(2)
+    assert ("run", "c", id(group), "inc") in sink.items
+
+
+def test_a_tick_pauses_among_many_groups_it_need_not_forward(sink):
+    spans = {"s": Span(("s",), "s", None, HISTORY)}
+    groups = [task_group(f"inc-{i}", "s") for i in range(600)]
+    forwarder = forwarder_of(spans, sink)
+    forwarder.touched.update(groups)
+    forwarder.tick(2)
+    forwarder.touched.update(groups)  # still running: nothing to forward
+    pauses = sum(1 for _ in forwarder.tick_steps(2))
+    assert pauses >= 2
+    assert len([item for item in sink.items if item[0] == "run"]) == 600
+
+
+def test_an_adoption_counts_the_spans_it_forwards_to_the_new_process(tree, sink):
+    forwarder = forwarder_of(tree, sink)
+    forwarder.tick(2)  # both spans, to the first export process
+    for span in tree.values():
+        span.groups.add(task_group(f"inc-{span.id}", span.id))  # still running
+    for _ in forwarder.adopt():  # a second export process
+        pass
+    assert forwarder.forwarded_spans == 4
+    # what the second one was sent: the 2 running spans, again
+    assert forwarder.forwarded_spans - forwarder.forwarded_before_adoption == 2
+
+
+def test_a_running_group_an_adoption_sent_is_not_sent_again_while_it_runs(sink):
+    span = Span(("s",), "s", None, HISTORY)
+    group = task_group("inc-1", "s")
+    span.groups.add(group)
+    forwarder = SpanForwarder({"s": span}, {}, sink)
+    for _ in forwarder.adopt():
+        pass
+    forwarder.touched.add(group)  # a task of it started or settled: still running
+    forwarder.tick(2)
+    assert [item[0] for item in sink.items if item[0] in ("run", "done")] == ["run"]
+
+
+def test_deltas_are_forwarded_after_the_spans_they_name(tree, sink):
+    forwarder = forwarder_of(tree, sink)
+    deltas = {("execute", "c", "inc", "thread-cpu", "seconds"): 1.5}
+    forwarder.forward_deltas(deltas)
+    assert [item[0] for item in sink.items] == ["span", "span", "deltas"]
+    assert sink.items[-1] == ("deltas", deltas)
+
+
+def test_two_groups_of_one_name_in_a_span_are_told_apart(tree, sink):
+    """A task group forgotten, and a new one of the same name in the same span (as
+    a second ``submit`` of ``inc`` after the first's results were released)."""
+    first, second = task_group("inc", "c", running=0, memory=1), task_group("inc", "c")
+    tree["c"].groups.update((first, second))
+    forwarder = forwarder_of(tree, sink)
+    forwarder.touched.update((first, second))
+    forwarder.tick(2)
+    sent = {item[2] for item in sink.items if item[0] in ("run", "done")}
+    assert sent == {id(first), id(second)}
+
+
+def test_code_is_forwarded_once_per_snippet_with_include_code(tree, sink):
+    tree["c"]._code[("snippet-1",)] = None
+    group = task_group("inc-1", "c")
+    tasks = {"inc-1": Task(group)}
+    forwarder = SpanForwarder(tree, tasks, sink, include_code=True)
+    forwarder.n_known = 0
+    for _ in range(2):
+        forwarder.pending.append((GRAPH, 1.0, None, ["inc-1"], None, None))
+        forwarder.tick(2)
+    tree["c"]._code[("snippet-2",)] = None
+    forwarder.pending.append((GRAPH, 2.0, None, ["inc-1"], None, None))
+    forwarder.tick(2)
+    assert [item for item in sink.items if item[0] == "code"] == [
+        ("code", "c", (("snippet-1",),)), ("code", "c", (("snippet-2",),)),
+    ]
+
+
+def test_every_message_the_forwarder_sends_is_of_the_protocol(tree, sink):
+    group = task_group("inc-1", "c")
+    tasks = {"inc-1": Task(group)}
+    forwarder = forwarder_of(tree, sink, tasks)
+    forwarder.include_code = True
+    tree["c"]._code[("snippet",)] = None
+    tree["c"].groups.add(group)
+    tree["c"]._cumulative_worker_metrics[("execute", "inc", "x", "count")] = 1
+    forwarder.pending.extend([
+        (GRAPH, 1.0, "c1", ["inc-1"], {"inc-1": {"c": {}}}, None),
+        (NOTICE, 2.0, {"ids": ["c"]}), (CLIENT_GONE, 3.0, "c1"),
+    ])
+    forwarder.touched.add(group)
+    forwarder.tick(2)
+    forwarder.forward_deltas({("execute", "c", "inc", "x", "count"): 1})
+    for _ in forwarder.adopt():
+        pass
+    recorder = Recorder()
+    for message in sink.items:
+        dispatch(recorder, message)
+    assert {name for name, _ in recorder.calls} == {
+        "on_worker_count", "on_span", "on_graph", "on_close_notice",
+        "on_client_gone", "on_group_running", "on_span_deltas", "on_span_code",
+        "on_span_metrics",
+    }
+
+
+def test_errors_are_forwarded_as_they_were_counted_before_the_groups(tree, sink):
+    group = task_group("div-1", "c", running=0, memory=0)
+    forwarder = forwarder_of(tree, sink)
+    forwarder.erred[group] = 3  # (the transition hook counts tasks that err)
+    forwarder.touched.add(group)
+    forwarder.tick(2)
+    kinds = [item[0] for item in sink.items if item[0] in ("erred", "done")]
+    assert kinds == ["erred", "done"]
+    assert ("erred", "c", id(group), 3) in sink.items
+    assert forwarder.erred == {}

@@ -1,0 +1,139 @@
+"""Provider resolution: argument, then global, then OTEL_* variables, then default."""
+from __future__ import annotations
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.trace import TracerProvider
+from support.polling import wait_for
+from support.processes import otlp_grpc_env
+
+from dask_otel_spans import names
+from dask_otel_spans.export.metrics import DaskInstruments, SeriesCap, SpanNameCap
+from dask_otel_spans.sdk.otlp import (
+    ConfigurationError,
+    otlp_exporter_kwargs,
+    parse_headers,
+)
+from dask_otel_spans.sdk.providers import build_resource, resolve_providers
+
+
+def _shutdown(p):
+    for provider in p.owned:
+        provider.shutdown()
+
+
+def test_unconfigured_environment_uses_embedded_files(tmp_path):
+    p = resolve_providers(environ={}, output_dir=str(tmp_path), use_global=False)
+    try:
+        assert p.traces_to == str(tmp_path / "traces.jsonl")
+        assert p.metrics_to == str(tmp_path / "metrics.jsonl")
+        assert len(p.owned) == 2
+    finally:
+        _shutdown(p)
+
+
+def test_explicit_providers_win_and_are_not_owned():
+    tp, mp = TracerProvider(), MeterProvider()
+    p = resolve_providers(tracer_provider=tp, meter_provider=mp, environ={})
+    assert (p.tracer_provider, p.meter_provider, p.owned) == (tp, mp, [])
+
+
+def test_none_exporter_disables_a_signal(tmp_path):
+    env = {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "console"}
+    p = resolve_providers(environ=env, output_dir=str(tmp_path), use_global=False)
+    try:
+        assert p.tracer_provider is None
+        assert p.metrics_to == "the console"
+    finally:
+        _shutdown(p)
+
+
+def test_otlp_endpoint_alone_selects_otlp_grpc():
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317"}
+    p = resolve_providers(environ=env, use_global=False)
+    try:
+        assert p.traces_to == "OTLP grpc to http://127.0.0.1:4317"
+    finally:
+        _shutdown(p)
+
+
+def test_unknown_exporter_is_a_configuration_error():
+    with pytest.raises(ConfigurationError):
+        resolve_providers(environ={"OTEL_TRACES_EXPORTER": "zipkin-v9"}, use_global=False)
+
+
+def test_http_generic_endpoint_gets_signal_path():
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector:4318/"}
+    kw = otlp_exporter_kwargs(env, "TRACES", "http/protobuf")
+    assert kw["endpoint"] == "https://collector:4318/v1/traces"
+    assert otlp_exporter_kwargs(env, "METRICS", "http/protobuf")["endpoint"] == (
+        "https://collector:4318/v1/metrics"
+    )
+
+
+def test_signal_specific_settings_win():
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://a:4317",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://b:4317",
+        "OTEL_EXPORTER_OTLP_HEADERS": "api-key=generic",
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "api-key=traces",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "3",
+    }
+    kw = otlp_exporter_kwargs(env, "TRACES", "grpc")
+    assert kw["endpoint"] == "http://b:4317"
+    assert kw["headers"] == {"api-key": "traces"}
+    assert kw["timeout"] == 3.0
+
+
+def test_grpc_exporter_reconnects_within_seconds():
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://a:4317"}
+    exporter = OTLPSpanExporter(**otlp_exporter_kwargs(env, "TRACES", "grpc"))
+    options = dict(exporter._channel_options)
+    assert options["grpc.max_reconnect_backoff_ms"] <= 5000
+    assert "grpc.primary_user_agent" in options  # the SDK's own options are kept
+    exporter.shutdown()
+
+
+def test_headers_are_url_decoded_and_malformed_items_skipped():
+    assert parse_headers("Api-Key=a%20b,broken,x=1=2") == {"api-key": "a b", "x": "1=2"}
+
+
+def test_resource_defaults_and_overrides():
+    r = build_resource({}, "tcp://10.0.0.1:8786")
+    assert r.attributes[names.SERVICE_NAME] == "dask-scheduler"
+    assert r.attributes[names.SCHEDULER_ADDRESS] == "tcp://10.0.0.1:8786"
+    r = build_resource(
+        {"OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod,service.name=x"}
+    )
+    assert r.attributes["deployment.environment"] == "prod"
+    assert r.attributes[names.SERVICE_NAME] == "x"
+    r = build_resource(
+        {"OTEL_SERVICE_NAME": "etl", "OTEL_RESOURCE_ATTRIBUTES": "service.name=x"}
+    )
+    assert r.attributes[names.SERVICE_NAME] == "etl"
+
+
+def test_built_meter_provider_keeps_max_series_above_the_sdk_default(otlp_receiver):
+    # 2,400 series with max-series 3,000: a provider built by the package lets all
+    # of them through to a real OTLP receiver (the SDK's default limit is 2,000)
+    p = resolve_providers(
+        environ=otlp_grpc_env(otlp_receiver), use_global=False, metric_series_limit=3000
+    )
+    try:
+        meter = p.meter_provider.get_meter(names.INSTRUMENTATION_SCOPE)
+        instruments = DaskInstruments(meter, SpanNameCap(None, 1000), SeriesCap(3000))
+        for i in range(400):
+            instruments.add_span_deltas(
+                {("execute", f"s{i}", "inc", f"activity-{a}", "seconds"): 1.0
+                 for a in range(6)},
+                {f"s{i}": (f"workflow-{i}",)},
+            )
+        instruments.send()
+        p.meter_provider.force_flush()
+        sums = wait_for(lambda: otlp_receiver.latest_sums(names.SPAN_ACTIVITY_TIME))
+    finally:
+        _shutdown(p)
+    assert len(sums) == 2400
+    assert not [attrs for attrs in sums if "otel.metric.overflow" in dict(attrs)]
