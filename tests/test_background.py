@@ -1,22 +1,35 @@
-"""The background queue's batches: one queue operation, items handled one by one."""
+"""The engine thread (``QueueThread``): batches are one queue operation, their items
+handled one by one; due work runs when its wait runs out and before a flush ends."""
 from __future__ import annotations
 
-from dask_otel_spans.background import BackgroundQueue
+import pytest
+
+from dask_otel_spans.background import QueueThread
 
 
-class Recording(BackgroundQueue):
-    def __init__(self, maxsize: int = 0):
-        super().__init__("test-queue", maxsize, "items")
+class Recording:
+    """A handler that records what it is given; ``"fails"`` raises."""
+
+    def __init__(self) -> None:
         self.handled: list = []
+        self.due = 0
 
     def handle(self, item):
         if item == "fails":
             raise ValueError(item)
         self.handled.append(item)
 
+    def run_due(self):
+        self.due += 1
 
-def test_items_put_together_are_handled_one_by_one_in_order():
-    q = Recording()
+
+@pytest.fixture
+def recording():
+    return Recording()
+
+
+def test_items_put_together_are_handled_one_by_one_in_order(recording):
+    q = QueueThread("test-queue", recording.handle)
     q.start()
     try:
         q.put("first")
@@ -25,18 +38,29 @@ def test_items_put_together_are_handled_one_by_one_in_order():
         assert q.flush(10)
     finally:
         q.stop(10)
-    assert q.handled == ["first", "a", "b", "last"]  # a failing item stops no other
+    assert recording.handled == ["first", "a", "b", "last"]  # a failing item stops no other
 
 
-def test_items_put_together_into_a_full_queue_are_each_counted_as_dropped():
-    q = Recording(maxsize=1)  # not started: the queue stays full
+def test_items_put_together_into_a_full_queue_are_each_counted_as_dropped(recording):
+    q = QueueThread("test-queue", recording.handle, maxsize=1)  # not started: stays full
     assert q.put("fills it")
     assert not q.put_many(["a", "b", "c"])
     assert not q.put("d")
     assert q.dropped == 4
 
 
-def test_an_empty_batch_takes_no_place_in_the_queue():
-    q = Recording(maxsize=1)
+def test_an_empty_batch_takes_no_place_in_the_queue(recording):
+    q = QueueThread("test-queue", recording.handle, maxsize=1)
     assert q.put_many([])
     assert q.put("still fits")  # (the empty batch took no place)
+
+
+def test_due_work_runs_before_a_flush_ends(recording):
+    q = QueueThread("test-queue", recording.handle, due=recording.run_due)
+    q.start()
+    try:
+        q.put("item")
+        assert q.flush(10)
+        assert recording.due == 1 and recording.handled == ["item"]
+    finally:
+        q.stop(10)

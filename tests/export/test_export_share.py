@@ -99,7 +99,7 @@ async def test_the_plugin_says_once_that_the_export_process_would_help(
         for i in range(3):
             with span(f"work-{i}"):
                 await c.submit(inc, i, key=f"w-{i}")
-        await async_wait_for(lambda: plugin.emitted_count >= 3, timeout=30)
+        await async_wait_for(lambda: plugin.ended_count >= 3, timeout=30)
         await async_wait_for(lambda: session.share_watch.reported, timeout=30)
         await plugin.close()
     advice = [r for r in caplog.records if "export-process: auto (the default) moves" in r.getMessage()]

@@ -160,7 +160,7 @@ def test_span_name_is_cut_to_max_length():
 def test_emitted_span_records_duration_idle_and_active(memory, instruments):
     instruments.span_opened(("wf",))
     instruments.send()
-    instruments.span_emitted(("wf",), 2.5, 0.75, True)
+    instruments.span_ended(("wf",), 2.5, 0.75, True)
     instruments.send()
     [(_, attrs, total)] = memory.points(names.SPAN_DURATION)
     assert total == 2.5
@@ -176,12 +176,12 @@ def test_pump_records_on_its_thread_and_flushes(memory, instruments):
     pump = MetricsPump(instruments, max_queue_size=100)
     pump.start()
     try:
-        pump.submit("add_worker_deltas", {("get-data", "network", "seconds"): 1.0})
+        pump.submit(DaskInstruments.add_worker_deltas, {("get-data", "network", "seconds"): 1.0})
         assert pump.flush(5)
         assert memory.points(names.WORKER_ACTIVITY_TIME)[0][2] == 1.0
     finally:
         pump.stop()
-    assert not pump.running
+    assert not pump.thread.running
 
 
 def test_pump_sends_the_sums_when_its_interval_runs_out(memory, instruments):
@@ -189,7 +189,7 @@ def test_pump_sends_the_sums_when_its_interval_runs_out(memory, instruments):
     pump.start()
     try:
         for _ in range(3):
-            pump.submit("add_worker_deltas", {("get-data", "network", "seconds"): 1.0})
+            pump.submit(DaskInstruments.add_worker_deltas, {("get-data", "network", "seconds"): 1.0})
         # no flush: the thread wakes up for the sums still unsent
         wait_for(lambda: memory.points(names.WORKER_ACTIVITY_TIME)
                  and memory.points(names.WORKER_ACTIVITY_TIME)[0][2] == 3.0, timeout=10)
@@ -201,7 +201,7 @@ def test_pump_sends_the_sums_when_its_interval_runs_out(memory, instruments):
 def test_pump_drops_and_counts_when_full(instruments):
     pump = MetricsPump(instruments, max_queue_size=2)  # not started: nothing drains
     for _ in range(5):
-        pump.submit("add_worker_deltas", {})
+        pump.submit(DaskInstruments.add_worker_deltas, {})
     assert pump.dropped == 3
 
 
@@ -270,7 +270,7 @@ def test_series_cap_also_bounds_the_span_duration_histogram(memory):
         meter, SpanNameCap(depth=None, max_names=1000), SeriesCap(max_series=10)
     )
     for i in range(50):
-        instruments.span_emitted((f"workflow-{i}",), 1.0, 0.0, False)
+        instruments.span_ended((f"workflow-{i}",), 1.0, 0.0, False)
     points = memory.points(names.SPAN_DURATION)
     assert len(points) <= 10
     assert sum(v for _, _, v in points) == pytest.approx(50.0)
@@ -293,7 +293,7 @@ def test_span_duration_buckets_suit_seconds(memory, instruments):
     # 0.3 s, 0.4 s, 45 s and 2 h: the SDK's default boundaries (meant for ms) would
     # put the first three in one bucket (0, 5]
     for duration in (0.3, 0.4, 45.0, 7200.0):
-        instruments.span_emitted(("wf",), duration, 0.0, False)
+        instruments.span_ended(("wf",), duration, 0.0, False)
     data = memory.metric_reader.get_metrics_data()
     [point] = [
         dp

@@ -11,6 +11,7 @@ from distributed.scheduler import TaskPrefix
 
 from dask_otel_spans import names
 from dask_otel_spans.config import PluginConfig
+from dask_otel_spans.export.metrics import DaskInstruments
 from dask_otel_spans.export.tracking.readiness import ReadinessTracker
 from dask_otel_spans.export.tracking.tree import SpanTree
 from dask_otel_spans.export.tracking.verdicts import Verdicts
@@ -27,7 +28,7 @@ class Feed:
     def __init__(self, config: PluginConfig = CONFIG):
         self.tree = SpanTree([])
         self.tracker = ReadinessTracker(
-            self.tree.spans, self.tree.chain_of, config, on_emitted=self.tree.forget
+            self.tree.spans, self.tree.chain_of, config, on_handed_over=self.tree.forget
         )
         self.emitted: list = []
         self.metric_calls: list = []
@@ -184,12 +185,12 @@ def test_close_emits_open_spans_as_incomplete(feed):
     assert feed.tracker.open_count == 0
 
 
-def test_a_span_opened_is_counted_once_before_its_emission(feed):
+def test_a_span_opened_is_counted_once_before_it_is_handed_over(feed):
     feed.span("s", at=0.0)
     feed.group("s", stop=1.0)
     feed.close("s", at=1.0)
     feed.run(2.1)
-    assert feed.metric_calls == [("span_opened", (("s",),))]
+    assert feed.metric_calls == [(DaskInstruments.span_opened, (("s",),))]
     assert feed.emitted[0].counted
 
 

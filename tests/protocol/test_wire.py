@@ -9,7 +9,6 @@ import pytest
 from dask_otel_spans.protocol.wire import (
     encode_batch,
     read_frame,
-    span_tags_of,
     write_frame,
 )
 
@@ -34,19 +33,6 @@ def test_frame_cut_short_is_eof():
     stream = io.BytesIO(stream.getvalue()[:-10])
     with pytest.raises(EOFError):
         read_frame(stream)
-
-
-def test_span_tags_of_names_only_the_spans_in_the_deltas():
-    tags = {ROOT_ID: ["wf"], CHILD_ID: ["wf", "child"], "other": ["x"]}
-    deltas = {
-        ("execute", CHILD_ID, "inc", "thread-cpu", "seconds"): 1.0,
-        ("execute", CHILD_ID, "inc", "thread-noncpu", "seconds"): 0.5,
-        ("execute", "unknown-id", "inc", "thread-cpu", "seconds"): 0.1,
-        ("execute", 42, "inc", "thread-cpu", "seconds"): 0.1,
-        "not a tuple": 1.0,
-        ("short",): 1.0,
-    }
-    assert span_tags_of(deltas, tags) == {CHILD_ID: ("wf", "child")}
 
 
 class Tag(str):

@@ -74,7 +74,7 @@ async def test_merged_spans_and_cumulative_metrics(c, s, a, b):
     key_b = ("execute", "slowdec", "thread-noncpu", "seconds")
     assert merged.cumulative_worker_metrics[key_a] == a_sp.cumulative_worker_metrics[key_a]
     assert merged.cumulative_worker_metrics[key_b] == b_sp.cumulative_worker_metrics[key_b]
-    assert plugin.emitted_count >= 2
+    assert plugin.ended_count >= 2
 
 
 @gen_cluster(client=True)
@@ -116,7 +116,7 @@ async def test_two_thousand_spans_in_one_graph(c, s, a, b):
     with span("total"):
         total = dask.delayed(sum)(outs, dask_key_name="total")
     assert await c.compute(total) == sum(range(1, n + 1))
-    await async_wait_for(lambda: plugin.emitted_count >= n + 1, timeout=180)
+    await async_wait_for(lambda: plugin.ended_count >= n + 1, timeout=180)
     await plugin.flush()
     assert plugin.open_span_count == 0
     assert not plugin.forwarder.pending

@@ -48,7 +48,7 @@ async def test_collector_down_then_up_then_away_and_back(c, s, a, b, caplog):
     for i in range(3):
         with span(f"down-{i}"):
             assert await c.submit(inc, i, key=f"down-{i}") == i + 1
-    await async_wait_for(lambda: trace_health.dropped >= 3, timeout=30)
+    await async_wait_for(lambda: trace_health.failed >= 3, timeout=30)
     assert trace_health.down
     # 2. it comes up: later spans arrive
     receiver = OTLPReceiver(port=port).start()
@@ -72,7 +72,7 @@ async def test_collector_down_then_up_then_away_and_back(c, s, a, b, caplog):
         lambda: any(sp["name"] == "back-again" for sp in receiver.spans()),
         timeout=60,
     )
-    max_call, dropped = plugin.loop_stats.max_seconds, trace_health.dropped
+    max_call, dropped = plugin.loop_stats.max_seconds, trace_health.failed
     await plugin.close()
     receiver.stop()
     # one line per outage, one per recovery; the SDK's per-batch lines rate-limited

@@ -378,7 +378,7 @@ async def test_close_undoes_heartbeat_wrapping(c, s, a, b):
     assert "heartbeat" not in ext.__dict__
     assert s.handlers["heartbeat_worker"] is original_handler
     assert plugin.transport is None
-    assert not session.running and not session.pipeline.emitter.running
+    assert not session.thread.running and not session.pipeline.emitter.thread.running
 
 
 @gen_cluster(client=True)
@@ -488,7 +488,7 @@ async def test_an_unsampled_client_trace_exports_no_span_but_counts_its_metrics(
     with trace.use_span(unsampled):
         with span("not sampled"):
             await c.submit(slowinc, 1, delay=0.05, key="slowinc-1")
-    await async_wait_for(lambda: plugin.emitted_count == 1)
+    await async_wait_for(lambda: plugin.ended_count == 1)
     await plugin.flush()
     assert memory.spans() == []
     await async_wait_for(lambda: [

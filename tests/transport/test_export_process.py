@@ -25,8 +25,9 @@ from support.providers import MemoryProviders
 from dask_otel_spans import OTelSpansPlugin, names, span
 from dask_otel_spans.config import PluginConfig
 from dask_otel_spans.sdk.otlpjson import latest_points, read_metric_points, read_spans
-from dask_otel_spans.transport.sender import EXPORT_PROCESS_NICE, ExportProcess
+from dask_otel_spans.transport.sender import ChildSender
 from dask_otel_spans.transport.spec import PipelineSpec
+from dask_otel_spans.transport.supervisor import EXPORT_PROCESS_NICE, ChildSupervisor
 
 
 async def install_process_plugin(c, output_dir, **settings) -> OTelSpansPlugin:
@@ -69,7 +70,7 @@ async def test_export_process_exports_spans_and_metrics(c, s, a, b, tmp_path):
     with span("workflow") as root_id:
         with span("load") as load_id:
             assert await c.gather(c.map(inc, range(8), key=[f"x-{i}" for i in range(8)])) == list(range(1, 9))
-    await async_wait_for(lambda: plugin.emitted_count >= 2, timeout=60)
+    await async_wait_for(lambda: plugin.ended_count >= 2, timeout=60)
     await plugin.flush()
     points = read_metric_points(str(tmp_path / "metrics.jsonl"))
     await plugin.close()
@@ -131,7 +132,7 @@ async def test_export_process_reports_its_memory(c, s, a, b, tmp_path, monkeypat
     stats = plugin.export_stats()
     rss = psutil.Process(child_pid(plugin)).memory_info().rss
     await plugin.close()
-    assert stats["exported"] >= 1
+    assert stats["ended"] >= 1
     # the child's own resident set, of the order psutil sees from outside
     assert 0.5 * rss < stats["rss_bytes"] < 2 * rss
     # Python's allocations still alive in the child: imports alone are megabytes
@@ -162,11 +163,11 @@ async def test_export_process_ends_with_the_plugin_and_exports_open_spans(
 async def test_killed_export_process_is_replaced(c, s, a, b, tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="dask_otel_spans")
     plugin = await install_process_plugin(c, tmp_path)
-    process = plugin.transport.process
-    first = process.pid
+    process = plugin.transport.sender
+    first = process.supervisor.pid
     with span("before"):
         await c.submit(inc, 1, key="b-1")
-    await async_wait_for(lambda: plugin.emitted_count >= 1, timeout=60)
+    await async_wait_for(lambda: plugin.ended_count >= 1, timeout=60)
     await plugin.flush()
     os.kill(first, signal.SIGKILL)
     # Dead for good: its pipes closed (the reader saw the end). A zombie main
@@ -176,12 +177,12 @@ async def test_killed_export_process_is_replaced(c, s, a, b, tmp_path, caplog):
                          in caplog.text)
     with span("after"):
         await c.submit(inc, 2, key="a-1")
-    await async_wait_for(lambda: process.restarts == 1, timeout=60)
+    await async_wait_for(lambda: process.supervisor.restarts == 1, timeout=60)
     await async_wait_for(lambda: plugin.handed_over_count >= 2, timeout=60)
     await plugin.flush()
     exported = exported_names(tmp_path)
-    second = process.pid
-    emitted = plugin.emitted_count
+    second = process.supervisor.pid
+    emitted = plugin.ended_count
     await plugin.close()
     assert {"before", "after"} <= exported
     assert emitted >= 2  # the dead child's count is kept
@@ -198,9 +199,9 @@ async def test_spans_sent_to_an_export_process_as_it_dies_are_sent_again(
     it; the new process gets those spans from the scheduler again."""
     caplog.set_level(logging.WARNING, logger="dask_otel_spans")
     plugin = await install_process_plugin(c, tmp_path)
-    process = plugin.transport.process
+    process = plugin.transport.sender
     await export_one_span(c, plugin, "before")
-    first = process.pid
+    first = process.supervisor.pid
     os.kill(first, signal.SIGSTOP)  # it reads no more
     with span("into the pipe"):
         await c.submit(inc, 2, key="p-1")
@@ -263,7 +264,7 @@ async def test_export_process_that_cannot_start_leaves_export_in_the_scheduler(
     assert plugin.destinations["export_process"] is False
     with span("in the scheduler"):
         await c.submit(inc, 1, key="i-1")
-    await async_wait_for(lambda: plugin.emitted_count >= 1, timeout=60)
+    await async_wait_for(lambda: plugin.ended_count >= 1, timeout=60)
     await plugin.close()
     assert "the export process did not start" in caplog.text
     assert "in the scheduler" in exported_names(tmp_path)
@@ -309,8 +310,8 @@ async def test_a_providers_factory_that_fails_in_the_export_process_is_one_error
 
 
 def test_messages_past_the_budget_are_dropped_counted_and_said_once(caplog):
-    process = ExportProcess(PipelineSpec(PluginConfig.from_dask_config()), budget=5, nice=10,
-                            cpu_policy="idle")
+    process = ChildSender(ChildSupervisor(PipelineSpec(PluginConfig.from_dask_config()),
+                                          nice=10, cpu_policy="idle"), budget=5)
     # (no sender thread: everything sent waits)
     with caplog.at_level(logging.WARNING, logger="dask_otel_spans"):
         process.send([("workers", 1)] * 4)
@@ -325,16 +326,17 @@ def test_messages_past_the_budget_are_dropped_counted_and_said_once(caplog):
 
 @pytest.mark.cluster  # (an export process)
 def test_flush_after_the_export_process_is_gone_for_good_returns_false(tmp_path):
-    process = ExportProcess(
+    supervisor = ChildSupervisor(
         PipelineSpec(PluginConfig.from_dask_config(output_dir=str(tmp_path)), environ={}),
         max_restarts=0,
     )
-    process.launch()
-    pid = process.pid
+    supervisor.launch()
+    pid = supervisor.pid
+    process = ChildSender(supervisor)
     process.start()
     try:
         os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: not process.child_running)
+        wait_for(lambda: not supervisor.child_running)
         process.send([("worker-deltas", {("gather-dep", "seconds"): 1.0})])
         assert process.flush(10) is False
         # (the reader's end of the pipe can fail the flush before the sender
@@ -407,10 +409,11 @@ def notice(name: str, **extra) -> tuple:
 @pytest.fixture
 def file_export_process(tmp_path):
     """An export process writing OTLP-JSON files to ``tmp_path``, started."""
-    process = ExportProcess(
+    supervisor = ChildSupervisor(
         PipelineSpec(PluginConfig.from_dask_config(output_dir=str(tmp_path)), environ={})
     )
-    process.launch()
+    supervisor.launch()
+    process = ChildSender(supervisor)
     process.start()
     yield process
     process.stop(10)
@@ -479,7 +482,7 @@ async def test_registered_again_with_the_same_settings_keeps_its_export_process(
     c, s, a, b, tmp_path
 ):
     first = await install_process_plugin(c, tmp_path)
-    child = first.transport.process
+    child = first.transport.sender
     with span("parent"):
         with span("child"):
             await c.submit(inc, 1, key="child-1")
@@ -492,8 +495,8 @@ async def test_registered_again_with_the_same_settings_keeps_its_export_process(
         await c.submit(inc, 2, key="parent-1")
     await async_wait_for(lambda: second.handed_over_count >= 1, timeout=60)
     await second.flush()
-    assert second.transport.process is child and first.transport is None
-    assert child.pid is not None and psutil.pid_exists(child.pid)
+    assert second.transport.sender is child and first.transport is None
+    assert child.supervisor.pid is not None and psutil.pid_exists(child.supervisor.pid)
     await second.close()
     spans = {sp["name"]: sp for sp in exported_spans(tmp_path)}
     # the parent's subtree totals count the child emitted before the hand-over
@@ -558,7 +561,7 @@ async def test_export_process_runs_its_nice_levels_below_the_scheduler(
 def test_export_process_cpu_policy_sets_its_scheduling_policy(
     tmp_path, nice, policy, expected
 ):
-    process = ExportProcess(
+    process = ChildSupervisor(
         PipelineSpec(PluginConfig.from_dask_config(output_dir=str(tmp_path)), environ={}),
         nice=nice, cpu_policy=policy,
     )
@@ -575,7 +578,7 @@ def test_export_process_cpu_policy_sets_its_scheduling_policy(
 @pytest.mark.cluster  # (an export process)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_export_process_nice_0_keeps_the_scheduler_priority(tmp_path):
-    process = ExportProcess(
+    process = ChildSupervisor(
         PipelineSpec(PluginConfig.from_dask_config(output_dir=str(tmp_path)), environ={}), nice=0
     )
     process.launch()
@@ -590,10 +593,11 @@ def test_export_process_nice_0_keeps_the_scheduler_priority(tmp_path):
 def test_export_process_leaves_its_setup_out_of_garbage_collections(tmp_path):
     from dask_otel_spans.transport.child import YOUNG_GC_THRESHOLD
 
-    process = ExportProcess(
+    supervisor = ChildSupervisor(
         PipelineSpec(PluginConfig.from_dask_config(output_dir=str(tmp_path)), environ={})
     )
-    process.launch()
+    supervisor.launch()
+    process = ChildSender(supervisor)
     process.start()
     try:
         assert process.flush(30)
@@ -651,7 +655,7 @@ async def test_past_the_budget_a_stopped_export_process_drops_the_newest_and_say
     stopped, running = run_while_stopped(c, plugin, 150)
     await running
     # the backlog drains: what was kept arrives, then new spans flow again
-    await async_wait_for(lambda: plugin.transport.process.waiting == 0)
+    await async_wait_for(lambda: plugin.transport.sender.waiting == 0)
     await export_one_span(c, plugin, "after")
     await async_wait_for(lambda: "after" in exported_names(tmp_path), timeout=60)
     dropped = plugin.export_stats()["dropped_by_kind"]

@@ -6,8 +6,8 @@ import uuid
 from opentelemetry import trace
 
 from dask_otel_spans.protocol.propagation import otel_trace_id, prefix_span_id
-from dask_otel_spans.worker.context import TaskContexts
 from dask_otel_spans.worker import context as task_context
+from dask_otel_spans.worker.context import TaskContexts
 
 ROOT, CHILD = str(uuid.uuid4()), str(uuid.uuid4())
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
