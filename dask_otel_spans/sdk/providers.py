@@ -144,16 +144,23 @@ def check_environ(environ: Mapping[str, str]) -> None:
             continue
         check_otlp_settings(environ, signal)
     for variable in ("OTEL_METRIC_EXPORT_INTERVAL", "OTEL_BSP_SCHEDULE_DELAY"):
-        value = environ.get(variable)
-        if value:
-            try:
-                ok = float(value) >= 0
-            except ValueError:
-                ok = False
-            if not ok:
-                raise ConfigurationError(
-                    f"{variable}={value!r} is not a non-negative number of milliseconds"
-                )
+        check_millis(environ, variable)
+
+
+def check_millis(environ: Mapping[str, str], variable: str) -> None:
+    """Raise :class:`ConfigurationError` when ``variable`` is set and not a
+    non-negative number of milliseconds."""
+    value = environ.get(variable)
+    if not value:
+        return
+    try:
+        ok = float(value) >= 0
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ConfigurationError(
+            f"{variable}={value!r} is not a non-negative number of milliseconds"
+        )
 
 
 def exporter_names(environ: Mapping[str, str], variable: str) -> list[str]:

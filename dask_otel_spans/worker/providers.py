@@ -30,6 +30,7 @@ from dask_otel_spans.sdk.providers import (
     build_meter_provider,
     build_resource,
     build_tracer_provider,
+    check_millis,
     exporter_names,
     global_sdk_meter_provider,
     global_sdk_tracer_provider,
@@ -118,22 +119,6 @@ def global_sdk_logger_provider() -> Any:
     return provider if isinstance(provider, LoggerProvider) else None
 
 
-def _check_millis(environ: Mapping[str, str], variable: str) -> None:
-    """Raise :class:`~dask_otel_spans.sdk.otlp.ConfigurationError` when
-    ``variable`` is set and not a non-negative number of milliseconds."""
-    value = environ.get(variable)
-    if not value:
-        return
-    try:
-        ok = float(value) >= 0
-    except ValueError:
-        ok = False
-    if not ok:
-        raise ConfigurationError(
-            f"{variable}={value!r} is not a non-negative number of milliseconds"
-        )
-
-
 def _check_exporters(environ: Mapping[str, str], variable: str,
                      accepted: tuple[str, ...], signal: str) -> list[str]:
     """The exporters ``variable`` names, each one of ``accepted``, and the OTLP
@@ -153,7 +138,7 @@ def check_traces_settings(environ: Mapping[str, str]) -> None:
     variable and its value, for a value the tracer provider could not be built from
     (the metrics' and logs' values are not looked at)."""
     # (the batch processor reads it with nothing configured too)
-    _check_millis(environ, "OTEL_BSP_SCHEDULE_DELAY")
+    check_millis(environ, "OTEL_BSP_SCHEDULE_DELAY")
     if not is_unconfigured(environ):
         _check_exporters(environ, "OTEL_TRACES_EXPORTER", TRACE_EXPORTERS, "TRACES")
 
@@ -162,7 +147,7 @@ def check_metrics_settings(environ: Mapping[str, str]) -> None:
     """As :func:`check_traces_settings`, for the meter provider: its exporters, their
     OTLP settings, the export interval and, for ``prometheus``, the extra it needs
     and its port."""
-    _check_millis(environ, "OTEL_METRIC_EXPORT_INTERVAL")
+    check_millis(environ, "OTEL_METRIC_EXPORT_INTERVAL")
     if is_unconfigured(environ):
         return
     chosen = _check_exporters(environ, "OTEL_METRICS_EXPORTER", METRIC_EXPORTERS,
