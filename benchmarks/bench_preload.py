@@ -241,7 +241,13 @@ def _export_figures(plugin) -> dict:
 
 
 def _sender_cpu(plugin) -> float:
+    """CPU seconds of the thread that writes to the export process: the
+    ``ChildSender``'s (``transport.sender``), or the ``ExportProcess``'s of commits
+    before bc34b7d (``transport.process``), or before the redesign."""
     transport = getattr(plugin, "transport", None)
+    sender = getattr(transport, "sender", None)
+    if sender is not None:
+        return sender.thread.cpu_seconds
     process = getattr(transport, "process", None) or getattr(plugin, "export_process", None)
     return process.cpu_seconds if process is not None else 0.0
 
@@ -268,7 +274,8 @@ def stats(dask_scheduler) -> dict:
         "handed_over": since_reset("handed_over"),
         "metric_updates": since_reset("metric_updates"),
         "metric_sdk_calls": since_reset("metric_sdk_calls"),
-        "emitted": plugin.ended_count if plugin else 0,
+        # (ended_count; emitted_count before bc34b7d)
+        "emitted": getattr(plugin, "ended_count", getattr(plugin, "emitted_count", 0)),
         "open": plugin.open_span_count if plugin else 0,
         "grace_s": plugin.grace if plugin else 0.0,
         "latencies": list(LATENCIES),
