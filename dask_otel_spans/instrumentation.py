@@ -48,6 +48,10 @@ PRELOAD = "dask_otel_spans"
 PRELOAD_KEYS = ("distributed.scheduler.preload", "distributed.worker.preload")
 _NANNY_KEYS = ("distributed.worker.preload", "distributed.worker.preload-argv")
 
+#: Whether the wrapped ``process_preloads`` adds the preload: a wrapper that outlives
+#: ``uninstrument()`` (someone wrapped it in turn) passes lists through unchanged
+_adding = False
+
 
 def _entries(preload: Any) -> list[str]:
     """A preload setting as a list of entries (dask takes a string for one)."""
@@ -133,14 +137,16 @@ def _preloading_servers(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def process_preloads(dask_server: Any, preload: Any, preload_argv: Any,
                          *args: Any, **kwargs: Any) -> Any:
-        try:
-            if isinstance(dask_server, (Scheduler, Worker)):
-                preload, preload_argv = with_preload(preload, preload_argv)
-            elif isinstance(dask_server, Nanny):
-                _preload_nanny_worker(dask_server)
-        except Exception as e:  # never what keeps a server from starting
-            logger.error("dask_otel_spans: could not add the preload to %s (%s: %s)",
-                         type(dask_server).__name__, type(e).__name__, e)
+        if _adding:
+            try:
+                if isinstance(dask_server, (Scheduler, Worker)):
+                    preload, preload_argv = with_preload(preload, preload_argv)
+                elif isinstance(dask_server, Nanny):
+                    _preload_nanny_worker(dask_server)
+            except Exception as e:  # never what keeps a server from starting
+                logger.error("dask_otel_spans: could not add the preload to %s "
+                             "(%s: %s)", type(dask_server).__name__,
+                             type(e).__name__, e)
         return original(dask_server, preload, preload_argv, *args, **kwargs)
 
     process_preloads.__dask_otel_spans__ = True  # type: ignore[attr-defined]
@@ -173,6 +179,7 @@ class DaskInstrumentor(BaseInstrumentor):
         return _instruments
 
     def _instrument(self, **kwargs: Any) -> None:
+        global _adding
         import distributed
         import distributed.preloading
         import distributed.spans
@@ -193,10 +200,13 @@ class DaskInstrumentor(BaseInstrumentor):
             patch.apply()
         self._attribute_patches = patches
         self._config_patches = _preload_config()
+        _adding = True
         logger.debug("dask_otel_spans: instrumented (schedulers and workers preload "
                      "dask_otel_spans; distributed.span is dask_otel_spans.span)")
 
     def _uninstrument(self, **kwargs: Any) -> None:
+        global _adding
+        _adding = False
         for config_patch in reversed(self._config_patches):
             config_patch.undo()
         for attribute_patch in reversed(self._attribute_patches):

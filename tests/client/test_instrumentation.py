@@ -122,6 +122,23 @@ def test_uninstrument_keeps_a_later_patch(instrumentor):
         distributed.span = original
 
 
+def test_a_wrapper_that_outlives_uninstrument_adds_nothing(instrumentor):
+    """Someone wrapped ``process_preloads`` after the instrumentor: uninstrument
+    leaves their wrapper (around the package's), which then adds nothing."""
+    original = distributed.preloading.process_preloads
+    instrumentor.instrument()
+    ours = distributed.preloading.process_preloads
+    distributed.preloading.process_preloads = lambda *a, **k: ours(*a, **k)
+    try:
+        instrumentor.uninstrument()
+        server = Worker.__new__(Worker)  # (a stand-in: nothing started)
+        loaded = distributed.preloading.process_preloads(
+            server, ["dask_otel_spans.names"], [])
+        assert [p.name for p in loaded] == ["dask_otel_spans.names"]
+    finally:
+        distributed.preloading.process_preloads = original
+
+
 def test_instrument_twice_changes_nothing_more(instrumentor, caplog):
     with dask.config.set({"distributed.worker.preload": []}):
         instrumentor.instrument()
@@ -187,12 +204,14 @@ def test_dask_setup_keeps_the_plugin_a_server_has(kind, name):
     assert dask_otel_spans.dask_setup(server) is None
 
 
-@pytest.mark.parametrize("preload", [None, [PRELOAD], ["dask_otel_spans.names"]])
+@pytest.mark.parametrize("preload", [None, [PRELOAD], ["dask_otel_spans.names"],
+                                     [PRELOAD, PRELOAD]])
 @gen_test()
 async def test_an_instrumented_scheduler_gets_one_plugin(preload, instrumentor,
                                                          tmp_path):
     """``Scheduler()`` in an instrumented process: the plugin, once, with no preload,
-    with ``preload=["dask_otel_spans"]`` as well, and with another explicit preload."""
+    with ``preload=["dask_otel_spans"]`` as well, with another explicit preload, and
+    preloaded twice (``dask_setup`` keeps the first)."""
     from dask_otel_spans import OTelSpansPlugin
 
     instrumentor.instrument()

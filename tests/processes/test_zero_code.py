@@ -35,7 +35,7 @@ def registered():
 
 
 def plugins_of(dask_scheduler=None, dask_worker=None) -> list[str]:
-    """The package's plugins on a server, and its preload lists (run there)."""
+    """The names of the package's plugins on a server (run there)."""
     server = dask_scheduler or dask_worker
     from dask_otel_spans import OTelSpansPlugin, OTelWorkerPlugin
 
