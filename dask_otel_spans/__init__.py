@@ -15,10 +15,11 @@ Scheduler and workers::
 or ``client.register_plugin(OTelSpansPlugin())`` and
 ``client.register_plugin(OTelWorkerPlugin())``. Zero-code: ``opentelemetry-instrument
 dask scheduler`` (and ``... dask worker``, ``... python app.py``) does both, and makes
-``distributed.span`` this ``span`` (``dask_otel_spans.instrumentation``). Exporters are configured with the
-standard ``OTEL_*`` variables; with none, OTLP-JSON lines files are written to
-``./dask-otel-spans`` (the scheduler's, and one directory per worker process below
-``./dask-otel-spans/workers``).
+``distributed.span`` this ``span`` (``dask_otel_spans.instrumentation``).
+
+Exporters are configured with the standard ``OTEL_*`` variables; with none, OTLP-JSON
+lines files are written to ``./dask-otel-spans`` (the scheduler's, and one directory per
+worker process below ``./dask-otel-spans/workers``).
 """
 from __future__ import annotations
 

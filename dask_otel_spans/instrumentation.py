@@ -3,8 +3,8 @@
 ``opentelemetry-instrument dask scheduler``, ``opentelemetry-instrument dask worker ADDR``
 and ``opentelemetry-instrument python app.py`` (and the Kubernetes OTel Operator's
 injection, which runs the same auto-instrumentation) find it through the
-``opentelemetry_instrumentor`` entry point ``dask``; ``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=dask``
-skips it. From code::
+``opentelemetry_instrumentor`` entry point ``dask``;
+``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=dask`` skips it. From code::
 
     from dask_otel_spans.instrumentation import DaskInstrumentor
 
