@@ -13,10 +13,13 @@ Scheduler and workers::
     dask worker --preload dask_otel_spans   # task code inside the span's trace
 
 or ``client.register_plugin(OTelSpansPlugin())`` and
-``client.register_plugin(OTelWorkerPlugin())``. Exporters are configured with the
-standard ``OTEL_*`` variables; with none, OTLP-JSON lines files are written to
-``./dask-otel-spans`` (the scheduler's, and one directory per worker process below
-``./dask-otel-spans/workers``).
+``client.register_plugin(OTelWorkerPlugin())``. Zero-code: ``opentelemetry-instrument
+dask scheduler`` (and ``... dask worker``, ``... python app.py``) does both, and makes
+``distributed.span`` this ``span`` (``dask_otel_spans.instrumentation``).
+
+Exporters are configured with the standard ``OTEL_*`` variables; with none, OTLP-JSON
+lines files are written to ``./dask-otel-spans`` (the scheduler's, and one directory per
+worker process below ``./dask-otel-spans/workers``).
 """
 from __future__ import annotations
 
@@ -62,17 +65,25 @@ def __dir__() -> list[str]:
 
 def dask_setup(server: Any) -> Any:
     """Preload entry point: ``dask scheduler --preload dask_otel_spans`` and
-    ``dask worker --preload dask_otel_spans``."""
+    ``dask worker --preload dask_otel_spans`` (and the instrumentor's preload).
+
+    Idempotent: a scheduler or worker that has the package's plugin already (preloaded
+    twice: ``--preload dask_otel_spans`` and the instrumentor's) keeps that one."""
     from distributed import Scheduler, Worker
 
-    from dask_otel_spans.scheduler.plugin import OTelSpansPlugin
-    from dask_otel_spans.worker.plugin import OTelWorkerPlugin
-
     if isinstance(server, Scheduler):
+        from dask_otel_spans.scheduler.plugin import OTelSpansPlugin
+
+        if _has_plugin(server, _names.PLUGIN_NAME, OTelSpansPlugin):
+            return None
         _log_as_distributed_does()
         server.add_plugin(OTelSpansPlugin())
         return None
     if isinstance(server, Worker):
+        from dask_otel_spans.worker.plugin import OTelWorkerPlugin
+
+        if _has_plugin(server, _names.WORKER_PLUGIN_NAME, OTelWorkerPlugin):
+            return None
         _log_as_distributed_does()
         return server.plugin_add(OTelWorkerPlugin())
     logger.info(
@@ -80,6 +91,17 @@ def dask_setup(server: Any) -> Any:
         type(server).__name__,
     )
     return None
+
+
+def _has_plugin(server: Any, name: str, kind: type) -> bool:
+    """Whether ``server`` has the package's plugin ``kind`` (under its name or
+    another)."""
+    plugins = getattr(server, "plugins", None) or {}
+    if name in plugins or any(isinstance(p, kind) for p in plugins.values()):
+        logger.debug("dask_otel_spans: %s has its plugin already; preloaded twice",
+                     type(server).__name__)
+        return True
+    return False
 
 
 def _log_as_distributed_does() -> None:

@@ -3,6 +3,7 @@ OTel context into the graph annotations and tells the scheduler when the block c
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 import weakref
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import dask
 import distributed
+import distributed.spans
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanContext
@@ -32,6 +34,18 @@ _warned: set[str] = set()
 
 #: Longest wait for the scheduler to acknowledge a close notice
 NOTICE_TIMEOUT = 5.0
+
+#: dask's own ``span``, which ``span()`` wraps (taken at import: the instrumentor
+#: makes ``distributed.span`` this module's ``span`` while it is on)
+_dask_span = distributed.spans.span
+
+#: The OTel specification's environment carriers: variable -> carrier key. With no
+#: current span, ``span()`` takes its parent context from them
+ENVIRONMENT_CARRIERS = {
+    "TRACEPARENT": "traceparent",
+    "TRACESTATE": "tracestate",
+    "BAGGAGE": "baggage",
+}
 
 #: Close notices of asynchronous clients waiting for the next loop iteration: all
 #: the blocks that closed in between go to the scheduler in one message
@@ -80,6 +94,8 @@ def span(*tags: str) -> Iterator[str]:
 
     - the OTel span current when the block is entered becomes the parent of the dask
       span's OTel span (carried to the scheduler in the ``otel`` graph annotation);
+      with none current, the one the environment carriers ``TRACEPARENT``,
+      ``TRACESTATE`` and ``BAGGAGE`` carry, if set (:func:`context_from_environment`);
     - inside the block, the dask span's own OTel span context is current, so that
       OTel spans created by client code (e.g. an instrumented HTTP call) land inside
       it, in the same trace;
@@ -96,11 +112,13 @@ def span(*tags: str) -> Iterator[str]:
     """
     enter = time.time()
     client_ctx = otel_context.get_current()
+    if not trace.get_current_span(client_ctx).get_span_context().is_valid:
+        client_ctx = context_from_environment(client_ctx)
     outer = dask.get_annotations().get(names.ANNOTATION_KEY)
     carried_out: dict[str, Any] = dict(outer) if isinstance(outer, Mapping) else {}
 
     parent_block = _CURRENT_BLOCK.get()
-    with distributed.span(*tags) as dask_id:
+    with _dask_span(*tags) as dask_id:
         annotation = dask.get_annotations()["span"]
         ids = tuple(annotation["ids"])
         tags_chain = tuple(annotation["name"])
@@ -149,6 +167,48 @@ def span(*tags: str) -> Iterator[str]:
                     "lazy": block.lazy,
                 }
             )
+
+
+def context_from_environment(
+    ctx: otel_context.Context | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> otel_context.Context:
+    """``ctx`` (default: the current context) with what the environment carriers
+    ``TRACEPARENT``, ``TRACESTATE`` and ``BAGGAGE`` of ``environ`` (default:
+    ``os.environ``) carry, extracted by the global propagator (``OTEL_PROPAGATORS``
+    decides what is read); ``ctx`` itself when none is set.
+
+    This is how a batch script started by an orchestrator with ``TRACEPARENT`` set
+    puts its dask spans in the orchestrator's trace. A ``TRACEPARENT`` that is no
+    W3C traceparent is ignored, with one warning.
+    """
+    if ctx is None:
+        ctx = otel_context.get_current()
+    env = os.environ if environ is None else environ
+    carrier = {key: value for variable, key in ENVIRONMENT_CARRIERS.items()
+               if (value := env.get(variable))}
+    if not carrier:
+        return ctx
+    from opentelemetry import propagate  # (loads the configured propagators)
+
+    extracted = propagate.extract(carrier, context=ctx)
+    traceparent = carrier.get("traceparent")
+    if traceparent is not None and not _is_traceparent(traceparent):
+        _warn_once(
+            "environment-traceparent", "TRACEPARENT %r is not a W3C traceparent; "
+            "ignored (dask spans are not parented by it)", traceparent[:80],
+        )
+    return extracted
+
+
+def _is_traceparent(value: str) -> bool:
+    """Whether ``value`` is a valid W3C traceparent header."""
+    from opentelemetry.trace.propagation.tracecontext import (
+        TraceContextTextMapPropagator,
+    )
+
+    ctx = TraceContextTextMapPropagator().extract({"traceparent": value})
+    return trace.get_current_span(ctx).get_span_context().is_valid
 
 
 def _carrier_under(
