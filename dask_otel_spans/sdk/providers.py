@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -338,6 +339,22 @@ def _metric_readers(provider: MeterProvider) -> Sequence[MetricReader]:
     if readers is None:
         readers = getattr(getattr(provider, "_sdk_config", None), "metric_readers", None)
     return tuple(readers or ())
+
+
+#: The module OpenTelemetry's auto-instrumentation (``opentelemetry-instrument``, the
+#: Kubernetes Operator's injection) runs at interpreter start, from a folder it puts on
+#: ``PYTHONPATH``
+AUTO_INSTRUMENTATION = "opentelemetry.instrumentation.auto_instrumentation"
+
+
+def under_auto_instrumentation() -> bool:
+    """Whether this process runs under OpenTelemetry's auto-instrumentation: its
+    global providers were then built by the launcher's configurator from the same
+    ``OTEL_*`` variables the package reads, so they count as configuration, not as
+    objects of this process."""
+    # (Python imports the launcher's sitecustomize.py by that bare name)
+    started_by = getattr(sys.modules.get("sitecustomize"), "__file__", None) or ""
+    return os.path.dirname(started_by).endswith(AUTO_INSTRUMENTATION.replace(".", os.sep))
 
 
 def global_sdk_tracer_provider() -> TracerProvider | None:

@@ -21,6 +21,7 @@ from dask_otel_spans.sdk.providers import (
     exporter_names,
     global_sdk_meter_provider,
     global_sdk_tracer_provider,
+    under_auto_instrumentation,
 )
 from dask_otel_spans.transport.sender import ChildSender
 from dask_otel_spans.transport.spec import PipelineSpec
@@ -144,9 +145,17 @@ def why_export_stays_here(
     ):
         return ("OTEL_METRICS_EXPORTER=prometheus on the scheduler's own /metrics "
                 "(set OTEL_EXPORTER_PROMETHEUS_PORT to serve from the export process)")
-    if use_global and has_global_providers():
+    if uses_global_providers(use_global):
         return "the process's global providers"
     return None
+
+
+def uses_global_providers(use_global: bool) -> bool:
+    """Whether export goes through the process's global providers: installed, asked
+    for, and not the auto-instrumentation launcher's (built from the same ``OTEL_*``:
+    the export process builds its own from them instead, and the launcher's, left
+    unused in the scheduler process, export nothing of the plugin's twice)."""
+    return use_global and has_global_providers() and not under_auto_instrumentation()
 
 
 def has_global_providers() -> bool:
@@ -183,7 +192,12 @@ async def open_transport(
     setting = config.export_process
     given = tracer_provider is not None or meter_provider is not None
     stays = why_export_stays_here(spec, given_providers=given, use_global=use_global)
-    if not given and not (use_global and has_global_providers()):
+    if use_global and has_global_providers() and under_auto_instrumentation():
+        logger.info("dask_otel_spans: under OpenTelemetry auto-instrumentation: "
+                    "providers are built from OTEL_* for the plugin (the launcher's "
+                    "global providers are left to the rest of the scheduler process)")
+    use_global = uses_global_providers(use_global)
+    if not given and not use_global:
         try:  # (providers from configuration: a bad value is said once, here)
             spec.check()
         except ConfigurationError as e:

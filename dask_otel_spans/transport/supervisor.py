@@ -21,6 +21,7 @@ from dask_otel_spans.protocol.wire import (
     read_frame,
     write_frame,
 )
+from dask_otel_spans.sdk.providers import AUTO_INSTRUMENTATION
 from dask_otel_spans.transport.spec import PipelineSpec
 
 logger = logging.getLogger(__name__)
@@ -146,8 +147,14 @@ class ChildSupervisor:
     def launch(self) -> dict[str, Any]:
         """Start a child and wait until it is ready; its ``info``."""
         env = dict(os.environ)
-        # the child imports what this process imports (e.g. a providers factory)
-        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in sys.path if p))
+        # the child imports what this process imports (e.g. a providers factory),
+        # but does not run under auto-instrumentation: it builds its providers from
+        # OTEL_* itself (``opentelemetry-instrument`` puts its sitecustomize folder on
+        # PYTHONPATH)
+        launcher = AUTO_INSTRUMENTATION.replace(".", os.sep)
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(
+            p for p in sys.path if p and not p.rstrip(os.sep).endswith(launcher)
+        ))
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", CHILD_MODULE,

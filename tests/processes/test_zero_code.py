@@ -18,7 +18,7 @@ from opentelemetry.util._importlib_metadata import entry_points
 from support.polling import wait_for
 from support.processes import DaskProcesses, opentelemetry_instrument, otlp_grpc_env
 
-from dask_otel_spans import names
+from dask_otel_spans import names, wait_for_export
 from dask_otel_spans.instrumentation import DaskInstrumentor
 from dask_otel_spans.protocol.propagation import otel_span_id
 
@@ -51,6 +51,11 @@ def traced_task() -> str:
         return f"{own.get_span_context().trace_id:032x}"
 
 
+def export_process_of(dask_scheduler) -> bool:
+    """run_on_scheduler: whether the plugin exports from an export process."""
+    return dask_scheduler.plugins[names.PLUGIN_NAME].destinations["export_process"]
+
+
 def test_the_launcher_loads_both_plugins_without_a_preload(otlp_receiver, tmp_path):
     procs = DaskProcesses(
         {**otlp_grpc_env(otlp_receiver), "OTEL_LOGS_EXPORTER": "none",
@@ -64,6 +69,9 @@ def test_the_launcher_loads_both_plugins_without_a_preload(otlp_receiver, tmp_pa
         with Client(procs.address, timeout=60) as client:
             client.wait_for_workers(1, timeout=60)
             assert client.run_on_scheduler(plugins_of) == [names.PLUGIN_NAME]
+            # the launcher's global providers come from OTEL_*: the plugin exports
+            # from its export process, built from the same variables
+            assert client.run_on_scheduler(export_process_of) is True
             assert list(client.run(plugins_of).values()) == [[names.WORKER_PLUGIN_NAME]]
 
             instrumentor.instrument()  # (this client: plain distributed.span)
@@ -81,6 +89,9 @@ def test_the_launcher_loads_both_plugins_without_a_preload(otlp_receiver, tmp_pa
                 return spans if {"zero-code", "in task"} <= set(spans) else None
 
             spans = wait_for(exported, timeout=30)
+            wait_for_export(client)
+            # exported once: not also through the launcher's providers
+            assert [s["name"] for s in otlp_receiver.spans()].count("zero-code") == 1
             dask_span, own = spans["zero-code"], spans["in task"]
             assert dask_span["traceId"] == own["traceId"] == trace_hex
             assert dask_span["spanId"] == f"{otel_span_id(dask_id):016x}"

@@ -137,3 +137,22 @@ def test_built_meter_provider_keeps_max_series_above_the_sdk_default(otlp_receiv
         _shutdown(p)
     assert len(sums) == 2400
     assert not [attrs for attrs in sums if "otel.metric.overflow" in dict(attrs)]
+
+
+@pytest.mark.parametrize("folder, expected", [
+    (("opentelemetry", "instrumentation", "auto_instrumentation"), True),
+    (("site-packages",), False),
+])
+def test_auto_instrumentation_is_told_by_the_sitecustomize_it_started(
+    monkeypatch, tmp_path, folder, expected
+):
+    import os
+    import sys
+    import types
+
+    from dask_otel_spans.sdk.providers import under_auto_instrumentation
+
+    module = types.ModuleType("sitecustomize")
+    module.__file__ = os.path.join(str(tmp_path), *folder, "sitecustomize.py")
+    monkeypatch.setitem(sys.modules, "sitecustomize", module)
+    assert under_auto_instrumentation() is expected
