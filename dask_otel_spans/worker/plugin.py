@@ -16,12 +16,11 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import dask.config
 from distributed.diagnostics.plugin import WorkerPlugin
 from opentelemetry import context as otel_context
 
 from dask_otel_spans import names
-from dask_otel_spans.config import NAMESPACE
+from dask_otel_spans.config import setting
 from dask_otel_spans.sdk.providers import flush_provider
 from dask_otel_spans.worker.context import TaskContexts
 from dask_otel_spans.worker.logs import (
@@ -90,8 +89,10 @@ class OTelWorkerPlugin(WorkerPlugin):
     def setup(self, worker: Worker, **kwargs: Any) -> None:
         prefix_spans = self.prefix_spans
         if prefix_spans is None:
-            prefix_spans = bool(dask.config.get(f"{NAMESPACE}.prefix-spans"))
-        output_dir = self.output_dir or str(dask.config.get(f"{NAMESPACE}.output-dir"))
+            # (read as the scheduler reads it: DASK_OTEL_SPANS__PREFIX_SPANS=false is
+            # False; a bad value is one ERROR line and the default)
+            prefix_spans = setting("prefix-spans")
+        output_dir = self.output_dir or setting("output-dir")
         try:
             # (a signal that cannot be built is one ERROR line there; the others
             # are built all the same)

@@ -304,3 +304,16 @@ def test_the_teardown_flush_leaves_pull_readers_alone():
     finally:
         provider.shutdown()
     assert flushed == []
+
+
+def test_a_worker_reads_prefix_spans_false_from_its_environment_as_false():
+    """``DASK_OTEL_SPANS__PREFIX_SPANS=false`` reaches dask config as the string
+    ``"false"``: the worker reads it as the scheduler does (one parser), not as a
+    true string."""
+    import dask
+
+    from dask_otel_spans.config import setting
+
+    with dask.config.set(dask.config.collect_env(
+            {"DASK_OTEL_SPANS__PREFIX_SPANS": "false"})):
+        assert setting("prefix-spans") is False
