@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import dask
 import distributed
 import distributed.spans
+from opentelemetry import baggage
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanContext
@@ -141,9 +142,12 @@ def span(*tags: str) -> Iterator[str]:
         # Collections built in the block copy the annotations, and so reference
         # ``carried``: more references after the block than before it means lazy
         # collections (computed later, or never) that will bring this span's tasks.
+        block_annotations: dict[str, Any] = {names.ANNOTATION_KEY: carried}
+        if baggage.get_all(client_ctx):  # (the chain says the rest)
+            block_annotations[names.CALLER_ANNOTATION_KEY] = _inject(client_ctx)
         refs_before = _references(carried)
         try:
-            with dask.annotate(**{names.ANNOTATION_KEY: carried}):
+            with dask.annotate(**block_annotations):
                 yield dask_id
         finally:
             refs_after = _references(carried)
@@ -167,6 +171,39 @@ def span(*tags: str) -> Iterator[str]:
                     "lazy": block.lazy,
                 }
             )
+
+
+def caller_carrier(ctx: otel_context.Context | None = None) -> dict[str, str] | None:
+    """What a bare submission (no dask span block open) made in ``ctx`` (default:
+    the current context) carries to the scheduler and the workers, in the
+    ``otel-caller`` annotation: the context as the global propagator
+    (``OTEL_PROPAGATORS``) injects it, with, when no span is current, what the
+    environment carriers hold (:func:`context_from_environment`). None inside a
+    ``span()`` or ``distributed.span`` block (the block carries its own context),
+    and when there is nothing to carry.
+
+    The instrumentor (:class:`~dask_otel_spans.instrumentation.DaskInstrumentor`)
+    annotates every submission of a client with it.
+    """
+    if _CURRENT_BLOCK.get() is not None or "span" in dask.get_annotations():
+        return None
+    if ctx is None:
+        ctx = otel_context.get_current()
+    if not trace.get_current_span(ctx).get_span_context().is_valid:
+        ctx = context_from_environment(ctx)
+        if (not trace.get_current_span(ctx).get_span_context().is_valid
+                and not baggage.get_all(ctx)):
+            return None
+    return _inject(ctx) or None
+
+
+def _inject(ctx: otel_context.Context) -> dict[str, str]:
+    """The headers the global propagator (``OTEL_PROPAGATORS``) injects for ``ctx``."""
+    from opentelemetry import propagate  # (loads the configured propagators)
+
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=ctx)
+    return carrier
 
 
 def context_from_environment(

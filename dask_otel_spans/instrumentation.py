@@ -22,6 +22,11 @@ While it is on, in this process:
   (``dask_setup`` keeps the one a server has).
 - ``distributed.span`` and ``distributed.spans.span`` are the package's
   :func:`~dask_otel_spans.span`, so plain dask code carries its OTel context.
+- every submission of a ``Client`` (``compute``, ``persist``, ``submit``, ``map``,
+  ``get``, ``dask.compute`` on the distributed scheduler) made with no dask span block
+  open carries the caller's context (:func:`~dask_otel_spans.client.caller_carrier`):
+  its task code runs in the caller's trace, and the OTel span of the dask span its
+  tasks land in links to the caller's span.
 
 ``uninstrument()`` restores what was changed, and only that: a setting or attribute
 changed by someone else in between stays theirs.
@@ -78,19 +83,20 @@ def with_preload(preload: Any, preload_argv: Any) -> tuple[Any, Any]:
 
 @dataclass
 class _AttributePatch:
-    """A module attribute replaced; undone only while it is still the replacement."""
+    """An attribute of a module or class replaced; undone only while it is still
+    the replacement."""
 
-    module: Any
+    owner: Any
     name: str
     original: Any
     replacement: Any
 
     def apply(self) -> None:
-        setattr(self.module, self.name, self.replacement)
+        setattr(self.owner, self.name, self.replacement)
 
     def undo(self) -> None:
-        if getattr(self.module, self.name, None) is self.replacement:
-            setattr(self.module, self.name, self.original)
+        if getattr(self.owner, self.name, None) is self.replacement:
+            setattr(self.owner, self.name, self.original)
 
 
 @dataclass
@@ -153,6 +159,31 @@ def _preloading_servers(original: Callable[..., Any]) -> Callable[..., Any]:
     return process_preloads
 
 
+def _carrying_callers(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Client._graph_to_futures`` (every submission goes through it) that annotates
+    a bare submission with the caller's context."""
+    import dask
+
+    from dask_otel_spans import names
+    from dask_otel_spans.client import caller_carrier
+
+    @functools.wraps(original)
+    def _graph_to_futures(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            carrier = caller_carrier()
+        except Exception as e:  # never what keeps work from being submitted
+            carrier = None
+            logger.error("dask_otel_spans: cannot read the caller's context for a "
+                         "submission (%s: %s); it is submitted without it",
+                         type(e).__name__, e)
+        if carrier is None:
+            return original(self, *args, **kwargs)
+        with dask.annotate(**{names.CALLER_ANNOTATION_KEY: carrier}):
+            return original(self, *args, **kwargs)
+
+    return _graph_to_futures
+
+
 def _preload_nanny_worker(nanny: Any) -> None:
     """Give the worker a nanny spawns this package's preload: the nanny passes its
     worker preloads (explicit, else the config's) to the worker process, which may
@@ -187,9 +218,12 @@ class DaskInstrumentor(BaseInstrumentor):
         from dask_otel_spans.client import span
 
         original_preloads = distributed.preloading.process_preloads
+        original_submit = distributed.Client._graph_to_futures
         patches = [
             _AttributePatch(distributed, "span", distributed.span, span),
             _AttributePatch(distributed.spans, "span", distributed.spans.span, span),
+            _AttributePatch(distributed.Client, "_graph_to_futures", original_submit,
+                            _carrying_callers(original_submit)),
         ]
         if not getattr(original_preloads, "__dask_otel_spans__", False):
             patches.append(_AttributePatch(

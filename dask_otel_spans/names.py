@@ -14,6 +14,11 @@ WORKER_PLUGIN_NAME = "otel-spans-worker"
 #: Graph annotation key that carries the client's W3C trace context, one entry per
 #: dask span id of the chain: ``{"<dask span id>": {"traceparent": ..., ...}}``
 ANNOTATION_KEY = "otel"
+#: Graph annotation key that carries the submitting caller's context, as the
+#: propagators of ``OTEL_PROPAGATORS`` inject it (``traceparent``, ``tracestate``,
+#: ``baggage``...): on bare submissions (no dask span block open) of an instrumented
+#: client, and on a ``span()`` block's tasks when the caller has baggage
+CALLER_ANNOTATION_KEY = "otel-caller"
 #: ``Client.log_event`` topic on which the client helper says that a block closed
 EVENT_TOPIC = "otel-spans"
 #: Instrumentation scope of the tracer and meter
@@ -48,6 +53,11 @@ SPAN_INCOMPLETE = "dask.span.incomplete"
 SPAN_CLOSE_REASON = "dask.span.close_reason"
 #: Source code snippets (opt-in)
 SPAN_CODE = "dask.span.code"
+#: Caller span contexts of bare submissions linked from the span and not kept, past
+#: ``MAX_SPAN_LINKS``
+SPAN_LINKS_DROPPED = "dask.span.links_dropped"
+#: Links to callers' span contexts kept per dask span (the SDK's default link limit)
+MAX_SPAN_LINKS = 128
 #: Prefix of the fine performance metrics rolled up by activity:
 #: ``dask.metrics.<activity>.<unit>``
 METRICS_ATTRIBUTE_PREFIX = "dask.metrics."

@@ -11,7 +11,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import SpanLimits
 from opentelemetry.sdk.trace.id_generator import IdGenerator
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from dask_otel_spans import names
 from dask_otel_spans.background import QueueThread
@@ -23,7 +23,11 @@ from dask_otel_spans.export.traces import (
     subtree_summary,
     unseen_span_fields,
 )
-from dask_otel_spans.protocol.propagation import parse_carried, resolve_chain
+from dask_otel_spans.protocol.propagation import (
+    parse_carried,
+    resolve_chain,
+    span_context_from_carrier,
+)
 
 if TYPE_CHECKING:
     from dask_otel_spans.export.task_spans import TaskSpanFields
@@ -85,6 +89,10 @@ class EmitRequest(NamedTuple):
     keep_summary: bool = False
     #: whether the span was counted in ``dask.span.active``
     counted: bool = False
+    #: W3C headers of the callers of bare submissions that landed in it
+    links: tuple[Mapping[str, str], ...] = ()
+    #: callers past ``names.MAX_SPAN_LINKS``, not linked
+    links_dropped: int = 0
 
 
 class SpanEmitter:
@@ -206,7 +214,7 @@ class SpanEmitter:
             )
             if not request.complete:
                 fields.attributes[names.SPAN_INCOMPLETE] = True
-            return fields, 0.0
+            return self._linked(fields, request), 0.0
         summary = subtree_summary(snap, self.summaries)
         for child in snap.children:
             if isinstance(child, str):
@@ -219,7 +227,20 @@ class SpanEmitter:
             code_max_length=self.code_max_length,
             record_exceptions=self.record_exceptions,
         )
-        return fields, float(fields.attributes.get(_IDLE_ATTRIBUTE, 0.0))
+        return (self._linked(fields, request),
+                float(fields.attributes.get(_IDLE_ATTRIBUTE, 0.0)))
+
+    @staticmethod
+    def _linked(fields: SpanFields, request: EmitRequest) -> SpanFields:
+        """``fields`` with the links to the request's callers (and the count of
+        those past the cap)."""
+        for headers in request.links:
+            caller = span_context_from_carrier(headers)
+            if caller is not None:
+                fields.links.append(caller)
+        if request.links_dropped:
+            fields.attributes[names.SPAN_LINKS_DROPPED] = request.links_dropped
+        return fields
 
     def export(self, fields: SpanFields) -> None:
         tracer = self._tracer
@@ -234,7 +255,7 @@ class SpanEmitter:
         self._ids.trace_id = fields.ids.trace_id
         otel_span = self._start_span(
             tracer, fields.name, fields.ids.span_id, ctx, fields.attributes,
-            fields.start_ns,
+            fields.start_ns, [Link(caller) for caller in fields.links],
         )
         if fields.error:
             otel_span.set_status(Status(StatusCode.ERROR, fields.error))
@@ -268,7 +289,7 @@ class SpanEmitter:
 
     def _start_span(
         self, tracer: Any, name: str, span_id: int, context: Context,
-        attributes: dict[str, Any], start_ns: int,
+        attributes: dict[str, Any], start_ns: int, links: list[Link] | None = None,
     ) -> Any:
         self._ids.span_id = span_id
         limit = self.max_name_length
@@ -276,5 +297,5 @@ class SpanEmitter:
             name = name[:limit]
         return tracer.start_span(
             name, context=context, kind=SpanKind.INTERNAL, attributes=attributes,
-            start_time=start_ns,
+            links=links, start_time=start_ns,
         )

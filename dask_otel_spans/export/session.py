@@ -225,8 +225,9 @@ class ExportSession:
         self.tree.n_workers = int(n)
 
     def on_graph(self, time: float, client: str | None, span_ids: list[str],
-                 chains: Any, collisions: list[tuple[str, str, str]]) -> None:
-        self.tracker.graph(time, client, span_ids, chains)
+                 chains: Any, collisions: list[tuple[str, str, str]],
+                 links: list[tuple[str, dict[str, str]]]) -> None:
+        self.tracker.graph(time, client, span_ids, chains, links)
         if collisions:
             self.collisions.seen(collisions, self.tree.tags)
 

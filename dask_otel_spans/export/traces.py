@@ -14,6 +14,8 @@ from dask_otel_spans.export.task_spans import TaskSpanFields, task_span_fields
 from dask_otel_spans.protocol.propagation import ChainIds, prefix_span_id
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import SpanContext
+
     from dask_otel_spans.protocol.snapshots import GroupSnapshot, SpanSnapshot
 
 
@@ -184,6 +186,8 @@ class SpanFields:
     prefixes: list[PrefixSpanFields]
     #: task spans right below it (without prefix spans)
     tasks: list[TaskSpanFields] = field(default_factory=list)
+    #: span contexts it links to: callers of bare submissions that landed in it
+    links: list[SpanContext] = field(default_factory=list)
 
     @property
     def duration_s(self) -> float:

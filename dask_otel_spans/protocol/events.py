@@ -93,14 +93,17 @@ class WorkerCount(NamedTuple):
 
 class GraphSubmitted(NamedTuple):
     """A graph reached the scheduler: the ids of the spans of its tasks, the
-    distinct chains of W3C contexts of its ``otel`` annotation, and the TaskGroup
-    collisions seen in it: ``[(asked span id, span id dask chose, group), ...]``."""
+    distinct chains of W3C contexts of its ``otel`` annotation, the TaskGroup
+    collisions seen in it: ``[(asked span id, span id dask chose, group), ...]``,
+    and the links of its bare submissions: ``[(span id dask put them in, the
+    caller's W3C headers), ...]``, distinct."""
 
     time: float
     client: str | None
     span_ids: list[str]
     chains: Any
     collisions: list[tuple[str, str, str]]
+    links: list[tuple[str, dict[str, str]]]
 
 
 class CloseNotice(NamedTuple):

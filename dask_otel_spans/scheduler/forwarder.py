@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from distributed.utils import key_split_group
 
+from dask_otel_spans import names
 from dask_otel_spans.protocol import events
 from dask_otel_spans.protocol.dask_facts import group_done
+from dask_otel_spans.protocol.propagation import w3c_headers
 from dask_otel_spans.protocol.snapshots import done_figures
 from dask_otel_spans.protocol.tasks import NONE
 from dask_otel_spans.scheduler.sampler import TaskSampler
@@ -89,6 +91,49 @@ def collect_span_ids(keys: Any, span_of_key: Any, tasks: Mapping[Any, Any],
                 span_ids.add(tg.span_id)
 
 
+def collect_links(keys: Any, callers: Any, otel: Any, span_of_key: Any,
+                  tasks: Mapping[Any, Any],
+                  links: dict[tuple[str, str], dict[str, str]],
+                  default_id: str | None = None,
+                  step: int = SPANS_PER_STEP) -> Iterator[None]:
+    """Add to ``links`` the distinct ``(span id, caller traceparent) -> W3C headers``
+    of a graph's bare submissions: tasks with an ``otel-caller`` annotation
+    (``callers``: key -> carrier) and no ``span()`` chain (``otel``), in the span dask
+    put them in (the ``span`` annotation's, else their group's, else, for a task
+    forgotten by now, ``default_id``: the default span when the graph came). Pauses
+    (yields) every ``step`` keys; a graph's tasks share one carrier, read once."""
+    if not isinstance(callers, Mapping):
+        return
+    if not isinstance(span_of_key, Mapping):
+        span_of_key = {}
+    if not isinstance(otel, Mapping):
+        otel = {}
+    last_caller = last_span = None
+    for i, key in enumerate(keys, 1):
+        if i % step == 0:
+            yield
+        caller = callers.get(key)
+        if caller is None or key in otel:
+            continue
+        ann = span_of_key.get(key)
+        span_id = None
+        if ann:
+            try:
+                span_id = ann["ids"][-1]
+            except (KeyError, IndexError, TypeError):
+                pass
+        if span_id is None:
+            ts = tasks.get(key)
+            span_id = ts.group.span_id if ts is not None else default_id
+        if type(span_id) is not str or (caller is last_caller
+                                        and span_id is last_span):
+            continue
+        last_caller, last_span = caller, span_id
+        headers = w3c_headers(caller)
+        if headers is not None:
+            links.setdefault((span_id, headers["traceparent"]), headers)
+
+
 def _note_collision(key: Any, ann: Any, chain: Any, tasks: Mapping[Any, Any],
                     collisions: set[tuple[str, str, str]]) -> None:
     """Add the collision of ``key``'s tasks to ``collisions``, if there is one (a
@@ -133,6 +178,9 @@ class SpanForwarder:
     sampler:
         Keeps the tasks that get task spans (the plugin's ``transition`` hook feeds
         it); default: none
+    by_name:
+        The extension's spans by name (``spans_search_by_name``): where the default
+        span is
     """
 
     def __init__(
@@ -142,14 +190,16 @@ class SpanForwarder:
         sink: Any,
         include_code: bool = False,
         sampler: TaskSampler | None = None,
+        by_name: Mapping[tuple[str, ...], list[Span]] | None = None,
     ):
         self.spans = spans
+        self.by_name = by_name if by_name is not None else {}
         self.tasks = tasks
         self.sink = sink
         self.include_code = include_code
         self.sampler = sampler if sampler is not None else TaskSampler(NONE, 0)
         #: the hooks' events not forwarded yet: ``(GRAPH, time, client, keys, otel,
-        #: span_of_key)``, ``(NOTICE, time, msg)``, ``(CLIENT_GONE, time, client)``
+        #: span_of_key, callers, default span id)``, ``(NOTICE, time, msg)``, ``(CLIENT_GONE, time, client)``
         self.pending: deque[tuple[Any, ...]] = deque()
         #: spans of ``spans`` (in insertion order) forwarded so far
         self.n_known = len(spans)
@@ -171,6 +221,11 @@ class SpanForwarder:
         #: to the export process running now are those counted since
         self.forwarded_before_adoption = 0
         self.forwarded_groups = 0
+
+    def default_span_id(self) -> str | None:
+        """The id of dask's current default span (O(1)); None when there is none."""
+        defaults = self.by_name.get((names.DEFAULT_SPAN_TAG,))
+        return defaults[-1].id if defaults else None
 
     def take_over(self, previous: SpanForwarder) -> None:
         """Go on from where ``previous`` (the instance registered before, whose
@@ -250,7 +305,7 @@ class SpanForwarder:
             event = pending.popleft()
             kind = event[0]
             if kind == GRAPH:
-                _, now, client, keys, otel, span_of_key = event
+                _, now, client, keys, otel, span_of_key, callers, default_id = event
                 span_ids: set[str] = set()
                 collisions: set[tuple[str, str, str]] = set()
                 if out and _large(keys):
@@ -258,11 +313,17 @@ class SpanForwarder:
                     out = []
                 yield from collect_span_ids(keys, span_of_key, self.tasks, span_ids,
                                             otel=otel, collisions=collisions)
+                links: dict[tuple[str, str], dict[str, str]] = {}
+                if callers:
+                    yield from collect_links(keys, callers, otel, span_of_key,
+                                             self.tasks, links, default_id)
                 ids = [s for s in span_ids if type(s) is str]
                 if self.include_code:
                     self._code_of(ids, out)
                 out.append((events.GRAPH, now, client, ids, _chains(otel),
-                            sorted(collisions)))
+                            sorted(collisions),
+                            [(span_id, headers) for (span_id, _), headers
+                             in links.items()]))
             elif kind == NOTICE:
                 out.append((events.NOTICE, event[1], event[2]))
             elif kind == CLIENT_GONE:

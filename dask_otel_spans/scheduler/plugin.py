@@ -224,6 +224,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         self.forwarder = SpanForwarder(
             ext.spans, scheduler.tasks, self.transport, self.config.include_code,
             TaskSampler(self.config.task_spans, self.config.max_task_spans),
+            getattr(ext, "spans_search_by_name", None),
         )
         if previous is not None and previous.transport is self.transport:
             # the same export session carries on: the forwarding goes on from
@@ -363,13 +364,17 @@ class OTelSpansPlugin(SchedulerPlugin):
         if forwarder is None or self._closed:
             return
         try:
-            otel = span_of_key = None
+            otel = span_of_key = callers = default_id = None
             if annotations:
                 otel = annotations.get(names.ANNOTATION_KEY)
                 span_of_key = annotations.get("span")
-            forwarder.pending.append(
-                (events.GRAPH, time(), client, tasks, otel, span_of_key)
-            )
+                callers = annotations.get(names.CALLER_ANNOTATION_KEY)
+                if callers:
+                    # (where dask put tasks of no span block: their group tells
+                    # only while they are not forgotten, which may be by the tick)
+                    default_id = forwarder.default_span_id()
+            forwarder.pending.append((events.GRAPH, time(), client, tasks, otel,
+                                      span_of_key, callers, default_id))
         except Exception:
             self._log_failure("update_graph")
 

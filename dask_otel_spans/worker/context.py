@@ -1,6 +1,7 @@
 """The OTel context a task runs in on a worker: the span context of its prefix span
 inside its dask span (the dask span's own without prefix spans), exactly as the
-scheduler exports it, worked out once per dask span and prefix (bounded cache)."""
+scheduler exports it; for a bare submission's task, its caller's span. With the
+caller's baggage. Worked out once per dask span, prefix and caller (bounded cache)."""
 from __future__ import annotations
 
 import logging
@@ -8,7 +9,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from opentelemetry import trace
+from opentelemetry import baggage, propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, SpanContext
 
@@ -38,7 +39,8 @@ class TaskContexts:
 
     def __init__(self, prefix_spans: bool = True):
         self.prefix_spans = prefix_spans
-        self._cache: OrderedDict[tuple[str, str], Context] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str, tuple[Any, ...]], Context] = (
+            OrderedDict())
         self._log_once = OnceLogger(logger)
 
     def __len__(self) -> int:
@@ -49,22 +51,35 @@ class TaskContexts:
                    annotations: Mapping[str, Any] | None) -> Context | None:
         """The context of a task of dask span ``span_id`` (the span the scheduler
         put it in) and ``prefix``, from its annotations (``span``: the span's chain
-        of ids; ``otel``: the W3C contexts its block carried); None for a task of
-        no span."""
+        of ids; ``otel``: the W3C contexts its block carried; ``otel-caller``: the
+        context of the caller that submitted it, as the client's propagators
+        injected it); None for a task of no span.
+
+        A task of a bare submission (an ``otel-caller`` and no ``otel`` chain) runs
+        in its caller's span: spans made in its code are children of the caller's
+        span, in the caller's trace. Every task gets its caller's baggage, as this
+        worker's propagators (``OTEL_PROPAGATORS``) extract it.
+        """
         if span_id is None:
             return None
+        caller = annotations.get(names.CALLER_ANNOTATION_KEY) if annotations else None
+        caller_key = _caller_key(caller) if caller is not None else ()
         cache = self._cache
-        key = (span_id, prefix)
-        ctx = cache.get(key)
+        key = (span_id, prefix, caller_key)
+        ctx = cache.get(key) if caller_key is not None else None
         if ctx is not None:
             return ctx
         try:
             ctx = self._derive(span_id, prefix, annotations or {})
+            if caller is not None:
+                ctx = _with_caller(ctx, caller, names.ANNOTATION_KEY in annotations)
         except Exception:
             self._log_once("derive", "cannot work out the OTel context of tasks of "
                            "span %s; they run without one (logged once)", span_id,
                            exc_info=True)
             return None
+        if caller_key is None:
+            return ctx  # (a carrier too large to remember)
         cache[key] = ctx
         if len(cache) > MAX_CONTEXTS:
             cache.popitem(last=False)
@@ -90,3 +105,38 @@ class TaskContexts:
             own = SpanContext(own.trace_id, own.span_id, is_remote=True,
                               trace_flags=own.trace_flags, trace_state=own.trace_state)
         return trace.set_span_in_context(NonRecordingSpan(own), Context())
+
+
+#: Longest caller carrier (all keys and values) remembered in the cache
+_MAX_CACHED_CARRIER = 8192
+
+
+def _caller_key(caller: Any) -> tuple[Any, ...] | None:
+    """The cache key part of a task's caller carrier: its items; None when it is no
+    mapping of strings of bounded size (worked out each time, never remembered)."""
+    if not isinstance(caller, Mapping):
+        return ()  # (ignored: a malformed carrier says nothing)
+    try:
+        items = tuple(sorted(caller.items()))
+    except Exception:
+        return None
+    size = 0
+    for name, value in items:
+        if type(name) is not str or type(value) is not str:
+            return None
+        size += len(name) + len(value)
+    return items if size <= _MAX_CACHED_CARRIER else None
+
+
+def _with_caller(ctx: Context, caller: Any, in_block: bool) -> Context:
+    """``ctx`` with what the caller's carrier holds: its baggage, and, for a bare
+    submission (not ``in_block``), its span in place of the task's own."""
+    if not isinstance(caller, Mapping):
+        return ctx
+    extracted = propagate.extract(dict(caller), context=Context())
+    caller_span = trace.get_current_span(extracted)
+    if not in_block and caller_span.get_span_context().is_valid:
+        ctx = trace.set_span_in_context(caller_span, ctx)
+    for name, value in baggage.get_all(extracted).items():
+        ctx = baggage.set_baggage(name, value, ctx)
+    return ctx

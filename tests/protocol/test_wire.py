@@ -49,7 +49,8 @@ def test_a_batch_of_plain_messages_is_marshalled_and_comes_back_equal():
     chain = {ROOT_ID: {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}}
     batch = [
         ("span", (ROOT_ID,), ("wf",), 1.0, 0, 3),
-        ("graph", 2.0, "client-1", [ROOT_ID], [chain], []),
+        ("graph", 2.0, "client-1", [ROOT_ID], [chain], [],
+         [(ROOT_ID, {"traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01"})]),
         ("deltas", {("execute", ROOT_ID, "inc", "thread-cpu", "seconds"): 0.5}),
         ("flush", 7, 1.5),
     ]

@@ -88,10 +88,55 @@ def test_a_graph_is_forwarded_as_the_ids_of_its_spans_and_its_distinct_chains(tr
     forwarder = forwarder_of(tree, sink, tasks)
     chain = {"r": {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}, "c": {}}
     otel = {("inc-1", 0): chain, ("inc-1", 1): chain}
-    forwarder.pending.append((GRAPH, 10.0, "client-1", list(tasks), otel, None))
+    forwarder.pending.append(
+        (GRAPH, 10.0, "client-1", list(tasks), otel, None, None, None))
     forwarder.tick(2)
-    assert sink.events == [("graph", 10.0, "client-1", ["c"], [chain], [])]
+    assert sink.events == [("graph", 10.0, "client-1", ["c"], [chain], [], [])]
     assert not forwarder.pending
+
+
+CALLER = {"traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01", "baggage": "k=v"}
+
+
+def test_a_bare_submission_links_the_span_its_tasks_landed_in_to_its_caller(tree, sink):
+    group = task_group("inc-1", "c")
+    tasks = {("inc-1", i): Task(group) for i in range(600)}
+    forwarder = forwarder_of(tree, sink, tasks)
+    callers = dict.fromkeys(tasks, CALLER)  # (dask shares the global annotation)
+    forwarder.pending.append((GRAPH, 1.0, None, list(tasks), None, None, callers, None))
+    forwarder.tick(2)
+    (graph,) = sink.events
+    # once, W3C headers only: baggage goes to the workers, not into the link
+    assert graph[-1] == [("c", {"traceparent": CALLER["traceparent"]})]
+
+
+def test_tasks_forgotten_by_the_tick_link_the_default_span_of_their_graph(tree, sink):
+    forwarder = forwarder_of(tree, sink, {})
+    callers = {("inc-1", 0): CALLER}
+    forwarder.pending.append((GRAPH, 1.0, None, list(callers), None, None, callers, "d"))
+    forwarder.tick(2)
+    assert sink.events[0][-1] == [("d", {"traceparent": CALLER["traceparent"]})]
+
+
+def test_tasks_of_a_span_block_link_to_no_caller(tree, sink):
+    group = task_group("inc-1", "c")
+    tasks = {("inc-1", 0): Task(group)}
+    forwarder = forwarder_of(tree, sink, tasks)
+    otel = {("inc-1", 0): {"c": {}}}
+    callers = {("inc-1", 0): CALLER}  # (the block's baggage)
+    forwarder.pending.append((GRAPH, 1.0, None, list(tasks), otel, None, callers, None))
+    forwarder.tick(2)
+    assert sink.events[0][-1] == []
+
+
+def test_a_malformed_caller_links_to_nothing(tree, sink):
+    group = task_group("inc-1", "c")
+    tasks = {("inc-1", 0): Task(group), ("inc-1", 1): Task(group)}
+    forwarder = forwarder_of(tree, sink, tasks)
+    callers = {("inc-1", 0): "not a carrier", ("inc-1", 1): {"traceparent": 7}}
+    forwarder.pending.append((GRAPH, 1.0, None, list(tasks), None, None, callers, None))
+    forwarder.tick(2)
+    assert sink.events[0][-1] == []
 
 
 def test_notices_and_departed_clients_are_forwarded_as_they_came(tree, sink):
@@ -351,10 +396,10 @@ def test_code_is_forwarded_once_per_snippet_with_include_code(tree, sink):
     forwarder = SpanForwarder(tree, tasks, sink, include_code=True)
     forwarder.n_known = 0
     for _ in range(2):
-        forwarder.pending.append((GRAPH, 1.0, None, ["inc-1"], None, None))
+        forwarder.pending.append((GRAPH, 1.0, None, ["inc-1"], None, None, None, None))
         forwarder.tick(2)
     tree["c"]._code[("snippet-2",)] = None
-    forwarder.pending.append((GRAPH, 2.0, None, ["inc-1"], None, None))
+    forwarder.pending.append((GRAPH, 2.0, None, ["inc-1"], None, None, None, None))
     forwarder.tick(2)
     assert [item for item in sink.items if item[0] == "code"] == [
         ("code", "c", (("snippet-1",),)), ("code", "c", (("snippet-2",),)),
@@ -370,7 +415,7 @@ def test_every_message_the_forwarder_sends_is_of_the_protocol(tree, sink):
     tree["c"].groups.add(group)
     tree["c"]._cumulative_worker_metrics[("execute", "inc", "x", "count")] = 1
     forwarder.pending.extend([
-        (GRAPH, 1.0, "c1", ["inc-1"], {"inc-1": {"c": {}}}, None),
+        (GRAPH, 1.0, "c1", ["inc-1"], {"inc-1": {"c": {}}}, None, None, None),
         (NOTICE, 2.0, {"ids": ["c"]}), (CLIENT_GONE, 3.0, "c1"),
     ])
     forwarder.touched.add(group)

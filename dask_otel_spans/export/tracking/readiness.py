@@ -159,11 +159,16 @@ class ReadinessTracker:
             self._schedule.wake_up_at(rec, stop + self.grace)
 
     def graph(self, now: float, client: str | None, span_ids: Iterable[str],
-              chains: Any) -> None:
-        """A graph reached the scheduler: its tasks' spans saw activity, and the
-        W3C contexts its annotation carried apply to them."""
+              chains: Any, links: Iterable[tuple[str, Any]] = ()) -> None:
+        """A graph reached the scheduler: its tasks' spans saw activity, the W3C
+        contexts its annotation carried apply to them, and the spans its bare
+        submissions landed in link to their callers (``(span id, W3C headers)``)."""
         if chains:
             self._absorb_chains(chains)
+        for span_id, headers in links:
+            rec = self._open.get(span_id)
+            if rec is not None:
+                rec.links.add(headers)
         self._mark_active(span_ids, now, client)
 
     def close_notice(self, now: float, msg: Any) -> None:
@@ -473,6 +478,7 @@ class ReadinessTracker:
             rec.tags, rec.ids, carried_for_translation(rec, self._open.get(rec.ids[0])),
             snapshot, now, complete,
             rec.close_reason, rec.enter, rec.exit, keep_summary, rec.counted,
+            rec.links.kept(), rec.links.dropped,
         ))
         if span is not None and self.on_handed_over is not None:
             self.on_handed_over(span)

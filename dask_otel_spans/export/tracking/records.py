@@ -6,6 +6,40 @@ from typing import Any
 from dask_otel_spans import names
 
 
+class CallerLinks:
+    """The distinct callers' W3C headers of bare submissions that landed in one
+    span: the first ``names.MAX_SPAN_LINKS`` kept, the others counted."""
+
+    __slots__ = ("_kept", "dropped")
+
+    def __init__(self) -> None:
+        self._kept: dict[str, dict[str, str]] | None = None
+        #: distinct callers not kept, past the cap
+        self.dropped = 0
+
+    def __len__(self) -> int:
+        return len(self._kept) if self._kept is not None else 0
+
+    def add(self, headers: dict[str, str]) -> None:
+        """A caller's headers (``traceparent`` and maybe ``tracestate``)."""
+        kept = self._kept
+        if kept is None:
+            kept = self._kept = {}
+        traceparent = headers["traceparent"]
+        if traceparent in kept:
+            return
+        if len(kept) < names.MAX_SPAN_LINKS:
+            kept[traceparent] = headers
+        else:
+            # (a caller counted twice past the cap is counted twice: remembering
+            # every one would make memory follow the callers)
+            self.dropped += 1
+
+    def kept(self) -> tuple[dict[str, str], ...]:
+        """The kept callers' headers, in the order they came."""
+        return tuple(self._kept.values()) if self._kept else ()
+
+
 class OpenSpan:
     """Bookkeeping of one dask span that was not handed over yet.
 
@@ -20,7 +54,8 @@ class OpenSpan:
     """
 
     __slots__ = (
-        "id", "tags", "ids", "span", "carried", "helper", "closed_at", "close_reason",
+        "id", "tags", "ids", "span", "carried", "links", "helper", "closed_at",
+        "close_reason",
         "last_activity", "done_since", "finished_at", "clients", "client_gone",
         "enter", "exit", "counted", "depth", "submitted", "awaiting_graph",
         "open_children", "children_finished_at", "wake_at", "unfinished_group",
@@ -35,6 +70,8 @@ class OpenSpan:
         self.span: Any = None
         #: W3C headers carried from the client for ids of the chain, as sent
         self.carried: dict[str, Any] = {}
+        #: callers of bare submissions whose tasks dask put in it
+        self.links = CallerLinks()
         #: opened by the client helper: wait for its close notice
         self.helper = False
         self.closed_at: float | None = None
