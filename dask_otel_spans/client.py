@@ -15,9 +15,8 @@ from typing import TYPE_CHECKING, Any
 import dask
 import distributed
 import distributed.spans
-from opentelemetry import baggage
+from opentelemetry import baggage, trace
 from opentelemetry import context as otel_context
-from opentelemetry import trace
 from opentelemetry.trace import SpanContext
 
 from dask_otel_spans import names
