@@ -133,7 +133,12 @@ def _with_caller(ctx: Context, caller: Any, in_block: bool) -> Context:
     submission (not ``in_block``), its span in place of the task's own."""
     if not isinstance(caller, Mapping):
         return ctx
-    extracted = propagate.extract(dict(caller), context=Context())
+    try:
+        carrier = {name: value for name, value in caller.items()
+                   if type(name) is str and type(value) is str}
+        extracted = propagate.extract(carrier, context=Context())
+    except Exception:  # (a propagator's own failure: the task's own context)
+        return ctx
     caller_span = trace.get_current_span(extracted)
     if not in_block and caller_span.get_span_context().is_valid:
         ctx = trace.set_span_in_context(caller_span, ctx)

@@ -27,3 +27,14 @@ def test_the_worker_benchmark_reports_the_plugin_cost_per_task_and_per_record(ca
     out = capsys.readouterr().out
     assert re.search(r"the plugin's work per task: -?[0-9.]+ µs", out)
     assert re.search(r"per log record made: -?[0-9.]+ µs", out)
+
+
+def test_the_zero_code_benchmark_reports_the_client_and_link_costs(capsys):
+    from bench_zero_code import main as zero_code_main
+
+    assert zero_code_main(["--parts", "micro", "--calls", "500", "--repeat", "2"]) == 0
+    out = capsys.readouterr().out
+    for case in ("no span current", "a span current", "a span and baggage"):
+        assert re.search(rf"{case} +-?[0-9.]+ µs", out), out
+    assert re.search(r"one-task bare graph -?[0-9.]+ µs", out)
+    assert re.search(r"128 links [0-9]+ µs, without [0-9]+ µs", out)

@@ -133,3 +133,22 @@ async def test_uninstrument_stops_carrying_callers(c, s, a, b, memory):
         dict(ts.annotations or {}) for ts in dask_scheduler.tasks.values()])
     assert all(names.CALLER_ANNOTATION_KEY not in ann for ann in state)
     assert dask.get_annotations() == {}
+
+
+@gen_cluster(client=True)
+async def test_every_way_of_submitting_carries_the_caller(c, s, a, b, instrumentor):
+    await c.register_plugin(OTelWorkerPlugin(environ=NO_EXPORT))
+    instrumentor.instrument()
+    ways = {
+        "submit": lambda: c.submit(in_task, 1, key="in_task-submit"),
+        "map": lambda: c.map(in_task, [2], key=["in_task-map"])[0],
+        "compute": lambda: c.compute(dask.delayed(in_task)(3, dask_key_name="in_task-c")),
+        "persist": lambda: c.persist(dask.delayed(in_task)(4, dask_key_name="in_task-p")
+                                     ).dask["in_task-p"],
+        # (what dask.compute calls on the distributed scheduler)
+        "get": lambda: c.get({"in_task-g": (in_task, 5)}, "in_task-g", sync=False),
+    }
+    for span_id, (way, submit) in enumerate(ways.items(), 1):
+        with trace.use_span(caller(span_id)):
+            future = submit()
+        assert (await future)[:2] == (TRACE_ID, span_id), way

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import uuid
 
-from opentelemetry import trace
+from opentelemetry import baggage, trace
 
 from dask_otel_spans.protocol.propagation import otel_trace_id, prefix_span_id
 from dask_otel_spans.worker import context as task_context
@@ -55,3 +55,46 @@ def test_the_contexts_remembered_are_bounded(monkeypatch):
     for i in range(10):
         contexts.context_of(ROOT, f"p{i}", {})
     assert len(contexts) == 3
+
+
+CALLER = {"traceparent": TRACEPARENT, "baggage": "tenant=acme"}
+
+
+def test_a_bare_submissions_task_runs_in_its_callers_span_with_its_baggage():
+    ctx = TaskContexts().context_of(ROOT, "inc", {"otel-caller": CALLER})
+    assert ids_of(ctx) == (0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331)
+    assert baggage.get_all(ctx) == {"tenant": "acme"}
+
+
+def test_a_span_blocks_task_keeps_its_prefix_span_and_gets_the_callers_baggage():
+    ctx = TaskContexts().context_of(
+        CHILD, "inc", {"span": {"ids": (ROOT, CHILD)}, "otel": {ROOT: {}, CHILD: {}},
+                       "otel-caller": CALLER})
+    assert ids_of(ctx) == (otel_trace_id(ROOT), prefix_span_id(CHILD, "inc"))
+    assert baggage.get_all(ctx) == {"tenant": "acme"}
+
+
+def test_tasks_of_different_callers_get_their_own_callers_context():
+    contexts = TaskContexts()
+    other = {"traceparent": TRACEPARENT.replace("b7ad", "c7ad")}
+    first = contexts.context_of(ROOT, "inc", {"otel-caller": CALLER})
+    second = contexts.context_of(ROOT, "inc", {"otel-caller": other})
+    assert ids_of(first)[1] != ids_of(second)[1] == 0xC7AD6B7169203331
+    assert contexts.context_of(ROOT, "inc", {"otel-caller": dict(CALLER)}) is first
+
+
+def test_a_malformed_caller_leaves_the_tasks_own_context():
+    contexts = TaskContexts()
+    own = contexts.context_of(ROOT, "inc", {})
+    for caller in ("not a carrier", {"traceparent": "garbage"}, {"traceparent": 7}):
+        ctx = contexts.context_of(ROOT, "inc", {"otel-caller": caller})
+        assert ids_of(ctx) == ids_of(own)
+        assert baggage.get_all(ctx) == {}
+
+
+def test_a_caller_carrier_too_large_to_remember_is_worked_out_each_time():
+    contexts = TaskContexts()
+    huge = {**CALLER, "x-padding": "p" * 10_000}
+    ctx = contexts.context_of(ROOT, "inc", {"otel-caller": huge})
+    assert ids_of(ctx)[1] == 0xB7AD6B7169203331
+    assert len(contexts) == 0
