@@ -102,6 +102,34 @@ def gc_figures(dask_scheduler: Any = None) -> dict:
     return {"collections": list(GC["collections"]), "cpu_s": GC["cpu_s"]}
 
 
+def thread_cpu(dask_scheduler: Any = None) -> dict:
+    """run_on_scheduler: CPU seconds of this process's live threads by thread name
+    (``MainThread`` runs the event loop), from each thread's CPU-time clock (to the
+    nanosecond, where ``/proc``'s figures step by 10 ms); ``process``: the whole
+    process (ended threads included); ``process user`` and ``process system``: its
+    split as the kernel counts it (in 10 ms ticks)."""
+    import psutil
+
+    out: dict[str, float] = {}
+    for t in threading.enumerate():
+        try:
+            cpu = _time.clock_gettime(_time.pthread_getcpuclockid(t.ident))
+        except (OSError, TypeError, AttributeError):
+            continue
+        out[t.name] = out.get(t.name, 0.0) + cpu
+    out["process"] = _time.process_time()
+    times = psutil.Process().cpu_times()
+    out["process user"], out["process system"] = times.user, times.system
+    return out
+
+
+def sender_frames(dask_scheduler: Any) -> int:
+    """run_on_scheduler: frames the plugin wrote to its export process so far."""
+    plugin = dask_scheduler.plugins.get("otel-spans")
+    stats = getattr(plugin, "export_stats", None)
+    return int(stats().get("frames", 0)) if stats is not None else 0
+
+
 def dask_setup(scheduler: Any) -> None:
     gc.callbacks.append(_gc_clock)
     scheduler.add_plugin(SpanDoneClock(scheduler))

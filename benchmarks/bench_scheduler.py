@@ -32,7 +32,9 @@ Parts:
    sides) as a control for the machine's speed, and the CPU ratio with it divided out
 2. event-loop cost: longest single plugin hook/callback call, total, 10,000-task graph
    (``--workloads wide``, not in the default set: one span with 3,000 child spans of one
-   task each, a parent whose check and copy cover thousands of open children)
+   task each, a parent whose check and copy cover thousands of open children);
+   ``--workloads small``: 300 plain ``distributed.span`` blocks of 2 tasks, one graph
+   each (``bench_account.py`` breaks its cost down)
 3. memory: the plugin's retained memory after 1k, 10k, 100k emitted spans
 4. latency: dask span done -> OTel span at the exporter, against the grace period
 5. export cost: a span with 50 task prefixes and full metrics: the copy taken on the
@@ -58,6 +60,7 @@ from typing import Any
 import dask
 import psutil
 from distributed import Client
+from distributed import span as dask_span
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 #: the source tree this benchmark belongs to
@@ -306,6 +309,21 @@ def wide_workload(client: Client, n: int) -> int:
     return n
 
 
+def small_workload(client: Client, n_spans: int, per_span: int) -> int:
+    """``n_spans`` plain ``distributed.span`` blocks (dask's own, no client helper) of
+    ``per_span`` tasks each, one graph per block and a TaskGroup of its own, submitted
+    back to back and gathered at the end: many small spans, as a pipeline of small
+    steps makes them."""
+    futures = []
+    for i in range(n_spans):
+        with dask_span("small", f"step-{i}"):
+            name = f"s{i}-{uuid.uuid4().hex}"
+            futures += client.compute([dask.delayed(inc)(j, dask_key_name=(name, j))
+                                       for j in range(per_span)])
+    client.gather(futures)
+    return n_spans * per_span
+
+
 WORKLOADS = {
     "futures": futures_workload,
     "interactive": interactive_workload,
@@ -315,6 +333,7 @@ WORKLOADS = {
 }
 #: workloads run only when named in --workloads
 EXTRA_WORKLOADS = {
+    "small": small_workload,
     "wide": wide_workload,
     "delayed-list": delayed_list_workload,
     "nested-list": nested_list_workload,
@@ -408,6 +427,7 @@ def scale_tasks(scale: dict[str, Any]) -> dict[str, int]:
         "nested": lambda a, b, c: a * b * c,
         "big-graph": lambda tasks: tasks,
         "wide": lambda children: children,
+        "small": lambda spans, per_span: spans * per_span,
     }
     count["delayed-list"], count["nested-list"] = count["delayed"], count["nested"]
     count["nested-x10"] = lambda a, b, c: a * b * c * 10
@@ -974,7 +994,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         scale = {"futures": (20, 10), "interactive": (10, 10), "delayed": (20, 10),
                  "nested": (4, 3, 5),
-                 "big-graph": (1000,), "wide": (200,)}
+                 "big-graph": (1000,), "wide": (200,), "small": (30, 2)}
         scale.update({"delayed-list": scale["delayed"], "nested-list": scale["nested"],
                       "nested-x10": scale["nested"]})
         pairs, checkpoints, repeat = args.pairs or 1, [50, 150, 300], 5
@@ -982,7 +1002,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         scale = {"futures": (200, 100), "interactive": (200, 10),
                  "delayed": (200, 100), "nested": (10, 10, 20),
-                 "big-graph": (10_000,), "wide": (3_000,)}
+                 "big-graph": (10_000,), "wide": (3_000,), "small": (300, 2)}
         scale.update({"delayed-list": scale["delayed"], "nested-list": scale["nested"],
                       "nested-x10": scale["nested"]})
         pairs, checkpoints, repeat = args.pairs or 3, [1000, 10_000, 100_000], 50

@@ -82,6 +82,13 @@ TASK_NBYTES = "dask.task.nbytes"
 TASK_SPANS_LEFT_OUT = "dask.task_spans.left_out"
 #: Attribute of a task span's action events (``transfer``, ``disk-read``...): seconds
 TASK_ACTION_DURATION = "dask.task.action.duration"
+#: OpenTelemetry's error type (semantic conventions, stable): on erred task spans,
+#: and on prefix and dask spans that hold erred tasks (their most frequent type)
+ERROR_TYPE = "error.type"
+#: OpenTelemetry's code attribute (stable): the task's function, on task spans
+CODE_FUNCTION_NAME = "code.function.name"
+#: Types named in an erred span's status description, the most frequent first
+MAX_ERROR_TYPES_DESCRIBED = 3
 #: OpenTelemetry's exception event and attributes
 EXCEPTION_EVENT = "exception"
 EXCEPTION_TYPE = "exception.type"

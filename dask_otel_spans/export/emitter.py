@@ -266,6 +266,8 @@ class SpanEmitter:
                     tracer, prefix.name, prefix.span_id, child_ctx, prefix.attributes,
                     prefix.start_ns,
                 )
+                if prefix.error:
+                    child.set_status(Status(StatusCode.ERROR, prefix.error))
                 if prefix.tasks:
                     self._task_spans(tracer, prefix.tasks,
                                      trace.set_span_in_context(child))

@@ -27,6 +27,7 @@ from dask_otel_spans.export.tracking.records import carried_for_translation
 from dask_otel_spans.export.tracking.tree import SpanTree
 from dask_otel_spans.logonce import OnceLogger
 from dask_otel_spans.protocol.events import UnknownMessage, dispatch
+from dask_otel_spans.protocol.exceptions import OTHER, exception_type
 from dask_otel_spans.protocol.propagation import parse_carried, resolve_chain
 from dask_otel_spans.protocol.tasks import SLOWEST
 
@@ -208,8 +209,11 @@ class ExportSession:
         if tg is not None:
             self.tracker.group_settled(span_id, tg.stop)
 
-    def on_group_erred(self, span_id: str, group: int, count: int) -> None:
-        self.tree.group_erred(span_id, group, count)
+    def on_group_erred(self, span_id: str, group: int, count: int,
+                       classes: list[tuple[Any, str, int]]) -> None:
+        self.tree.group_erred(span_id, group, count, [
+            (exception_type(name, origin) if origin is not None or name else OTHER, n)
+            for origin, name, n in classes])
 
     def on_group_tasks(self, span_id: str, group: int, prefix: str, records: Any,
                        erred_seen: int, others_seen: int) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dask_otel_spans import names
+from dask_otel_spans.protocol.exceptions import exception_type
 from dask_otel_spans.protocol.propagation import task_span_id
 
 if TYPE_CHECKING:
@@ -96,10 +97,12 @@ def exception_attributes(record: TaskRecord, with_details: bool) -> dict[str, An
     is off (``record-exceptions: false``) the message and a stack trace in Python's
     format (the worker's frames, then the exception line)."""
     kind, message = exception_parts(record.exception or "")
+    kind = exception_type(kind, record.exception_class)
     attributes: dict[str, Any] = {names.EXCEPTION_TYPE: kind}
     if with_details:
         attributes[names.EXCEPTION_MESSAGE] = message
-        # (Python's last line: the type alone when the message is empty)
+        # (Python's last line: the type alone when the message is empty; Python
+        # writes the qualified name there too)
         last = f"{kind}: {message}" if message else kind
         attributes[names.EXCEPTION_STACKTRACE] = (
             f"Traceback (most recent call last):\n{record.traceback or ''}{last}"
@@ -131,6 +134,8 @@ def task_span_fields(
         }
         if record.nbytes >= 0:
             attributes[names.TASK_NBYTES] = record.nbytes
+        if record.function:
+            attributes[names.CODE_FUNCTION_NAME] = record.function
         events = [
             TaskEvent(action, _ns(a), {names.TASK_ACTION_DURATION: max(0.0, b - a)})
             for action, a, b in record.actions
@@ -139,6 +144,7 @@ def task_span_fields(
         if record.erred:
             exc = exception_attributes(record, record_exceptions)
             error = exc[names.EXCEPTION_TYPE]
+            attributes[names.ERROR_TYPE] = error
             events.append(TaskEvent(names.EXCEPTION_EVENT, _ns(stop), exc))
         out.append(TaskSpanFields(
             name=prefix,

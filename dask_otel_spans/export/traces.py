@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from dask_otel_spans import names
 from dask_otel_spans.export.task_spans import TaskSpanFields, task_span_fields
+from dask_otel_spans.protocol.exceptions import OTHER
 from dask_otel_spans.protocol.propagation import ChainIds, prefix_span_id
 
 if TYPE_CHECKING:
@@ -61,10 +62,14 @@ class SpanSummary:
     metrics: dict[tuple[str, str], float] = field(default_factory=dict)
     #: sum of the known ``execute`` seconds (for the idle activity)
     execute_seconds: float = 0.0
+    #: ``exception.type -> count`` of the tasks that erred while they ran
+    errors: dict[str, int] = field(default_factory=dict)
 
     def add(self, other: SpanSummary) -> None:
         self.task_count += other.task_count
         self.erred_count += other.erred_count
+        for kind, n in other.errors.items():
+            self.errors[kind] = self.errors.get(kind, 0) + n
         self.nbytes_total += other.nbytes_total
         self.task_duration += other.task_duration
         if other.start and (not self.start or other.start < self.start):
@@ -80,6 +85,8 @@ def _group_figures(groups: Iterable[GroupSnapshot]) -> SpanSummary:
     for tg in groups:
         out.task_count += tg.task_count
         out.erred_count += tg.erred_count
+        for kind, n in tg.errors:
+            out.errors[kind] = out.errors.get(kind, 0) + n
         out.nbytes_total += tg.nbytes_total
         out.task_duration += tg.duration
         if tg.start and (not out.start or tg.start < out.start):
@@ -170,6 +177,8 @@ class PrefixSpanFields:
     attributes: dict[str, Any]
     #: its task spans (``task-spans``)
     tasks: list[TaskSpanFields] = field(default_factory=list)
+    #: set when tasks erred: the status description
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -214,10 +223,35 @@ def _base_attributes(
 
 
 def _error(summary: SpanSummary) -> str | None:
+    """The status description of a span whose tasks erred: how many, and of which
+    exception types (the most frequent first, a few)."""
     if not summary.erred_count:
         return None
     n = summary.erred_count
-    return f"{n} task{'s' if n != 1 else ''} erred"
+    text = f"{n} task{'s' if n != 1 else ''} erred"
+    ranked = _ranked(summary.errors)
+    if ranked:
+        shown = ranked[:names.MAX_ERROR_TYPES_DESCRIBED]
+        text += ": " + ", ".join(f"{count} {kind}" for kind, count in shown)
+        rest = sum(count for _, count in ranked[len(shown):])
+        if rest:
+            text += f", {rest} of {len(ranked) - len(shown)} other type" + (
+                "s" if len(ranked) - len(shown) != 1 else "")
+    return text
+
+
+def _ranked(errors: Mapping[str, int]) -> list[tuple[str, int]]:
+    return sorted(errors.items(), key=lambda item: (-item[1], item[0]))
+
+
+def error_type(summary: SpanSummary) -> str | None:
+    """``error.type`` of a span whose tasks erred: the most frequent exception type
+    of those that erred while they ran (ties: by name); ``_OTHER`` when none is
+    known (they erred because a dependency did, in another span)."""
+    if not summary.erred_count:
+        return None
+    ranked = _ranked(summary.errors)
+    return ranked[0][0] if ranked else OTHER
 
 
 def prefix_fields(
@@ -254,6 +288,9 @@ def prefix_fields(
             names.TASK_GROUP_NBYTES_TOTAL: fig.nbytes_total,
         }
         attributes.update(metrics.get(prefix, {}))
+        kind = error_type(fig)
+        if kind is not None:
+            attributes[names.ERROR_TYPE] = kind
         records, left_out = span.tasks.get(prefix, ((), 0))
         if left_out:
             attributes[names.TASK_SPANS_LEFT_OUT] = left_out
@@ -270,6 +307,7 @@ def prefix_fields(
                 end_ns=max([to_ns(stop), *(t.end_ns for t in tasks)]),
                 attributes=attributes,
                 tasks=tasks,
+                error=_error(fig),
             )
         )
     return out
@@ -341,6 +379,9 @@ def span_fields(
     idle_attr = metric_attribute(names.IDLE_ACTIVITY, "seconds")
     attributes[idle_attr] = attributes.get(idle_attr, 0) + idle
     attributes[names.SPAN_CLOSE_REASON] = close_reason
+    kind = error_type(summary)
+    if kind is not None:
+        attributes[names.ERROR_TYPE] = kind
     if not complete:
         attributes[names.SPAN_INCOMPLETE] = True
     if code_max_length is not None:

@@ -51,11 +51,15 @@ class GroupDone(NamedTuple):
 
 class GroupErred(NamedTuple):
     """``count`` tasks of the group erred since the last tick: counted when they err
-    (the group's state counts forget an error once the task is released)."""
+    (the group's state counts forget an error once the task is released); the
+    exception classes of those that erred while they ran: ``[(what names the class
+    (:func:`~dask_otel_spans.protocol.exceptions.exception_class`), type name as
+    its ``repr`` gives it, count), ...]``."""
 
     span_id: str
     group: int
     count: int
+    classes: list[tuple[Any, str, int]]
 
 
 class GroupTasks(NamedTuple):

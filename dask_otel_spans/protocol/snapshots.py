@@ -25,6 +25,17 @@ class GroupSnapshot(NamedTuple):
     duration: float
     task_count: int
     erred_count: int
+    #: ``(exception.type, count)`` of its tasks that erred while they ran, most
+    #: frequent first (the export side's copy knows them; empty from a
+    #: scheduler's ``TaskGroup``)
+    errors: tuple[tuple[str, int], ...] = ()
+
+
+def _errors_of(tg: Any) -> tuple[tuple[str, int], ...]:
+    errors = getattr(tg, "errors", None)
+    if not errors:
+        return ()
+    return tuple(sorted(errors.items(), key=lambda item: (-item[1], item[0])))
 
 
 #: A child that is copied, or the id of a child whose subtree summary the exporting
@@ -86,7 +97,8 @@ def snapshot_span(
     Cost: one C-level dict copy of the span's metrics plus a few attribute reads per
     task group and per copied child.
     """
-    groups = tuple(GroupSnapshot._make(snapshot_group(tg)) for tg in list(span.groups))
+    groups = tuple(GroupSnapshot._make((*snapshot_group(tg), _errors_of(tg)))
+                   for tg in list(span.groups))
     children = tuple(
         child.id if child.id in summarized else snapshot_span(child, summarized)
         for child in list(span.children)

@@ -234,6 +234,7 @@ class SpanForwarder:
         previous.pending.clear()
         self.sampler.groups.update(previous.sampler.groups)
         self.sampler.erred_windows.update(previous.sampler.erred_windows)
+        self.sampler.erred_classes.update(previous.sampler.erred_classes)
         for name in ("n_known", "touched", "erred", "running_forwarded", "code_sent",
                      "workers", "forwarded_spans", "forwarded_before_adoption",
                      "forwarded_groups"):
@@ -334,8 +335,11 @@ class SpanForwarder:
         touched, self.touched = self.touched, set()
         erred, self.erred = self.erred, {}
         running_forwarded = self.running_forwarded
-        out = [(events.ERRED, tg.span_id, id(tg), n)
-               for tg, n in erred.items() if tg.span_id is not None]
+        take_classes = self.sampler.take_erred_classes
+        out = [(events.ERRED, tg.span_id, id(tg), n, classes)
+               for tg, n in erred.items()
+               # (taken for every group: none is left behind)
+               for classes in (take_classes(tg),) if tg.span_id is not None]
         for i, tg in enumerate(touched, 1):
             if i % SPANS_PER_STEP == 0:
                 self._send(out)
@@ -374,6 +378,7 @@ class SpanForwarder:
                 self._tasks_of(tg, tg.span_id, out)
         self.sampler.groups.clear()
         self.sampler.erred_windows.clear()
+        self.sampler.erred_classes.clear()
         self._send(out)
 
     def _code_of(self, span_ids: list[str], out: list[tuple[Any, ...]]) -> None:

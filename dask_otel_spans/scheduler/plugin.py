@@ -412,10 +412,10 @@ class OTelSpansPlugin(SchedulerPlugin):
                     erred = forwarder.erred
                     erred[tg] = erred.get(tg, 0) + 1
                     if start == "processing":  # (it ran: not erred by a dependency)
-                        forwarder.sampler.erred(tg, key, kwargs)
+                        forwarder.sampler.erred(tg, key, kwargs, ts.run_spec)
                 elif (forwarder.sampler.finished is not None and finish == "memory"
                       and start == "processing"):
-                    forwarder.sampler.finished(tg, key, kwargs)
+                    forwarder.sampler.finished(tg, key, kwargs, ts.run_spec)
         except Exception:
             self._log_failure("transition")
 

@@ -11,6 +11,10 @@ import itertools
 from collections.abc import Mapping
 from typing import Any
 
+from dask._task_spec import Task
+from dask.utils import funcname
+
+from dask_otel_spans.protocol.exceptions import exception_class
 from dask_otel_spans.protocol.tasks import (
     ALL,
     MAX_EXCEPTION_MESSAGE_LENGTH,
@@ -22,9 +26,38 @@ from dask_otel_spans.protocol.tasks import (
 )
 
 
-def task_record(key: Any, kwargs: Mapping[str, Any], erred: bool) -> TaskRecord:
+#: Longest ``code.function.name`` kept (characters)
+MAX_FUNCTION_LENGTH = 256
+#: Distinct exception classes counted per task group between two ticks; the rest are
+#: counted as of no known class
+MAX_ERROR_CLASSES = 8
+
+
+def function_name(run_spec: Any) -> str | None:
+    """The task's function as dask names it (``dask.utils.funcname``) when its run
+    spec is a plain function call (a dask ``Task`` of a callable); None otherwise."""
+    if type(run_spec) is not Task:
+        return None
+    func = getattr(run_spec, "func", None)
+    if not callable(func):
+        return None
+    try:
+        return str(funcname(func))[:MAX_FUNCTION_LENGTH] or None
+    except Exception:
+        return None
+
+
+def exception_name(exception_text: Any) -> str:
+    """The exception type's name as its ``repr`` (``exception_text``) starts."""
+    text = str(exception_text or "")[:MAX_FUNCTION_LENGTH]
+    return text.partition("(")[0].strip()
+
+
+def task_record(key: Any, kwargs: Mapping[str, Any], erred: bool,
+                run_spec: Any = None) -> TaskRecord:
     """The record of a task that finished (``processing -> memory``) or erred
-    (``processing -> erred``), from the ``transition`` hook's keyword arguments."""
+    (``processing -> erred``), from the ``transition`` hook's keyword arguments
+    (and the task's run spec, for its function's name)."""
     start = stop = 0.0
     actions = []
     for ss in kwargs.get("startstops") or ():
@@ -46,6 +79,8 @@ def task_record(key: Any, kwargs: Mapping[str, Any], erred: bool) -> TaskRecord:
         str(key)[:MAX_KEY_LENGTH], str(kwargs.get("worker") or ""), start, stop,
         int(nbytes) if isinstance(nbytes, int) and not erred else -1,
         tuple(actions), exception, traceback,
+        exception_class(kwargs.get("exception")) if erred else None,
+        function_name(run_spec),
     )
 
 
@@ -114,6 +149,9 @@ class TaskSampler:
         #: task group -> ``[earliest start, latest stop]`` of the compute of its
         #: tasks that erred since :meth:`take_erred_window` last took it
         self.erred_windows: dict[Any, list[float]] = {}
+        #: task group -> ``{(what names the class, type name): count}`` of its tasks
+        #: that erred while they ran since :meth:`take_erred_classes` last took it
+        self.erred_classes: dict[Any, dict[tuple[Any, str], int]] = {}
         self._tie = itertools.count()
 
     def _of(self, group: Any) -> GroupTasks:
@@ -122,10 +160,20 @@ class TaskSampler:
             tasks = self.groups[group] = GroupTasks()
         return tasks
 
-    def erred(self, group: Any, key: Any, kwargs: Mapping[str, Any]) -> None:
+    def erred(self, group: Any, key: Any, kwargs: Mapping[str, Any],
+              run_spec: Any = None) -> None:
         """A task of ``group`` erred while it ran (``processing -> erred``):
-        its compute times widen the group's erred window; its record is kept
-        when ``mode`` keeps erred tasks and the cap leaves room. O(1)."""
+        its compute times widen the group's erred window, its exception's class is
+        counted; its record is kept when ``mode`` keeps erred tasks and the cap
+        leaves room. O(1)."""
+        classes = self.erred_classes.get(group)
+        if classes is None:
+            classes = self.erred_classes[group] = {}
+        cls = (exception_class(kwargs.get("exception")),
+               exception_name(kwargs.get("exception_text")))
+        if cls not in classes and len(classes) >= MAX_ERROR_CLASSES:
+            cls = (None, "")
+        classes[cls] = classes.get(cls, 0) + 1
         start, stop = compute_times(kwargs)
         if stop:
             window = self.erred_windows.get(group)
@@ -141,25 +189,35 @@ class TaskSampler:
         tasks = self._of(group)
         tasks.erred_seen += 1
         if len(tasks.erred) < self.cap:
-            tasks.erred.append(task_record(key, kwargs, True))
+            tasks.erred.append(task_record(key, kwargs, True, run_spec))
 
-    def _slowest(self, group: Any, key: Any, kwargs: Mapping[str, Any]) -> None:
+    def take_erred_classes(self, group: Any) -> list[tuple[Any, str, int]]:
+        """``[(what names the class, type name, count), ...]`` of the tasks of
+        ``group`` that erred while they ran since it was last taken."""
+        classes = self.erred_classes.pop(group, None)
+        if not classes:
+            return []
+        return [(origin, name, n) for (origin, name), n in classes.items()]
+
+    def _slowest(self, group: Any, key: Any, kwargs: Mapping[str, Any],
+                 run_spec: Any = None) -> None:
         tasks = self._of(group)
         tasks.others_seen += 1
         seconds = compute_seconds(kwargs)
         heap = tasks.others
         if len(heap) < self.cap:
             heapq.heappush(heap, (seconds, next(self._tie),
-                                  task_record(key, kwargs, False)))
+                                  task_record(key, kwargs, False, run_spec)))
         elif seconds > heap[0][0]:
             heapq.heapreplace(heap, (seconds, next(self._tie),
-                                     task_record(key, kwargs, False)))
+                                     task_record(key, kwargs, False, run_spec)))
 
-    def _first(self, group: Any, key: Any, kwargs: Mapping[str, Any]) -> None:
+    def _first(self, group: Any, key: Any, kwargs: Mapping[str, Any],
+               run_spec: Any = None) -> None:
         tasks = self._of(group)
         tasks.others_seen += 1
         if len(tasks.others) < self.cap:
-            tasks.others.append((0.0, 0, task_record(key, kwargs, False)))
+            tasks.others.append((0.0, 0, task_record(key, kwargs, False, run_spec)))
 
     def take(self, group: Any) -> GroupTasks | None:
         """The tasks kept of ``group`` since it was last taken, forgotten here."""

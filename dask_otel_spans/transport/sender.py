@@ -50,6 +50,8 @@ class ChildSender:
         )
         #: items that could not reach a live export process
         self.lost = 0
+        #: frames written to the export process (one write and flush each)
+        self.frames = 0
         #: the scheduler's ``total_nthreads_history``, which the child keeps a copy
         #: of; None: no copy
         self.nthreads_history: list[tuple[float, int]] | None = None
@@ -85,6 +87,7 @@ class ChildSender:
         the children that died), and what this side lost or dropped."""
         out = self.supervisor.stats()
         out["lost"] = self.lost
+        out["frames"] = self.frames
         out["dropped_by_kind"] = dict(self.budget.dropped_by_kind)
         out["waiting"] = self.waiting
         return out
@@ -184,6 +187,7 @@ class ChildSender:
             try:
                 proc.stdin.write(frame)
                 proc.stdin.flush()
+                self.frames += 1
                 self._history_sent = history_len
                 return
             except (OSError, ValueError):

@@ -291,3 +291,20 @@ def test_a_group_settled_again_keeps_the_times_of_its_earlier_erred_tasks():
     )
     (group,) = snapshot_span(span).groups
     assert (group.start, group.stop) == (101.0, 107.0)
+
+
+def test_the_description_names_the_three_most_frequent_error_types_and_counts_the_rest():
+    from dask_otel_spans.export.traces import SpanSummary, _error, error_type
+
+    summary = SpanSummary(erred_count=12, errors={
+        "ValueError": 5, "KeyError": 3, "a.B": 2, "OSError": 1, "x.Y": 1})
+    assert error_type(summary) == "ValueError"
+    assert _error(summary) == ("12 tasks erred: 5 ValueError, 3 KeyError, 2 a.B, "
+                               "2 of 2 other types")
+
+
+def test_erred_work_of_no_known_exception_type_is_other():
+    from dask_otel_spans.export.traces import SpanSummary, error_type
+
+    assert error_type(SpanSummary(erred_count=2)) == "_OTHER"
+    assert error_type(SpanSummary()) is None

@@ -441,5 +441,17 @@ def test_errors_are_forwarded_as_they_were_counted_before_the_groups(tree, sink)
     forwarder.tick(2)
     kinds = [item[0] for item in sink.items if item[0] in ("erred", "done")]
     assert kinds == ["erred", "done"]
-    assert ("erred", "c", id(group), 3) in sink.items
+    assert ("erred", "c", id(group), 3, []) in sink.items
     assert forwarder.erred == {}
+
+
+def test_the_exception_classes_of_erred_tasks_go_with_their_count(tree, sink):
+    group = task_group("div-1", "c", running=0, memory=0)
+    forwarder = forwarder_of(tree, sink)
+    for text in ("ZeroDivisionError('a')", "ZeroDivisionError('a')", "KeyError(1)"):
+        forwarder.erred[group] = forwarder.erred.get(group, 0) + 1
+        forwarder.sampler.erred(group, "div-1", {"exception_text": text})
+    forwarder.tick(2)
+    (erred,) = [item for item in sink.items if item[0] == "erred"]
+    assert sorted(erred[4]) == [(None, "KeyError", 1), (None, "ZeroDivisionError", 2)]
+    assert forwarder.sampler.erred_classes == {}

@@ -180,7 +180,7 @@ async def test_erred_tasks_set_error_status(c, s, a, b):
     await async_wait_for(lambda: memory.by_name("fails"))
     [fails] = memory.by_name("fails")
     assert fails.status.status_code == StatusCode.ERROR
-    assert fails.status.description == "1 task erred"
+    assert fails.status.description == "1 task erred: 1 ZeroDivisionError"
     assert fails.attributes[names.SPAN_ERRED_COUNT] == 1
 
 

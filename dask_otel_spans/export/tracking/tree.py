@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator, Mapping
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 from typing import Any
 
 from distributed.spans import Span
@@ -41,7 +41,7 @@ class TreeGroup:
     snapshots read, as last forwarded."""
 
     __slots__ = ("key", "prefix", "span_id", "states", "start", "stop", "duration",
-                 "nbytes_total", "erred_seen", "erred_start", "erred_stop")
+                 "nbytes_total", "erred_seen", "erred_start", "erred_stop", "errors")
 
     def __init__(self, key: int, prefix: str, span_id: str):
         #: tells the span's groups apart (see :class:`~dask_otel_spans.protocol.events.GroupDone`)
@@ -59,6 +59,8 @@ class TreeGroup:
         #: earliest start and latest stop of the compute of its tasks that erred,
         #: over every settle (0 when none reported one)
         self.erred_start = self.erred_stop = 0.0
+        #: ``exception.type`` -> tasks of it that erred while they ran
+        self.errors: dict[str, int] = {}
 
     def settle(self, figures: Any) -> None:
         """Take the figures of a ``done`` message
@@ -175,9 +177,11 @@ class SpanTree:
             tg.settle(figures)
         return tg
 
-    def group_erred(self, span_id: str, key: int, count: int) -> None:
-        """``count`` more tasks of a group erred (the group is made if it is new: it
-        errs before it settles)."""
+    def group_erred(self, span_id: str, key: int, count: int,
+                    types: Iterable[tuple[str, int]] = ()) -> None:
+        """``count`` more tasks of a group erred, ``types`` of them (``(exception.type,
+        count)``) while they ran (the group is made if it is new: it errs before it
+        settles)."""
         span = self.spans.get(span_id)
         if span is None:
             return
@@ -185,6 +189,9 @@ class SpanTree:
         if tg is None:
             tg = self.group(span_id, key, "")
         tg.erred_seen += count
+        errors = tg.errors
+        for kind, n in types:
+            errors[kind] = errors.get(kind, 0) + n
 
     def add_tasks(self, span_id: str, prefix: str, records: Any, erred_seen: int,
                   others_seen: int) -> None:
