@@ -12,11 +12,16 @@ import sys
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dask_otel_spans import names
-from dask_otel_spans.sdk.otlpjson import TRACES_FILE, read_spans
+from dask_otel_spans.sdk.otlpjson import (
+    LOGS_FILE,
+    TRACES_FILE,
+    read_log_records,
+    read_spans,
+)
 
 # -- rendering --------------------------------------------------------------------------
 
@@ -38,24 +43,43 @@ def _count(n: Any, thing: str) -> str:
     return f"{n} {thing}" if n == 1 else f"{n} {thing}s"
 
 
-def _task_line(span: dict[str, Any], duration: float) -> str:
-    """A task span: ``✗`` and its exception when it erred."""
+def _task_line(span: dict[str, Any], duration: float,
+               logged: Mapping[tuple[Any, Any], Mapping[str, Any]]) -> str:
+    """A task span: ``✗`` and its exception when it erred (from its ``exception``
+    event, or its exception log event in ``logged``)."""
     attrs = span["attributes"]
     line = f"{attrs[names.TASK_KEY]}  {duration:.3f}s"
+    fields: Mapping[str, Any] | None = logged.get((span.get("traceId"), span.get("spanId")))
     for event in span.get("events") or ():
         if event.get("name") == names.EXCEPTION_EVENT:
             fields = {a["key"]: a["value"].get("stringValue", "")
                       for a in event.get("attributes") or ()}
-            message = fields.get(names.EXCEPTION_MESSAGE, "")
-            return (f"✗ {line}  {fields.get(names.EXCEPTION_TYPE, 'Exception')}"
-                    + (f": {message}" if message else ""))
-    return f"- {line}"
+    if fields is None and names.ERROR_TYPE in attrs:
+        fields = {names.EXCEPTION_TYPE: attrs[names.ERROR_TYPE]}
+    if fields is None:
+        return f"- {line}"
+    message = fields.get(names.EXCEPTION_MESSAGE, "")
+    return (f"✗ {line}  {fields.get(names.EXCEPTION_TYPE, 'Exception')}"
+            + (f": {message}" if message else ""))
 
 
-def render_tree(spans: Sequence[dict[str, Any]]) -> str:
+def exception_logs(records: Sequence[Mapping[str, Any]]
+                   ) -> dict[tuple[Any, Any], Mapping[str, Any]]:
+    """``(trace id, span id) -> attributes`` of the exception log events among log
+    records (as from :func:`~dask_otel_spans.sdk.otlpjson.read_log_records`)."""
+    return {(r.get("traceId"), r.get("spanId")): r["attrs"] for r in records
+            if r.get("eventName") == names.EXCEPTION_EVENT}
+
+
+def render_tree(spans: Sequence[dict[str, Any]],
+                logged: Mapping[tuple[Any, Any], Mapping[str, Any]] | None = None
+                ) -> str:
     """Text tree of OTLP/JSON spans (as from :func:`~dask_otel_spans.sdk.otlpjson.read_spans`):
     per dask span its duration, task count and top activities; task prefixes below
-    (``·``), their task spans (``✗`` erred, ``-`` others) and spans made in tasks."""
+    (``·``), their task spans (``✗`` erred, with the exception of its event or of
+    its log event in ``logged``, see :func:`exception_logs`; ``-`` others) and spans
+    made in tasks."""
+    logged = logged or {}
     by_id = {(s.get("traceId"), s.get("spanId")): s for s in spans}
     children: dict[tuple, list[dict]] = defaultdict(list)
     roots = []
@@ -89,7 +113,7 @@ def render_tree(spans: Sequence[dict[str, Any]]) -> str:
                 + (f"  | {top}" if top else "")
             )
         elif names.TASK_KEY in attrs:
-            lines.append(f"{indent}{_task_line(s, duration)}")
+            lines.append(f"{indent}{_task_line(s, duration, logged)}")
         elif names.TASK_PREFIX in attrs:
             top = _top_activities(attrs, 2)
             left_out = attrs.get(names.TASK_SPANS_LEFT_OUT)
@@ -145,7 +169,9 @@ def cmd_tree(args: argparse.Namespace) -> int:
     if not spans:
         print(f"no spans in {path}", file=sys.stderr)
         return 1
-    print(render_tree(spans))
+    logs = os.path.join(os.path.dirname(os.path.abspath(path)), LOGS_FILE)
+    logged = exception_logs(read_log_records(logs)) if os.path.exists(logs) else {}
+    print(render_tree(spans, logged))
     return 0
 
 

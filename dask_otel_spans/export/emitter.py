@@ -110,6 +110,13 @@ class SpanEmitter:
         Include span code cut to this length; None leaves it out
     record_exceptions:
         Put the message and stack trace of erred tasks' exceptions on their spans
+    exception_events:
+        Record erred tasks' exceptions as ``exception`` span events (the default;
+        ``OTEL_SEMCONV_EXCEPTION_SIGNAL_OPT_IN=logs`` turns them off)
+    logger_provider:
+        Where to emit erred tasks' exceptions as log events named ``exception``, in
+        their task span's context (``OTEL_SEMCONV_EXCEPTION_SIGNAL_OPT_IN`` ``logs``
+        or ``logs/dup``); None: no log events
 
     Notes
     -----
@@ -126,7 +133,16 @@ class SpanEmitter:
         prefix_spans: bool = True,
         code_max_length: int | None = None,
         record_exceptions: bool = True,
+        exception_events: bool = True,
+        logger_provider: Any = None,
     ):
+        self.exception_events = exception_events
+        self._exception_logger = (
+            logger_provider.get_logger(names.INSTRUMENTATION_SCOPE, names.VERSION)
+            if logger_provider is not None else None
+        )
+        #: exception log events emitted
+        self.exception_logs = 0
         self.thread = QueueThread("dask-otel-spans-emitter", self._end, what="spans",
                                   counted_in="SpanEmitter.dropped")
         self.pump = pump
@@ -283,11 +299,32 @@ class SpanEmitter:
             span = self._start_span(tracer, task.name, task.span_id, parent,
                                     task.attributes, task.start_ns)
             for event in task.events:
-                span.add_event(event.name, event.attributes, timestamp=event.time_ns)
+                if event.name != names.EXCEPTION_EVENT:
+                    span.add_event(event.name, event.attributes,
+                                   timestamp=event.time_ns)
+                    continue
+                if self.exception_events:
+                    span.add_event(event.name, event.attributes,
+                                   timestamp=event.time_ns)
+                if self._exception_logger is not None:
+                    self._log_exception(span, event)
             if task.error:
                 span.set_status(Status(StatusCode.ERROR, task.error))
             span.end(end_time=task.end_ns)
             self.otel_spans += 1
+
+    def _log_exception(self, span: Any, event: Any) -> None:
+        """An erred task's exception as a log event named ``exception``, in its task
+        span's context (the semantic conventions' exception log event)."""
+        from opentelemetry._logs import SeverityNumber
+
+        self._exception_logger.emit(
+            timestamp=event.time_ns, observed_timestamp=event.time_ns,
+            context=trace.set_span_in_context(span),
+            severity_number=SeverityNumber.ERROR, severity_text="ERROR",
+            event_name=names.EXCEPTION_EVENT, attributes=event.attributes,
+        )
+        self.exception_logs += 1
 
     def _start_span(
         self, tracer: Any, name: str, span_id: int, context: Context,

@@ -61,6 +61,8 @@ class ExportPipeline:
             prefix_spans=config.prefix_spans,
             code_max_length=config.max_code_length if config.include_code else None,
             record_exceptions=config.record_exceptions,
+            exception_events=providers.exceptions.events,
+            logger_provider=providers.logger_provider,
         )
         # threads (and the SDK log filter) start once everything is built: a failure
         # above leaves nothing behind
@@ -81,8 +83,8 @@ class ExportPipeline:
         for worker in (self.emitter, self.pump):
             if worker is not None:
                 ok = worker.flush(max(0.0, deadline - time.monotonic())) and ok
-        for provider in (self.providers.tracer_provider, self.providers.meter_provider):
-            if provider is not None and hasattr(provider, "force_flush"):
+        for provider in self.providers.all:
+            if hasattr(provider, "force_flush"):
                 left_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
                 try:
                     ok = flush_provider(provider, left_ms) and ok
@@ -100,9 +102,7 @@ class ExportPipeline:
     def close_providers(self, timeout: float) -> None:
         """Shut down the providers the pipeline owns; flush the others."""
         providers = self.providers
-        for provider in (providers.tracer_provider, providers.meter_provider):
-            if provider is None:
-                continue
+        for provider in providers.all:
             try:
                 if provider in providers.owned:
                     provider.shutdown()

@@ -214,8 +214,10 @@ class OTelSpansPlugin(SchedulerPlugin):
                 return
             destinations = self.transport.destinations
             logger.info(
-                "dask_otel_spans: traces to %s; metrics to %s; %s",
+                "dask_otel_spans: traces to %s; metrics to %s; erred tasks' "
+                "exceptions as %s; %s",
                 destinations.get("traces_to"), destinations.get("metrics_to"),
+                destinations.get("exceptions_to", "span events"),
                 f"export process pid {destinations.get('pid')}"
                 if destinations.get("export_process")
                 else "exporting on a thread of the scheduler process",

@@ -25,7 +25,6 @@ from dask_otel_spans.protocol.tasks import (
     TaskRecord,
 )
 
-
 #: Longest ``code.function.name`` kept (characters)
 MAX_FUNCTION_LENGTH = 256
 #: Distinct exception classes counted per task group between two ticks; the rest are

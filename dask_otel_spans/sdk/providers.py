@@ -37,8 +37,10 @@ from dask_otel_spans.sdk.otlp import (
     otlp_exporter,
 )
 from dask_otel_spans.sdk.otlpjson import (
+    LOGS_FILE,
     METRICS_FILE,
     TRACES_FILE,
+    OTLPJsonLinesLogExporter,
     OTLPJsonLinesMetricExporter,
     OTLPJsonLinesSpanExporter,
 )
@@ -77,6 +79,17 @@ class Providers:
     metrics_to: str = "nowhere"
     #: outage bookkeeping of the exporters built here (one per exporter)
     health: list[ExportHealth] = field(default_factory=list)
+    #: where erred tasks' exceptions go (``OTEL_SEMCONV_EXCEPTION_SIGNAL_OPT_IN``)
+    exceptions: ExceptionSignals = field(default_factory=lambda: ExceptionSignals())
+    #: the exception log events' provider, when ``exceptions.logs``
+    logger_provider: Any = None
+    logs_to: str = "nowhere"
+
+    @property
+    def all(self) -> tuple[Any, ...]:
+        """The providers in use, of every signal."""
+        return tuple(p for p in (self.tracer_provider, self.meter_provider,
+                                 self.logger_provider) if p is not None)
 
     def delivery(self) -> dict[str, int | None]:
         """What the exporters built here reported, per signal: ``traces_delivered``
@@ -236,6 +249,97 @@ def _prometheus_reader(environ: Mapping[str, str]) -> tuple[MetricReader, str]:
         start_http_server(int(port), addr=host)
         where += f" and http://{host}:{port}/metrics"
     return reader, where
+
+
+#: ``OTEL_LOGS_EXPORTER`` values (unset: log records are not exported; the embedded
+#: default's file when nothing at all is configured)
+LOG_EXPORTERS = ("otlp", "console", "none", FILE_EXPORTER)
+#: The semantic conventions' opt-in that moves exceptions from span events to log
+#: events: unset, span events; ``logs``, log events only; ``logs/dup``, both
+EXCEPTION_SIGNAL_OPT_IN = "OTEL_SEMCONV_EXCEPTION_SIGNAL_OPT_IN"
+
+
+@dataclass(frozen=True)
+class ExceptionSignals:
+    """Where erred tasks' exceptions go, as ``OTEL_SEMCONV_EXCEPTION_SIGNAL_OPT_IN``
+    says (a comma-separated list; ``logs/dup`` wins over ``logs``)."""
+
+    events: bool = True
+    logs: bool = False
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> ExceptionSignals:
+        values = {v.strip().lower()
+                  for v in (environ.get(EXCEPTION_SIGNAL_OPT_IN) or "").split(",")}
+        if "logs/dup" in values:
+            return cls(events=True, logs=True)
+        if "logs" in values:
+            return cls(events=False, logs=True)
+        return cls()
+
+
+def exceptions_to(providers: Providers) -> str:
+    """Where erred tasks' exceptions go, for the start-up line."""
+    signals = providers.exceptions
+    parts = ["span events"] if signals.events else []
+    if signals.logs:
+        parts.append(f"log events to {providers.logs_to}")
+    return " and ".join(parts)
+
+
+def log_exporter_names(environ: Mapping[str, str]) -> list[str]:
+    """The exporters ``OTEL_LOGS_EXPORTER`` names (none when unset); raises
+    :class:`~dask_otel_spans.sdk.otlp.ConfigurationError` naming a value it
+    cannot use."""
+    names_ = [n.strip().lower() for n in environ.get("OTEL_LOGS_EXPORTER", "").split(",")
+              if n.strip()]
+    for name in names_:
+        if name not in LOG_EXPORTERS:
+            raise not_one_of("OTEL_LOGS_EXPORTER", name, LOG_EXPORTERS)
+    return names_
+
+
+def build_logger_provider(environ: Mapping[str, str], resource: Any,
+                          output_dir: str | None = None) -> tuple[Any, str]:
+    """A logger provider with one batch processor per exporter of
+    ``OTEL_LOGS_EXPORTER`` (``otlp``, ``console``, the embedded default's file
+    ``otlp_json_file``, which is the one with nothing configured at all when an
+    ``output_dir`` is given); ``(None, why)`` when there is none."""
+    chosen = log_exporter_names(environ)
+    if not chosen and output_dir is not None and is_unconfigured(environ):
+        chosen = [FILE_EXPORTER]
+    chosen = [n for n in chosen if n != "none"]
+    if not chosen:
+        return None, "nowhere (OTEL_LOGS_EXPORTER unset or none)"
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import (
+        BatchLogRecordProcessor,
+        ConsoleLogExporter,
+    )
+
+    provider = LoggerProvider(resource=resource)
+    where = []
+    for name in chosen:
+        if name == "otlp":
+            exporter, description = otlp_exporter(environ, "LOGS")
+            where.append(description)
+        elif name == FILE_EXPORTER:
+            exporter = OTLPJsonLinesLogExporter(
+                os.path.join(output_dir or ".", LOGS_FILE))
+            where.append(exporter.path)
+        else:  # (console: the names were checked)
+            exporter = ConsoleLogExporter()
+            where.append("the console")
+        provider.add_log_record_processor(BatchLogRecordProcessor(exporter))
+    return provider, ", ".join(where)
+
+
+def global_sdk_logger_provider() -> Any:
+    from opentelemetry import _logs
+    from opentelemetry.sdk._logs import LoggerProvider
+
+    provider = _logs.get_logger_provider()
+    return provider if isinstance(provider, LoggerProvider) else None
 
 
 def build_tracer_provider(
@@ -420,6 +524,15 @@ def resolve_providers(
             )
             if out.meter_provider is not None:
                 out.owned.append(out.meter_provider)
+        out.exceptions = ExceptionSignals.from_environ(environ)
+        if out.exceptions.logs:
+            if use_global and (globl := global_sdk_logger_provider()) is not None:
+                out.logger_provider, out.logs_to = globl, "the global logger provider"
+            else:
+                out.logger_provider, out.logs_to = build_logger_provider(
+                    environ, get_resource(), output_dir)
+                if out.logger_provider is not None:
+                    out.owned.append(out.logger_provider)
     except Exception:
         for provider in out.owned:
             provider.shutdown()

@@ -42,6 +42,7 @@ from dask_otel_spans.protocol.wire import (
     read_frame,
     write_frame,
 )
+from dask_otel_spans.sdk.providers import exceptions_to
 from dask_otel_spans.transport.spec import PipelineSpec
 
 logger = logging.getLogger("dask_otel_spans.transport.child")
@@ -164,6 +165,7 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
         {
             "traces_to": pipeline.providers.traces_to,
             "metrics_to": pipeline.providers.metrics_to,
+            "exceptions_to": exceptions_to(pipeline.providers),
             "pid": os.getpid(),
         },
     ))

@@ -22,25 +22,24 @@ from dask_otel_spans.sdk.otlp import (
     ConfigurationError,
     check_otlp_settings,
     not_one_of,
-    otlp_exporter,
 )
 from dask_otel_spans.sdk.providers import (
     METRIC_EXPORTERS,
     TRACE_EXPORTERS,
+    build_logger_provider,
     build_meter_provider,
     build_resource,
     build_tracer_provider,
     check_millis,
     exporter_names,
+    global_sdk_logger_provider,
     global_sdk_meter_provider,
     global_sdk_tracer_provider,
     is_unconfigured,
+    log_exporter_names,
 )
 
 logger = logging.getLogger(__name__)
-
-#: ``OTEL_LOGS_EXPORTER`` values (unset: log records are not exported)
-LOG_EXPORTERS = ("otlp", "console", "none")
 
 
 @dataclass
@@ -70,53 +69,6 @@ def process_output_dir(output_dir: str, worker_name: Any) -> str:
 
 def worker_resource_attributes(address: str, name: Any) -> dict[str, str]:
     return {names.WORKER_ADDRESS: str(address), names.WORKER_NAME: str(name)}
-
-
-def log_exporter_names(environ: Mapping[str, str]) -> list[str]:
-    """The exporters ``OTEL_LOGS_EXPORTER`` names (none when unset); raises
-    :class:`~dask_otel_spans.sdk.otlp.ConfigurationError` naming a value it
-    cannot use."""
-    names_ = [n.strip().lower() for n in environ.get("OTEL_LOGS_EXPORTER", "").split(",")
-              if n.strip()]
-    for name in names_:
-        if name not in LOG_EXPORTERS:
-            raise not_one_of("OTEL_LOGS_EXPORTER", name, LOG_EXPORTERS)
-    return names_
-
-
-def build_logger_provider(environ: Mapping[str, str], resource: Any
-                          ) -> tuple[Any, str]:
-    """A logger provider with one batch processor per exporter of
-    ``OTEL_LOGS_EXPORTER`` (``otlp``, ``console``); ``(None, why)`` when it is unset
-    or ``none``."""
-    chosen = [n for n in log_exporter_names(environ) if n != "none"]
-    if not chosen:
-        return None, "nowhere (OTEL_LOGS_EXPORTER unset or none)"
-    from opentelemetry.sdk._logs import LoggerProvider
-    from opentelemetry.sdk._logs.export import (
-        BatchLogRecordProcessor,
-        ConsoleLogExporter,
-    )
-
-    provider = LoggerProvider(resource=resource)
-    where = []
-    for name in chosen:
-        if name == "otlp":
-            exporter, description = otlp_exporter(environ, "LOGS")
-            where.append(description)
-        else:  # (console: the names were checked)
-            exporter = ConsoleLogExporter()
-            where.append("the console")
-        provider.add_log_record_processor(BatchLogRecordProcessor(exporter))
-    return provider, ", ".join(where)
-
-
-def global_sdk_logger_provider() -> Any:
-    from opentelemetry import _logs
-    from opentelemetry.sdk._logs import LoggerProvider
-
-    provider = _logs.get_logger_provider()
-    return provider if isinstance(provider, LoggerProvider) else None
 
 
 def _check_exporters(environ: Mapping[str, str], variable: str,
