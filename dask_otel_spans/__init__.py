@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from dask_otel_spans.worker.plugin import OTelWorkerPlugin
 
 __version__ = _names.VERSION
-__all__ = ["OTelSpansPlugin", "OTelWorkerPlugin", "dask_setup", "span",
+__all__ = ["OTelSpansPlugin", "OTelWorkerPlugin", "dask_setup", "report", "span",
            "wait_for_export", "__version__"]
 
 logger = logging.getLogger(__name__)
@@ -45,6 +45,7 @@ logger = logging.getLogger(__name__)
 _LAZY = {
     "OTelSpansPlugin": "dask_otel_spans.scheduler.plugin",
     "OTelWorkerPlugin": "dask_otel_spans.worker.plugin",
+    "report": "dask_otel_spans.reports.report",
 }
 
 

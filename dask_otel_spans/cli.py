@@ -4,7 +4,6 @@ it from saved files."""
 from __future__ import annotations
 
 import argparse
-import glob
 import importlib
 import logging
 import os
@@ -17,10 +16,10 @@ from typing import Any
 
 from dask_otel_spans import names
 from dask_otel_spans.sdk.otlpjson import (
-    LOGS_FILE,
     TRACES_FILE,
-    read_log_records,
-    read_spans,
+    exception_logs,
+    read_all_spans,
+    traces_files,
 )
 
 # -- rendering --------------------------------------------------------------------------
@@ -63,21 +62,14 @@ def _task_line(span: dict[str, Any], duration: float,
             + (f": {message}" if message else ""))
 
 
-def exception_logs(records: Sequence[Mapping[str, Any]]
-                   ) -> dict[tuple[Any, Any], Mapping[str, Any]]:
-    """``(trace id, span id) -> attributes`` of the exception log events among log
-    records (as from :func:`~dask_otel_spans.sdk.otlpjson.read_log_records`)."""
-    return {(r.get("traceId"), r.get("spanId")): r["attrs"] for r in records
-            if r.get("eventName") == names.EXCEPTION_EVENT}
-
-
 def render_tree(spans: Sequence[dict[str, Any]],
                 logged: Mapping[tuple[Any, Any], Mapping[str, Any]] | None = None
                 ) -> str:
     """Text tree of OTLP/JSON spans (as from :func:`~dask_otel_spans.sdk.otlpjson.read_spans`):
     per dask span its duration, task count and top activities; task prefixes below
     (``·``), their task spans (``✗`` erred, with the exception of its event or of
-    its log event in ``logged``, see :func:`exception_logs`; ``-`` others) and spans
+    its log event in ``logged``, see
+    :func:`~dask_otel_spans.sdk.otlpjson.exception_logs`; ``-`` others) and spans
     made in tasks."""
     logged = logged or {}
     by_id = {(s.get("traceId"), s.get("spanId")): s for s in spans}
@@ -146,17 +138,18 @@ def render_tree(spans: Sequence[dict[str, Any]],
     return "\n".join(lines)
 
 
-def traces_files(path: str) -> list[str]:
-    """The traces files of ``path``: the file itself, or in a directory the
-    scheduler's and those of the worker processes below it (``workers/*/``)."""
-    if not os.path.isdir(path):
-        return [path]
-    return [os.path.join(path, TRACES_FILE),
-            *sorted(glob.glob(os.path.join(path, "workers", "*", TRACES_FILE)))]
+def cmd_report(args: argparse.Namespace) -> int:
+    from dask_otel_spans.reports.report import Report
 
-
-def read_all_spans(paths: Sequence[str]) -> list[dict[str, Any]]:
-    return [span for path in paths if os.path.exists(path) for span in read_spans(path)]
+    made = Report(args.paths)
+    if not made.files:
+        print(f"no traces file in {', '.join(args.paths)}", file=sys.stderr)
+        return 1
+    path = made.save(args.output)
+    s = made.summary
+    print(f"Report of {s['traces']} traces, {s['spans']} spans ({s['tasks']} tasks, "
+          f"{s['erred']} erred): {path}")
+    return 0
 
 
 def cmd_tree(args: argparse.Namespace) -> int:
@@ -169,9 +162,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
     if not spans:
         print(f"no spans in {path}", file=sys.stderr)
         return 1
-    logs = os.path.join(os.path.dirname(os.path.abspath(path)), LOGS_FILE)
-    logged = exception_logs(read_log_records(logs)) if os.path.exists(logs) else {}
-    print(render_tree(spans, logged))
+    print(render_tree(spans, exception_logs(paths)))
     return 0
 
 
@@ -314,6 +305,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print()
     print(f"Traces went to {traces_to}")
     print(f"Metrics went to {metrics_to}")
+    from dask_otel_spans.reports.report import Report
+
+    path = Report([os.path.dirname(traces_to)], spans).save(
+        os.path.join(os.path.dirname(traces_to), "report.html"))
+    print(f"Report (open it in a browser): {path}")
     return 0
 
 
@@ -340,6 +336,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     tree = sub.add_parser("tree", help="print the span tree of saved OTLP-JSON lines")
     tree.add_argument("path", help="traces.jsonl, or the directory holding it")
     tree.set_defaults(func=cmd_tree)
+    report = sub.add_parser(
+        "report", help="write a self-contained HTML report of saved OTLP-JSON lines")
+    report.add_argument("paths", nargs="*", default=["dask-otel-spans"], metavar="PATH",
+                        help="traces files or directories of the embedded default "
+                             "(default: dask-otel-spans)")
+    report.add_argument("-o", "--output", default="report.html",
+                        help="the HTML file to write (default: %(default)s)")
+    report.set_defaults(func=cmd_report)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

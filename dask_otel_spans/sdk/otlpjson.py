@@ -4,6 +4,7 @@ request per line (the OpenTelemetry Collector's file exporter format, which its
 from __future__ import annotations
 
 import base64
+import glob
 import json
 import logging
 import os
@@ -22,6 +23,8 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from dask_otel_spans import names
 
 logger = logging.getLogger(__name__)
 
@@ -283,4 +286,32 @@ def read_log_records(path: str) -> list[dict[str, Any]]:
             for sl in rl.get("scopeLogs", ()):
                 for log in sl.get("logRecords", ()):
                     out.append({**log, "attrs": attributes(log.get("attributes", []))})
+    return out
+
+
+def traces_files(path: str) -> list[str]:
+    """The traces files of ``path``: the file itself, or in a directory the
+    scheduler's and those of the worker processes below it (``workers/*/``)."""
+    if not os.path.isdir(path):
+        return [path]
+    return [os.path.join(path, TRACES_FILE),
+            *sorted(glob.glob(os.path.join(path, "workers", "*", TRACES_FILE)))]
+
+
+def read_all_spans(paths: Sequence[str]) -> list[dict[str, Any]]:
+    """The spans of every traces file of ``paths`` that exists."""
+    return [span for path in paths if os.path.exists(path) for span in read_spans(path)]
+
+
+def exception_logs(traces_paths: Sequence[str]) -> dict[tuple[Any, Any], dict[str, Any]]:
+    """``(trace id, span id) -> attributes`` of the exception log events (event name
+    ``exception``) in the ``logs.jsonl`` beside each traces file of ``traces_paths``."""
+    out = {}
+    for path in traces_paths:
+        logs = os.path.join(os.path.dirname(os.path.abspath(path)), LOGS_FILE)
+        if not os.path.exists(logs):
+            continue
+        for record in read_log_records(logs):
+            if record.get("eventName") == names.EXCEPTION_EVENT:
+                out[record.get("traceId"), record.get("spanId")] = record["attrs"]
     return out

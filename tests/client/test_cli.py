@@ -1,11 +1,14 @@
 """The console script: ``demo`` on the embedded default, ``tree`` on saved files."""
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
+from support import browser
 
 from dask_otel_spans.cli import VALIDATION_NOTICE, render_tree
 from dask_otel_spans.sdk.otlpjson import read_metric_points, read_spans
@@ -203,3 +206,101 @@ def test_demo_without_its_extra_says_which_extra_in_one_line_before_anything():
     assert proc.stdout == ""  # nothing announced
     [line] = proc.stderr.strip().splitlines()
     assert "pip install 'dask_otel_spans[demo]'" in line and "numpy" in line
+
+
+# -- the report of the demo's run, in a real browser ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def report_in_browser(demo_run, tmp_path_factory):
+    """The demo's report opened in headless Chromium (with the probe): its DOM."""
+    cwd, _ = demo_run
+    where = tmp_path_factory.mktemp("browser")
+    return browser.dump_dom(browser.probed_copy(cwd / "dask-otel-spans" / "report.html",
+                                                where))
+
+
+def rows_of(dom: str) -> dict[str, dict[str, str]]:
+    """``span id -> {depth, class, html}`` of the report's rows."""
+    out = {}
+    for match in re.finditer(r'<div id="row-([^"]+)" class="([^"]*)" data-id="[^"]*" '
+                             r'data-depth="(\d+)"(.*?)</div>', dom, re.DOTALL):
+        out[match.group(1)] = {"class": match.group(2), "depth": match.group(3),
+                               "html": match.group(4)}
+    return out
+
+
+@pytest.mark.cluster  # (the demo; a browser)
+def test_demo_writes_its_report_and_says_where(demo_run):
+    cwd, output = demo_run
+    report = cwd / "dask-otel-spans" / "report.html"
+    assert f"Report (open it in a browser): {report}" in output
+    assert not re.search(r'(src|href)="https?:', report.read_text())
+
+
+@pytest.mark.cluster  # (the demo; a browser)
+def test_the_report_renders_without_errors_or_network(report_in_browser):
+    assert browser.body_attribute(report_in_browser, "data-rendered") == "1"
+    assert json.loads(browser.body_attribute(report_in_browser, "data-probe-errors")) == []
+    assert json.loads(browser.body_attribute(report_in_browser,
+                                             "data-probe-resources")) == []
+
+
+@pytest.mark.cluster  # (the demo; a browser)
+def test_every_span_of_the_run_has_its_row_at_its_depth(demo_run, report_in_browser):
+    cwd, _ = demo_run
+    spans = read_spans(str(cwd / "dask-otel-spans" / "traces.jsonl"))
+    for worker_file in (cwd / "dask-otel-spans" / "workers").glob("*/traces.jsonl"):
+        spans += read_spans(str(worker_file))
+    parent_of = {(s["traceId"], s["spanId"]): s.get("parentSpanId") for s in spans}
+
+    def depth(trace_id: str, span_id: str) -> int:
+        parent = parent_of[trace_id, span_id]
+        return 0 if not parent or (trace_id, parent) not in parent_of \
+            else 1 + depth(trace_id, parent)
+
+    rows = rows_of(report_in_browser)
+    # (the files collect every run in the directory; the report is the last run's)
+    traces = {s["traceId"] for s in spans if s["spanId"] in rows}
+    run = [s for s in spans if s["traceId"] in traces]
+    assert len(run) >= 25 and set(rows) == {s["spanId"] for s in run}
+    for s in run:
+        assert rows[s["spanId"]]["depth"] == str(depth(s["traceId"], s["spanId"])), s["name"]
+
+
+@pytest.mark.cluster  # (the demo; a browser)
+def test_the_erred_task_shows_its_exception(report_in_browser):
+    erred = [r for r in rows_of(report_in_browser).values()
+             if "task" in r["class"].split() and "erred" in r["class"].split()]
+    assert len(erred) == 1
+    assert ('<span class="exception">ValueError: record 3: negative amount</span>'
+            in erred[0]["html"])
+
+
+@pytest.mark.cluster  # (the demo; a browser)
+def test_the_breakdown_bars_are_as_wide_as_the_metrics_say(demo_run, report_in_browser):
+    cwd, _ = demo_run
+    spans = {s["spanId"]: s for s in read_spans(str(cwd / "dask-otel-spans" / "traces.jsonl"))}
+    rows = rows_of(report_in_browser)
+    checked = 0
+    for span_id, row in rows.items():
+        if "dask" not in row["class"].split():
+            continue
+        attrs = spans[span_id]["attributes"]
+        seconds = {k[len("dask.metrics."):-len(".seconds")]: v for k, v in attrs.items()
+                   if k.startswith("dask.metrics.") and k.endswith(".seconds") and v > 0}
+        bars = re.findall(r'<i data-activity="([^"]+)" data-seconds="[^"]+" '
+                          r'style="width: ?([\d.]+)%', row["html"])
+        assert {activity for activity, _ in bars} == set(seconds)
+        total = sum(seconds.values())
+        for activity, width in bars:
+            assert float(width) == pytest.approx(seconds[activity] / total * 100, abs=1e-3)
+        checked += 1
+    assert checked >= 6
+
+
+@pytest.mark.cluster  # (the demo; a browser)
+def test_a_screenshot_of_the_report(demo_run, tmp_path):
+    cwd, _ = demo_run
+    shot = browser.screenshot(cwd / "dask-otel-spans" / "report.html", tmp_path / "r.png")
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000

@@ -1,0 +1,171 @@
+"""What the report shows, worked out from OTLP-JSON spans (pure, no HTML): per trace
+its rows in tree order (depth, kind, times relative to the trace's start, attributes,
+the exception of an erred span, the activity breakdown of dask and prefix spans), task
+spans past a bound folded into one row per prefix; and a summary."""
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from dask_otel_spans import names
+
+#: Task spans shown per prefix span; the others are folded into one row with a count
+MAX_TASK_ROWS = 50
+#: Slowest dask spans listed in the summary
+SLOWEST = 5
+#: The activities of dask's fine performance metrics in dask's own order (its
+#: dashboard's); others follow by name
+ACTIVITY_ORDER = (
+    "thread-cpu", "thread-noncpu", "executor", "offload", "other", "memory-read",
+    "disk-read", "disk-write", "compress", "decompress", "serialize", "deserialize",
+    "gather-dep", "transfer", "network", "idle or other spans",
+)
+#: OTLP's status code of an erred span (as the JSON files write it: a number)
+STATUS_ERROR = (2, "STATUS_CODE_ERROR")
+DASK, PREFIX, TASK, CLIENT, IN_TASK, FOLDED = (
+    "dask", "prefix", "task", "client", "in-task", "folded")
+
+
+def kind_of(span: Mapping[str, Any]) -> str:
+    """What a span is: a dask span, a task prefix span, a task span, a span made in
+    a task on a worker, or a span of client code."""
+    attrs = span.get("attributes") or {}
+    if names.SPAN_ID in attrs:
+        return DASK
+    if names.TASK_KEY in attrs:
+        return TASK
+    if names.TASK_GROUP_COUNT in attrs:
+        return PREFIX
+    if (span.get("resource") or {}).get(names.WORKER_ADDRESS):
+        return IN_TASK
+    return CLIENT
+
+
+def breakdown(attrs: Mapping[str, Any]) -> list[tuple[str, float]]:
+    """The ``dask.metrics.<activity>.seconds`` roll-up of a span, in dask's order
+    (activities with no time left out)."""
+    prefix, suffix = names.METRICS_ATTRIBUTE_PREFIX, ".seconds"
+    found = {}
+    for key, value in attrs.items():
+        if key.startswith(prefix) and key.endswith(suffix) and isinstance(
+                value, (int, float)) and value > 0:
+            found[key[len(prefix):-len(suffix)]] = float(value)
+    order = {activity: i for i, activity in enumerate(ACTIVITY_ORDER)}
+    return sorted(found.items(), key=lambda item: (order.get(item[0], len(order)),
+                                                   item[0]))
+
+
+def _error(span: Mapping[str, Any],
+           logged: Mapping[tuple[Any, Any], Mapping[str, Any]]) -> dict[str, str] | None:
+    """The exception of an erred span (its event, or its log event), else its
+    status description; None when it did not err."""
+    attrs = span.get("attributes") or {}
+    fields = logged.get((span.get("traceId"), span.get("spanId")))
+    for event in span.get("events") or ():
+        if event.get("name") == names.EXCEPTION_EVENT:
+            fields = {a["key"]: a["value"].get("stringValue", "")
+                      for a in event.get("attributes") or ()}
+    status = span.get("status") or {}
+    if fields is None and status.get("code") not in STATUS_ERROR:
+        return None
+    fields = fields or {}
+    return {
+        "type": str(fields.get(names.EXCEPTION_TYPE)
+                    or attrs.get(names.ERROR_TYPE) or "error"),
+        "message": str(fields.get(names.EXCEPTION_MESSAGE) or status.get("message") or ""),
+        "stacktrace": str(fields.get(names.EXCEPTION_STACKTRACE) or ""),
+    }
+
+
+def _ns(span: Mapping[str, Any], field: str) -> int:
+    return int(span.get(field) or 0)
+
+
+def build(spans: Sequence[Mapping[str, Any]],
+          logged: Mapping[tuple[Any, Any], Mapping[str, Any]] | None = None,
+          max_task_rows: int = MAX_TASK_ROWS) -> dict[str, Any]:
+    """The report's data (plain JSON) from OTLP-JSON spans (as
+    :func:`~dask_otel_spans.sdk.otlpjson.read_spans` reads them) and the exception
+    log events of ``logged`` (:func:`~dask_otel_spans.cli.exception_logs`)."""
+    logged = logged or {}
+    by_trace: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for span in spans:
+        by_trace[str(span.get("traceId", ""))].append(span)
+    traces = [_trace(trace_id, members, logged, max_task_rows)
+              for trace_id, members in by_trace.items()]
+    traces.sort(key=lambda t: t["start_ns"])
+    return {"traces": traces, "summary": _summary(traces, len(spans))}
+
+
+def _trace(trace_id: str, spans: Sequence[Mapping[str, Any]],
+           logged: Mapping[tuple[Any, Any], Mapping[str, Any]],
+           max_task_rows: int) -> dict[str, Any]:
+    ids = {s.get("spanId") for s in spans}
+    children: dict[Any, list[Mapping[str, Any]]] = defaultdict(list)
+    roots = []
+    for span in spans:
+        parent = span.get("parentSpanId")
+        if parent and parent in ids:
+            children[parent].append(span)
+        else:
+            roots.append(span)
+    start = min(_ns(s, "startTimeUnixNano") for s in spans)
+    end = max(_ns(s, "endTimeUnixNano") for s in spans)
+    rows: list[dict[str, Any]] = []
+
+    def add(span: Mapping[str, Any], depth: int) -> None:
+        kind = kind_of(span)
+        attrs = span.get("attributes") or {}
+        rows.append({
+            "id": span.get("spanId"), "parent": span.get("parentSpanId") or "",
+            "name": str(span.get("name", "")), "kind": kind, "depth": depth,
+            "start": (_ns(span, "startTimeUnixNano") - start) / 1e6,
+            "duration": max(0, _ns(span, "endTimeUnixNano")
+                            - _ns(span, "startTimeUnixNano")) / 1e6,
+            "attrs": {k: v for k, v in attrs.items()},
+            "error": _error(span, logged),
+            "breakdown": breakdown(attrs) if kind in (DASK, PREFIX) else [],
+        })
+        kids = sorted(children.get(span.get("spanId"), ()),
+                      key=lambda k: _ns(k, "startTimeUnixNano"))
+        tasks = [k for k in kids if kind_of(k) == TASK]
+        # erred tasks first, then the slowest: what a reader looks for
+        tasks.sort(key=lambda k: (_error(k, logged) is None,
+                                  -(_ns(k, "endTimeUnixNano") - _ns(k, "startTimeUnixNano"))))
+        shown = {id(k) for k in tasks[:max_task_rows]}
+        for k in kids:
+            if kind_of(k) != TASK or id(k) in shown:
+                add(k, depth + 1)
+        if len(tasks) > max_task_rows:
+            rows.append({"id": f"{span.get('spanId')}-folded", "parent": span.get("spanId"),
+                         "name": f"{len(tasks) - max_task_rows} more task spans",
+                         "kind": FOLDED, "depth": depth + 1, "start": 0.0,
+                         "duration": 0.0, "attrs": {}, "error": None, "breakdown": [],
+                         "folded": len(tasks) - max_task_rows})
+
+    for root in sorted(roots, key=lambda r: _ns(r, "startTimeUnixNano")):
+        add(root, 0)
+    return {"trace_id": trace_id, "start_ns": start, "duration": (end - start) / 1e6,
+            "name": str(roots[0].get("name", "")) if roots else "", "rows": rows}
+
+
+def _summary(traces: Iterable[dict[str, Any]], n_spans: int) -> dict[str, Any]:
+    tasks = erred = 0
+    dask_rows = []
+    traces = list(traces)
+    for trace in traces:
+        ids_of_dask = {r["id"] for r in trace["rows"] if r["kind"] == DASK}
+        for row in trace["rows"]:
+            if row["kind"] != DASK:
+                continue
+            dask_rows.append((row, trace["trace_id"]))
+            if row["parent"] not in ids_of_dask:  # (a tree's figures cover its children)
+                tasks += int(row["attrs"].get(names.SPAN_TASK_COUNT, 0) or 0)
+                erred += int(row["attrs"].get(names.SPAN_ERRED_COUNT, 0) or 0)
+    slowest = sorted(dask_rows, key=lambda item: -item[0]["duration"])[:SLOWEST]
+    return {
+        "traces": len(traces), "spans": n_spans, "tasks": tasks, "erred": erred,
+        "slowest": [{"name": r["name"], "duration": r["duration"], "trace_id": t,
+                     "id": r["id"]} for r, t in slowest],
+    }

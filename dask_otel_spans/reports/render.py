@@ -1,0 +1,161 @@
+"""The report as one self-contained HTML page: the data inline as JSON, the styles
+and the script that draws it inline; nothing is fetched when it is opened."""
+from __future__ import annotations
+
+import html
+import json
+from typing import Any
+
+from dask_otel_spans.reports.model import ACTIVITY_ORDER
+
+#: Colours of the activities, in :data:`ACTIVITY_ORDER` (others: grey)
+ACTIVITY_COLOURS = (
+    "#1f77b4", "#aec7e8", "#ff7f0e", "#ffbb78", "#c7c7c7", "#2ca02c", "#98df8a",
+    "#d62728", "#ff9896", "#9467bd", "#c5b0d5", "#8c564b", "#c49c94", "#e377c2",
+    "#f7b6d2", "#dbdb8d",
+)
+
+_STYLE = """
+body{font:13px/1.4 system-ui,sans-serif;margin:0;color:#222}
+header{padding:12px 18px;background:#f4f4f4;border-bottom:1px solid #ddd}
+h1{font-size:17px;margin:0 0 6px}h2{font-size:14px;margin:18px 0 6px}
+.summary span{margin-right:18px}.summary b{font-size:15px}
+main{display:flex;align-items:flex-start}#traces{flex:1;padding:0 18px 40px;min-width:0}
+#details{width:380px;position:sticky;top:0;max-height:100vh;overflow:auto;
+ border-left:1px solid #ddd;padding:10px 14px;background:#fafafa;font-size:12px}
+.trace{margin-top:14px}.row{display:flex;align-items:center;height:20px;cursor:pointer;
+ border-bottom:1px solid #f0f0f0}.row:hover{background:#f3f7ff}.row.selected{background:#e3ecff}
+.label{width:38%;min-width:0;white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
+.toggle{display:inline-block;width:14px;color:#888}.lane{flex:1;position:relative;height:14px}
+.bar{position:absolute;top:1px;height:12px;min-width:1px;border-radius:2px;background:#7aa6da}
+.dask .bar{background:#4c72b0}.prefix .bar{background:#8fb3de}.task .bar{background:#b9cfe9}
+.in-task .bar,.client .bar{background:#9c9c9c}.erred .bar{background:#d62728}
+.erred .label{color:#b00}.dur{width:80px;text-align:right;color:#555;font-variant-numeric:tabular-nums}
+.mix{width:120px;height:10px;display:flex;margin-left:8px;background:#eee}.mix i{display:block;height:10px}
+.hidden{display:none}.folded .label{color:#888;font-style:italic}
+.exception{display:none}pre{white-space:pre-wrap;font-size:11px;background:#fff;
+ border:1px solid #ddd;padding:6px}table{border-collapse:collapse;width:100%}
+td{border-bottom:1px solid #eee;padding:2px 4px;vertical-align:top;word-break:break-all}
+.legend i{display:inline-block;width:10px;height:10px;margin:0 4px 0 10px}
+"""
+
+_SCRIPT = r"""
+(function(){
+"use strict";
+window.addEventListener("error", function(e){
+  document.body.dataset.errors = (document.body.dataset.errors||"") + e.message + ";";});
+var t0 = performance.now();
+var data = JSON.parse(document.getElementById("report-data").textContent);
+var colours = JSON.parse(document.getElementById("report-colours").textContent);
+function esc(s){return String(s).replace(/[&<>"']/g,function(c){return {"&":"&amp;",
+ "<":"&lt;",">":"&gt;",'"':"&quot;","'":"&#39;"}[c];});}
+function ms(x){return x>=1000?(x/1000).toFixed(3)+" s":x.toFixed(1)+" ms";}
+var s = data.summary, parts = [];
+parts.push('<div class="summary"><span><b>'+s.traces+'</b> traces</span><span><b>'+s.spans+
+ '</b> spans</span><span><b>'+s.tasks+'</b> tasks</span><span><b>'+s.erred+
+ '</b> erred tasks</span></div>');
+if (s.slowest.length){parts.push('<div>Slowest dask spans: '+s.slowest.map(function(x){
+ return '<a href="#row-'+esc(x.id)+'" data-goto="'+esc(x.id)+'">'+esc(x.name)+'</a> '+ms(x.duration);
+}).join(", ")+'</div>');}
+document.getElementById("summary").innerHTML = parts.join("");
+var legend = []; for (var a in colours){legend.push('<i style="background:'+colours[a]+'"></i>'+esc(a));}
+document.getElementById("legend").innerHTML = legend.join("");
+var byId = {}, out = [];
+data.traces.forEach(function(trace, ti){
+  out.push('<section class="trace"><h2>'+esc(trace.name||"trace")+' <small>trace '+
+   esc(trace.trace_id)+', '+ms(trace.duration)+'</small></h2><div class="rows">');
+  var total = trace.duration || 1, rows = trace.rows;
+  rows.forEach(function(r, i){
+    byId[r.id] = r;
+    var next = rows[i+1], parent = next && next.depth > r.depth;
+    var cls = "row "+r.kind+(r.error?" erred":"");
+    var left = Math.max(0, Math.min(100, r.start/total*100));
+    var width = Math.max(0.05, Math.min(100-left, r.duration/total*100));
+    var mix = "";
+    if (r.breakdown.length){
+      var sum = r.breakdown.reduce(function(a, b){return a+b[1];}, 0);
+      mix = '<span class="mix" title="activity breakdown">'+r.breakdown.map(function(b){
+        return '<i data-activity="'+esc(b[0])+'" data-seconds="'+b[1]+'" style="width:'+
+         (b[1]/sum*100).toFixed(4)+'%;background:'+(colours[b[0]]||"#999")+'"></i>';
+      }).join("")+'</span>';
+    }
+    var exc = r.error ? '<span class="exception">'+esc(r.error.type)+': '+
+      esc(r.error.message)+'</span>' : '';
+    out.push('<div id="row-'+esc(r.id)+'" class="'+cls+'" data-id="'+esc(r.id)+
+     '" data-depth="'+r.depth+'" data-trace="'+ti+'"><span class="label" style="padding-left:'+
+     (r.depth*14)+'px"><span class="toggle">'+(parent?"▾":"")+'</span>'+esc(r.name)+
+     (r.error?' ✗ '+esc(r.error.type):'')+'</span><span class="lane"><span class="bar" style="left:'+
+     left.toFixed(4)+'%;width:'+width.toFixed(4)+'%"></span></span><span class="dur">'+
+     (r.kind==="folded"?"":ms(r.duration))+'</span>'+mix+exc+'</div>');
+  });
+  out.push('</div></section>');
+});
+var traces = document.getElementById("traces");
+traces.innerHTML = out.join("");
+function details(r){
+  var h = '<h2>'+esc(r.name)+'</h2><div>'+esc(r.kind)+' span, '+ms(r.duration)+'</div>';
+  if (r.error){h += '<h2>✗ '+esc(r.error.type)+'</h2><div>'+esc(r.error.message)+'</div>'+
+    (r.error.stacktrace?'<pre>'+esc(r.error.stacktrace)+'</pre>':'');}
+  if (r.breakdown.length){h += '<h2>Activities</h2><table>'+r.breakdown.map(function(b){
+    return '<tr><td><i style="display:inline-block;width:10px;height:10px;background:'+
+     (colours[b[0]]||"#999")+'"></i> '+esc(b[0])+'</td><td>'+b[1].toPrecision(3)+' s</td></tr>';
+  }).join("")+'</table>';}
+  h += '<h2>Attributes</h2><table>'+Object.keys(r.attrs).sort().map(function(k){
+    return '<tr><td>'+esc(k)+'</td><td>'+esc(JSON.stringify(r.attrs[k]))+'</td></tr>';
+  }).join("")+'</table>';
+  document.getElementById("details").innerHTML = h;
+}
+traces.addEventListener("click", function(e){
+  var row = e.target.closest(".row"); if (!row) return;
+  if (e.target.classList.contains("toggle") && e.target.textContent){
+    var collapse = e.target.textContent === "▾";
+    e.target.textContent = collapse ? "▸" : "▾";
+    var depth = +row.dataset.depth, n = row.nextElementSibling;
+    while (n && +n.dataset.depth > depth){
+      if (collapse) n.classList.add("hidden"); else n.classList.remove("hidden");
+      n = n.nextElementSibling;
+    }
+    return;
+  }
+  var sel = traces.querySelector(".selected"); if (sel) sel.classList.remove("selected");
+  row.classList.add("selected"); details(byId[row.dataset.id]);
+});
+document.getElementById("summary").addEventListener("click", function(e){
+  var id = e.target.dataset && e.target.dataset.goto; if (!id) return;
+  var row = document.getElementById("row-"+id); if (row) row.click();
+});
+document.body.dataset.renderMs = (performance.now()-t0).toFixed(1);
+document.body.dataset.rendered = "1";
+})();
+"""
+
+
+def _inline_json(value: Any) -> str:
+    """JSON that is safe inside a ``<script>`` element."""
+    return (json.dumps(value, separators=(",", ":"), default=str)
+            .replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026"))
+
+
+def render(data: dict[str, Any], title: str = "Dask spans report") -> str:
+    """The report's whole HTML page for :func:`~dask_otel_spans.reports.model.build`'s
+    data."""
+    colours = dict(zip(ACTIVITY_ORDER, ACTIVITY_COLOURS))
+    return (
+        "<!DOCTYPE html><html><head><meta charset=\"utf-8\">"
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>"
+        f"<header><h1>{html.escape(title)}</h1><div id=\"summary\"></div>"
+        "<div class=\"legend\" id=\"legend\"></div></header>"
+        "<main><div id=\"traces\"></div><aside id=\"details\">Select a span to see its "
+        "attributes and, when it erred, its exception.</aside></main>"
+        f"<script type=\"application/json\" id=\"report-data\">{_inline_json(data)}</script>"
+        f"<script type=\"application/json\" id=\"report-colours\">{_inline_json(colours)}"
+        f"</script><script>{_SCRIPT}</script></body></html>"
+    )
+
+
+def render_fragment(data: dict[str, Any]) -> str:
+    """The report for a notebook cell: the page in a sandboxed ``iframe`` (its script
+    and styles stay its own)."""
+    page = html.escape(render(data), quote=True)
+    return (f'<iframe srcdoc="{page}" sandbox="allow-scripts" '
+            'style="width:100%;height:600px;border:1px solid #ddd"></iframe>')

@@ -1,0 +1,96 @@
+"""``Report``: the report of a run read from its OTLP-JSON files, saved as one HTML file
+or shown inline in Jupyter; :func:`report` makes one from paths or from a client."""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from dask_otel_spans.reports.model import build
+from dask_otel_spans.reports.render import render, render_fragment
+from dask_otel_spans.sdk.otlpjson import exception_logs, read_all_spans, traces_files
+
+#: Where the embedded default writes (``otel-spans.output-dir``'s default)
+DEFAULT_DIRECTORY = "dask-otel-spans"
+
+
+class Report:
+    """The report of the spans of some OTLP-JSON files.
+
+    Parameters
+    ----------
+    paths:
+        Traces files (``traces.jsonl``, or any OTLP-JSON lines file, as the OTel
+        Collector's file exporter writes them), or directories of the embedded
+        default (the scheduler's file and those of the worker processes below it)
+    spans:
+        The spans to show, when not all those of ``paths`` (their exception log
+        events are still read from beside ``paths``)
+    """
+
+    def __init__(self, paths: Sequence[str],
+                 spans: Sequence[dict[str, Any]] | None = None):
+        files: list[str] = []
+        for path in paths:
+            files += traces_files(path)
+        self.files = [f for f in files if os.path.exists(f)]
+        if spans is None:
+            spans = read_all_spans(self.files)
+        self.data = build(spans, exception_logs(self.files))
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return self.data["summary"]
+
+    def html(self) -> str:
+        """The report as one self-contained HTML page."""
+        return render(self.data)
+
+    def save(self, path: str = "report.html") -> str:
+        """Write the page to ``path``; its absolute path."""
+        path = os.path.abspath(path)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.html())
+        return path
+
+    def _repr_html_(self) -> str:
+        return render_fragment(self.data)
+
+    def __repr__(self) -> str:
+        s = self.summary
+        return (f"<Report: {s['traces']} traces, {s['spans']} spans, {s['tasks']} tasks, "
+                f"{s['erred']} erred, from {len(self.files)} file(s)>")
+
+
+def report(source: Any = None, timeout: float = 30.0) -> Report:
+    """The report of a run, to show in Jupyter (it renders inline) or to save.
+
+    Parameters
+    ----------
+    source:
+        A path or a list of paths (see :class:`Report`); a ``distributed.Client``,
+        whose scheduler's exports are waited for (:func:`~dask_otel_spans.wait_for_export`)
+        and read from the files it writes (the embedded default's); default: the
+        embedded default's directory, ``./dask-otel-spans``
+
+    Examples
+    --------
+    >>> from dask_otel_spans import report, wait_for_export  # doctest: +SKIP
+    >>> report(client)  # doctest: +SKIP
+    """
+    if source is None:
+        return Report([DEFAULT_DIRECTORY])
+    if isinstance(source, (str, os.PathLike)):
+        return Report([os.fspath(source)])
+    if hasattr(source, "run_on_scheduler"):
+        from dask_otel_spans.client import wait_for_export
+
+        state = wait_for_export(source, timeout=timeout)
+        where = str(state.traces_to)
+        if not where.endswith(".jsonl"):
+            raise ValueError(
+                f"the scheduler exports its traces to {where}, not to files: the report "
+                "reads OTLP-JSON files (the embedded default, or the Collector's file "
+                "exporter)")
+        return Report([os.path.dirname(where)])
+    return Report([os.fspath(p) for p in source])

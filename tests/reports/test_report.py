@@ -1,0 +1,55 @@
+"""``dask_otel_spans.report``: from a client (its exports waited for, read from the
+embedded default's files), from paths; inline in Jupyter (a sandboxed iframe holding
+the same page); ``dask-otel-spans report`` writes the file."""
+from __future__ import annotations
+
+import html
+
+import pytest
+from distributed import Client, LocalCluster
+
+import dask_otel_spans
+from dask_otel_spans import OTelSpansPlugin, span
+from dask_otel_spans.cli import main as cli_main
+
+
+def inc(x: int) -> int:
+    return x + 1
+
+
+@pytest.mark.cluster  # (an in-process LocalCluster)
+def test_a_report_from_a_client_shows_its_run(tmp_path):
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        client.register_plugin(OTelSpansPlugin(
+            environ={}, use_global_providers=False, output_dir=str(tmp_path),
+            export_process=False, export_delay=0.1, idle_timeout=1.0))
+        with span("etl"):
+            client.submit(inc, 1, key="inc-1").result()
+        made = dask_otel_spans.report(client)
+    assert made.summary["tasks"] == 1 and made.summary["spans"] >= 2
+    assert [r["name"] for r in made.data["traces"][0]["rows"]][:2] == ["etl", "inc"]
+    fragment = made._repr_html_()
+    assert fragment.startswith("<iframe srcdoc=") and 'sandbox="allow-scripts"' in fragment
+    assert html.escape(made.html(), quote=True) in fragment
+
+
+def test_the_command_writes_the_report_of_the_files_given(tmp_path, capsys):
+    traces = tmp_path / "traces.jsonl"
+    traces.write_text(
+        '{"resourceSpans":[{"resource":{"attributes":[]},"scopeSpans":[{"spans":[{'
+        '"traceId":"0af7651916cd43dd8448eb211c80319c","spanId":"b7ad6b7169203331",'
+        '"name":"work","startTimeUnixNano":"1000000","endTimeUnixNano":"3000000",'
+        '"attributes":[{"key":"dask.span.id","value":{"stringValue":"x"}},'
+        '{"key":"dask.span.task_count","value":{"intValue":"4"}}]}]}]}]}\n')
+    out = tmp_path / "out.html"
+    assert cli_main(["report", str(traces), "-o", str(out)]) == 0
+    assert "1 traces, 1 spans (4 tasks, 0 erred)" in capsys.readouterr().out
+    page = out.read_text()
+    assert page.startswith("<!DOCTYPE html>") and '"name":"work"' in page
+
+
+def test_the_command_says_when_there_is_nothing_to_report(tmp_path, capsys):
+    assert cli_main(["report", str(tmp_path / "nowhere"), "-o",
+                     str(tmp_path / "r.html")]) == 1
+    assert "no traces file" in capsys.readouterr().err
