@@ -35,21 +35,6 @@ def looks_up(record: int) -> None:
     raise KeyError(f"bad record {record}")
 
 
-def task_spans(memory: MemoryProviders) -> list:
-    return [s for s in memory.spans() if names.TASK_KEY in (s.attributes or {})]
-
-
-def prefix_span(memory: MemoryProviders, prefix: str):
-    (found,) = [s for s in memory.by_name(prefix)
-                if names.TASK_GROUP_COUNT in (s.attributes or {})]
-    return found
-
-
-async def one_span(memory: MemoryProviders, name: str):
-    await async_wait_for(lambda: memory.by_name(name))
-    return memory.by_name(name)[0]
-
-
 @gen_cluster(client=True)
 async def test_erred_tasks_get_spans_with_their_exception_under_their_prefix_span(
         c, s, a, b):
@@ -59,8 +44,8 @@ async def test_erred_tasks_get_spans_with_their_exception_under_their_prefix_spa
         futures = c.map(fails_on_odd, range(40))
         await wait(futures)
     del futures  # (released before export: the errors stay counted)
-    dask_span = await one_span(memory, "fails")
-    tasks = task_spans(memory)
+    dask_span = await memory.first("fails")
+    tasks = memory.task_spans()
     assert len(tasks) == 10  # max-task-spans
     prefix_id = prefix_span_id(span_id, "fails_on_odd")
     for task in tasks:
@@ -78,7 +63,7 @@ async def test_erred_tasks_get_spans_with_their_exception_under_their_prefix_spa
         assert "raise ValueError" in event.attributes["exception.stacktrace"]
         assert task.start_time <= task.end_time
     assert len({t.context.span_id for t in tasks}) == 10
-    prefix = prefix_span(memory, "fails_on_odd")
+    prefix = memory.prefix_span("fails_on_odd")
     assert prefix.context.span_id == prefix_id
     assert prefix.attributes[names.TASK_SPANS_LEFT_OUT] == 10
     assert dask_span.attributes[names.SPAN_ERRED_COUNT] == 20
@@ -91,8 +76,8 @@ async def test_the_exception_message_of_a_key_error_is_its_str(c, s, a, b):
     await install(c, memory)
     with span("lookup"):
         await wait(c.submit(looks_up, 3))
-    await one_span(memory, "lookup")
-    (task,) = task_spans(memory)
+    await memory.first("lookup")
+    (task,) = memory.task_spans()
     (event,) = task.events
     assert event.attributes["exception.message"] == str(KeyError("bad record 3"))
     assert event.attributes["exception.stacktrace"].endswith(
@@ -106,9 +91,9 @@ async def test_a_prefix_span_of_one_erred_task_lasts_as_long_as_the_task(c, s, a
     await install(c, memory)
     with span("one error"):
         await wait(c.submit(fails_on_odd, 3))
-    dask_span = await one_span(memory, "one error")
-    (task,) = task_spans(memory)
-    prefix = prefix_span(memory, "fails_on_odd")
+    dask_span = await memory.first("one error")
+    (task,) = memory.task_spans()
+    prefix = memory.prefix_span("fails_on_odd")
     assert (prefix.start_time, prefix.end_time) == (task.start_time, task.end_time)
     assert dask_span.end_time == task.end_time
 
@@ -123,8 +108,8 @@ async def test_without_task_spans_a_prefix_span_of_an_erred_task_takes_its_times
         # (the task's compute ended before; 50 ms for the worker's times brought to
         # the scheduler's clock: its offset estimate is a few ms in-process)
         erred_by = (scheduler_time() + 0.05) * 1e9
-    dask_span = await one_span(memory, "one error")
-    prefix = prefix_span(memory, "fails_on_odd")
+    dask_span = await memory.first("one error")
+    prefix = memory.prefix_span("fails_on_odd")
     assert dask_span.start_time < prefix.start_time <= prefix.end_time <= erred_by
     # the task's own time, not the dask span's (a task of well under a millisecond)
     assert prefix.end_time - prefix.start_time < 0.05e9
@@ -138,8 +123,8 @@ async def test_slowest_keeps_the_erred_task_and_then_the_slowest(c, s, a, b):
     with span("mixed"):
         # (a negative sleep raises ValueError: one erred task of the group)
         await wait(c.map(sleeps, [0.01, 0.3, 0.02, 0.2, 0.01, -1], pure=False))
-    await one_span(memory, "mixed")
-    tasks = task_spans(memory)
+    await memory.first("mixed")
+    tasks = memory.task_spans()
     assert [t.status.status_code for t in tasks].count(StatusCode.ERROR) == 1
     durations = sorted((t.end_time - t.start_time) / 1e9 for t in tasks
                        if t.status.status_code is not StatusCode.ERROR)
@@ -154,9 +139,9 @@ async def test_all_gives_every_task_a_span_up_to_the_cap(c, s, a, b):
     await install(c, memory, task_spans="all", max_task_spans=4)
     with span("small"):
         await wait(c.map(sleeps, [0.0] * 6, pure=False))
-    await one_span(memory, "small")
-    assert len(task_spans(memory)) == 4
-    assert prefix_span(memory, "sleeps").attributes[names.TASK_SPANS_LEFT_OUT] == 2
+    await memory.first("small")
+    assert len(memory.task_spans()) == 4
+    assert memory.prefix_span("sleeps").attributes[names.TASK_SPANS_LEFT_OUT] == 2
 
 
 @gen_cluster(client=True)
@@ -166,8 +151,8 @@ async def test_record_exceptions_off_keeps_the_type_and_drops_message_and_trace(
     await install(c, memory, record_exceptions=False)
     with span("private"):
         await wait(c.submit(fails_on_odd, 3))
-    await one_span(memory, "private")
-    (task,) = task_spans(memory)
+    await memory.first("private")
+    (task,) = memory.task_spans()
     (event,) = task.events
     assert dict(event.attributes) == {"exception.type": "ValueError"}
 
@@ -178,8 +163,8 @@ async def test_none_makes_no_task_span(c, s, a, b):
     await install(c, memory, task_spans="none")
     with span("quiet"):
         await wait(c.submit(fails_on_odd, 3))
-    dask_span = await one_span(memory, "quiet")
-    assert task_spans(memory) == []
+    dask_span = await memory.first("quiet")
+    assert memory.task_spans() == []
     assert dask_span.attributes[names.SPAN_ERRED_COUNT] == 1
 
 
@@ -189,8 +174,8 @@ async def test_without_prefix_spans_task_spans_hang_under_the_dask_span(c, s, a,
     await install(c, memory, prefix_spans=False)
     with span("flat") as span_id:
         await wait(c.submit(fails_on_odd, 3))
-    await one_span(memory, "flat")
-    (task,) = task_spans(memory)
+    await memory.first("flat")
+    (task,) = memory.task_spans()
     assert task.parent.span_id == otel_span_id(span_id)
 
 
@@ -215,7 +200,7 @@ async def test_metric_points_carry_exemplars_of_the_prefix_span(c, s, a, b):
     await install(c, memory)
     with span("busy") as span_id:
         await wait(c.map(sleeps, [0.05] * 4, pure=False))
-    dask_span = await one_span(memory, "busy")
+    dask_span = await memory.first("busy")
 
     def exemplars():
         found = []

@@ -10,6 +10,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
 
+from dask_otel_spans import names
+from support.polling import async_wait_for
+
 
 class MemoryProviders:
     """SDK providers exporting to memory: ``spans()`` and ``points()``."""
@@ -29,6 +32,22 @@ class MemoryProviders:
 
     def by_name(self, name: str) -> list:
         return [s for s in self.spans() if s.name == name]
+
+    def task_spans(self, prefix: str | None = None) -> list:
+        """The task spans (of ``prefix``, when given)."""
+        return [s for s in self.spans() if names.TASK_KEY in (s.attributes or {})
+                and (prefix is None or s.attributes[names.TASK_PREFIX] == prefix)]
+
+    def prefix_span(self, prefix: str):
+        """The one prefix span of ``prefix``."""
+        (found,) = [s for s in self.by_name(prefix)
+                    if names.TASK_GROUP_COUNT in (s.attributes or {})]
+        return found
+
+    async def first(self, name: str):
+        """The first span named ``name``, once one was exported."""
+        await async_wait_for(lambda: self.by_name(name))
+        return self.by_name(name)[0]
 
     def points(self, name: str | None = None) -> list[tuple[str, dict, float]]:
         data = self.metric_reader.get_metrics_data()
