@@ -49,6 +49,23 @@ TRANSITIONS: list[tuple[str, str, dict]] = [
 ]
 
 
+def _erred_kwargs() -> dict:
+    """Keyword arguments of ``processing -> erred`` as a worker's task-erred message
+    gives them (``Scheduler.stimulus_task_erred``): the exception's pickle framed as
+    distributed frames it, its ``repr`` and traceback."""
+    from distributed.protocol import pickle
+    from distributed.protocol.serialize import Serialize, Serialized, serialize
+
+    error = ValueError("record 3: negative amount")
+    return dict(
+        worker="tcp://127.0.0.1:40000", run_id=3,
+        exception=Serialized(*serialize(Serialize(pickle.dumps(error)))),
+        traceback=None, exception_text=repr(error),
+        traceback_text='  File "task.py", line 1, in f\n', thread=1,
+        startstops=[{"action": "compute", "start": 1.0, "stop": 1.5}],
+    )
+
+
 class _Group:
     """A settled task group of a span that is not in the scheduler's span tree (the
     forwarder's tick then sends it nowhere)."""
@@ -59,6 +76,7 @@ class _Group:
 
 class _Task:
     group = _Group()
+    run_spec = None
 
 
 class NoOpHook:
@@ -107,6 +125,9 @@ def report(name: str, hook: Any, calls: int, repeat: int) -> None:
         print(f"   {start} -> {finish} ({len(kwargs)} keyword arguments): "
               f"{seconds * 1e6:.3f} µs")
     print(f"   per task (these {len(TRANSITIONS)} transitions): {total * 1e6:.2f} µs")
+    seconds = cost_per_call(hook, "processing", "erred", _erred_kwargs(), calls, repeat)
+    print(f"   processing -> erred (a task that raised; its record kept up to the cap, "
+          f"its exception class counted): {seconds * 1e6:.3f} µs")
 
 
 async def measure(calls: int, repeat: int, modes: list[str]) -> None:
