@@ -978,6 +978,11 @@ def main(argv: list[str] | None = None) -> int:
                              "so far) and reports the rounds it ran: for a machine "
                              "leased for a fixed time, under a 'timeout' that would "
                              "otherwise cut the report; the later parts are not limited")
+    parser.add_argument("--settle", metavar="SECONDS", type=float, default=None,
+                        help="seconds after a workload's results during which the "
+                             f"scheduler's CPU still counts for it (default {SETTLE_S}; "
+                             "7.5 covers the idle-timeout that plain spans, as small's, "
+                             "wait before they are exported)")
     parser.add_argument("--parts", default="throughput,memory,export",
                         help="comma-separated subset of throughput (parts 1, 2 and 4), "
                              "memory (part 3), export (part 5)")
@@ -1006,7 +1011,7 @@ def main(argv: list[str] | None = None) -> int:
         scale.update({"delayed-list": scale["delayed"], "nested-list": scale["nested"],
                       "nested-x10": scale["nested"]})
         pairs, checkpoints, repeat = args.pairs or 3, [1000, 10_000, 100_000], 50
-        settle_s = SETTLE_S
+        settle_s = SETTLE_S if args.settle is None else args.settle
     scale = {name: shape for name, shape in scale.items() if name in workloads}
     modes = [False, True] if args.both_modes else [args.export_process]
     print(f"machine: {os.cpu_count()} cores; {args.workers} workers x {args.threads} "
