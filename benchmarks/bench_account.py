@@ -36,6 +36,7 @@ import bench_preload  # noqa: E402
 from bench_scheduler import (  # noqa: E402
     Cluster,
     futures_workload,
+    nested_workload,
     small_workload,
     wait_until_plugin_idle,
 )
@@ -71,12 +72,13 @@ def _syscalls(proc: subprocess.Popen) -> dict[str, int]:
 def _py_spy(pid: int, path: str) -> subprocess.Popen:
     return subprocess.Popen(
         [os.path.join(os.path.dirname(sys.executable), "py-spy"), "record", "-p",
-         str(pid), "-r", "250", "--format", "raw", "-o", path, "--nonblocking"],
+         str(pid), "-r", "250", "--format", "raw", "-o", path, "--nonblocking",
+         "--gil"],  # (the threads that hold the GIL: work, not waits)
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def one_run(with_plugin: bool, spans: int, per_span: int, strace: bool,
-            profile: str | None = None) -> dict[str, float]:
+            profile: str | None = None, workload: str = "small") -> dict[str, float]:
     cluster = Cluster(with_plugin, workers=2, threads=2, export_process=True)
     try:
         client = cluster.client
@@ -99,7 +101,10 @@ def one_run(with_plugin: bool, spans: int, per_span: int, strace: bool,
         if tracer is not None or spy is not None:
             time.sleep(1.0)  # (attached)
         t0 = time.perf_counter()
-        n = small_workload(client, spans, per_span)
+        if workload == "nested":  # (spans one-task leaves, in 10 x 10 x ... levels)
+            n = nested_workload(client, 10, 10, max(1, spans // 100))
+        else:
+            n = small_workload(client, spans, per_span)
         wall = time.perf_counter() - t0
         time.sleep(SETTLE_S)
         calls = _syscalls(tracer) if tracer is not None else {}
@@ -161,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=8)
     parser.add_argument("--spans", type=int, default=300)
     parser.add_argument("--per-span", type=int, default=2)
+    parser.add_argument("--workload", choices=("small", "nested"), default="small",
+                        help="nested: one-task leaf spans three levels deep "
+                             "(bench_scheduler's nested), --spans leaves")
     parser.add_argument("--strace", action="store_true")
     parser.add_argument("--profile", metavar="PATH", default=None,
                         help="py-spy raw profiles of the scheduler to PATH-0.txt "
@@ -175,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         order = (False, True) if i % 2 == 0 else (True, False)
         for with_plugin in order:
             runs[with_plugin].append(one_run(with_plugin, args.spans, args.per_span,
-                                             args.strace, args.profile))
+                                             args.strace, args.profile, args.workload))
         base, plugin = runs[False][-1], runs[True][-1]
         print(f"  pair {i + 1}: tasks/s {plugin['tasks/s'] / base['tasks/s']:.3f}, "
               f"process CPU {plugin['process'] / base['process']:.3f}", flush=True)
