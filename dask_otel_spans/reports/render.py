@@ -8,12 +8,28 @@ from typing import Any
 
 from dask_otel_spans.reports.model import ACTIVITY_ORDER
 
-#: Colours of the activities, in :data:`ACTIVITY_ORDER` (others: grey)
-ACTIVITY_COLOURS = (
-    "#1f77b4", "#aec7e8", "#ff7f0e", "#ffbb78", "#c7c7c7", "#2ca02c", "#98df8a",
-    "#d62728", "#ff9896", "#9467bd", "#c5b0d5", "#8c564b", "#c49c94", "#e377c2",
-    "#f7b6d2", "#dbdb8d",
-)
+#: Bokeh's Viridis11, which dask's Fine Performance Metrics dashboard spreads over the
+#: activities it shows (``FinePerformanceMetrics._get_palette``)
+VIRIDIS11 = ("#440154", "#482374", "#404387", "#345E8D", "#29788E", "#208F8C",
+             "#22A784", "#42BE71", "#79D151", "#BADE27", "#FDE724")
+
+
+def interpolated(palette: tuple[str, ...], n: int) -> list[str]:
+    """``n`` colours spread evenly over ``palette``, linearly between its colours (as
+    Bokeh's ``interp_palette``, which dask uses)."""
+    rgb = [tuple(int(c[i:i + 2], 16) for i in (1, 3, 5)) for c in palette]
+    out = []
+    for k in range(n):
+        x = k * (len(rgb) - 1) / max(n - 1, 1)
+        i = min(int(x), len(rgb) - 2)
+        f = x - i
+        out.append("#" + "".join(f"{round(a + (b - a) * f):02X}"
+                                 for a, b in zip(rgb[i], rgb[i + 1])))
+    return out
+
+
+#: Colours of the activities, in :data:`ACTIVITY_ORDER` (others: grey), dask's way
+ACTIVITY_COLOURS = tuple(interpolated(VIRIDIS11, len(ACTIVITY_ORDER)))
 
 _STYLE = """
 body{font:13px/1.4 system-ui,sans-serif;margin:0;color:#222}
