@@ -307,7 +307,19 @@ class SpanEmitter:
                     span.add_event(event.name, event.attributes,
                                    timestamp=event.time_ns)
                 if self._exception_logger is not None:
-                    self._log_exception(span, event)
+                    try:
+                        self._log_exception(span, event)
+                    except Exception as e:  # the span is ended whatever happens here
+                        self._exception_logger = None
+                        logger.error(
+                            "dask_otel_spans: cannot emit exception log events (%s: "
+                            "%s; an OpenTelemetry SDK older than the log API's keyword "
+                            "form?); exceptions are span events from now on",
+                            type(e).__name__, e)
+                        if not self.exception_events:
+                            self.exception_events = True
+                            span.add_event(event.name, event.attributes,
+                                           timestamp=event.time_ns)
             if task.error:
                 span.set_status(Status(StatusCode.ERROR, task.error))
             span.end(end_time=task.end_ns)

@@ -112,10 +112,13 @@ class OTLPJsonLinesLogExporter:
 
     def export(self, batch: Sequence[Any]) -> Any:
         from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
-        from opentelemetry.sdk._logs.export import LogRecordExportResult
+        from opentelemetry.sdk._logs import export as logs_export
 
+        # (named LogExportResult before opentelemetry-sdk 1.39)
+        result = getattr(logs_export, "LogRecordExportResult", None) or getattr(
+            logs_export, "LogExportResult")
         ok = self._writer.write(to_otlp_json(encode_logs(batch)))
-        return LogRecordExportResult.SUCCESS if ok else LogRecordExportResult.FAILURE
+        return result.SUCCESS if ok else result.FAILURE
 
     def shutdown(self) -> None:
         pass

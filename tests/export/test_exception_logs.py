@@ -123,3 +123,33 @@ async def test_the_export_process_sends_exception_logs_over_otlp(
         assert (record.trace_id.hex(), record.span_id.hex()) in tasks
         assert {kv.key: kv.value.string_value for kv in record.attributes}[
             names.EXCEPTION_TYPE] == JSON_ERROR
+
+
+class RefusingLogger:
+    def emit(self, *args, **kwargs):
+        raise TypeError("emit() got an unexpected keyword argument 'event_name'")
+
+
+class RefusingLoggerProvider:
+    def get_logger(self, *args, **kwargs):
+        return RefusingLogger()
+
+
+def test_a_logger_that_refuses_the_record_loses_no_span(memory, caplog):
+    """An SDK whose log API takes no keywords: one ERROR line, and the exception goes
+    back to being a span event; every span is still ended."""
+    from dask_otel_spans.export.emitter import SpanEmitter
+    from dask_otel_spans.export.task_spans import TaskEvent, TaskSpanFields
+    from opentelemetry.context import Context
+
+    emitter = SpanEmitter(memory.tracer_provider, exception_events=False,
+                          logger_provider=RefusingLoggerProvider())
+    event = TaskEvent(names.EXCEPTION_EVENT, 2_000, {names.EXCEPTION_TYPE: "ValueError"})
+    tasks = [TaskSpanFields("inc", i + 1, 1_000, 3_000, {}, [event], "ValueError")
+             for i in range(2)]
+    tracer = emitter._tracer
+    with caplog.at_level("ERROR", logger="dask_otel_spans"):
+        emitter._task_spans(tracer, tasks, Context())
+    assert len(memory.spans()) == 2
+    assert all([e.name for e in s.events] == [names.EXCEPTION_EVENT] for s in memory.spans())
+    assert len([r for r in caplog.records if "exception log events" in r.message]) == 1
