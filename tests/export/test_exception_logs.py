@@ -138,9 +138,10 @@ class RefusingLoggerProvider:
 def test_a_logger_that_refuses_the_record_loses_no_span(memory, caplog):
     """An SDK whose log API takes no keywords: one ERROR line, and the exception goes
     back to being a span event; every span is still ended."""
+    from opentelemetry.context import Context
+
     from dask_otel_spans.export.emitter import SpanEmitter
     from dask_otel_spans.export.task_spans import TaskEvent, TaskSpanFields
-    from opentelemetry.context import Context
 
     emitter = SpanEmitter(memory.tracer_provider, exception_events=False,
                           logger_provider=RefusingLoggerProvider())
