@@ -72,7 +72,7 @@ def _syscalls(proc: subprocess.Popen) -> dict[str, int]:
 def _py_spy(pid: int, path: str) -> subprocess.Popen:
     return subprocess.Popen(
         [os.path.join(os.path.dirname(sys.executable), "py-spy"), "record", "-p",
-         str(pid), "-r", "250", "--format", "raw", "-o", path, "--nonblocking",
+         str(pid), "-r", "1000", "--format", "raw", "-o", path, "--nonblocking",
          "--gil"],  # (the threads that hold the GIL: work, not waits)
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -89,6 +89,7 @@ def one_run(with_plugin: bool, spans: int, per_span: int, strace: bool,
             client.run_on_scheduler(bench_preload.reset)
         threads0, gc0 = _threads(client), client.run_on_scheduler(bench_clock.gc_figures)
         frames0 = client.run_on_scheduler(bench_clock.sender_frames)
+        export0 = client.run_on_scheduler(bench_clock.export_figures)
         child0 = cluster.export_cpu()
         tracer = _strace(cluster.scheduler.pid) if strace else None
         spy = (_py_spy(cluster.scheduler.pid, f"{profile}-{int(with_plugin)}.txt")
@@ -114,6 +115,7 @@ def one_run(with_plugin: bool, spans: int, per_span: int, strace: bool,
                 recorder.wait(30)
         threads1, gc1 = _threads(client), client.run_on_scheduler(bench_clock.gc_figures)
         frames = client.run_on_scheduler(bench_clock.sender_frames) - frames0
+        export1 = client.run_on_scheduler(bench_clock.export_figures)
         child = cluster.export_cpu() - child0
         # (after the window, the same on both sides: the plugin's own figures, once
         # every span is exported; the window above normally covers that already)
@@ -144,6 +146,13 @@ def one_run(with_plugin: bool, spans: int, per_span: int, strace: bool,
     out["gc-tracked objects allocated per span (net, gen0 x 700)"] = (
         gc1["collections"][0] - gc0["collections"][0]) * GEN0_THRESHOLD / spans
     out["frames to export process per span"] = frames / spans
+    if with_plugin:
+        out["export process: GC CPU"] = (
+            export1.get("gc_cpu_s", 0.0) - export0.get("gc_cpu_s", 0.0)) * per_span
+        for gen in range(3):
+            name = f"gc_collections_{gen}"
+            out[f"export process: gen{gen} collections per span"] = (
+                export1.get(name, 0) - export0.get(name, 0)) / spans
     if stats is not None:
         handed = max(stats["handed_over"], 1)
         out["export process: metric SDK calls per span"] = stats["metric_sdk_calls"] / handed

@@ -125,9 +125,15 @@ def thread_cpu(dask_scheduler: Any = None) -> dict:
 
 def sender_frames(dask_scheduler: Any) -> int:
     """run_on_scheduler: frames the plugin wrote to its export process so far."""
+    return int(export_figures(dask_scheduler).get("frames", 0))
+
+
+def export_figures(dask_scheduler: Any) -> dict:
+    """run_on_scheduler: the plugin's export figures as last reported (its export
+    process's garbage collections included); empty without a plugin."""
     plugin = dask_scheduler.plugins.get("otel-spans")
     stats = getattr(plugin, "export_stats", None)
-    return int(stats().get("frames", 0)) if stats is not None else 0
+    return dict(stats()) if stats is not None else {}
 
 
 def dask_setup(scheduler: Any) -> None:

@@ -54,6 +54,20 @@ _STATS_INTERVAL = 0.5
 YOUNG_GC_THRESHOLD = 10_000
 #: Objects that :func:`settle_garbage_collector` left out of collections
 _frozen_objects = 0
+#: CPU seconds this process spent in garbage collections (thread CPU while one ran)
+_gc_cpu = [0.0]
+_gc_started: dict[int, float] = {}
+
+
+def _time_collections(phase: str, info: dict[str, Any]) -> None:
+    """``gc.callbacks`` entry: account each collection's CPU time."""
+    thread = threading.get_ident()
+    if phase == "start":
+        _gc_started[thread] = time.thread_time()
+    else:
+        started = _gc_started.pop(thread, None)
+        if started is not None:
+            _gc_cpu[0] += time.thread_time() - started
 
 
 class _Outbox:
@@ -103,13 +117,14 @@ def settle_garbage_collector() -> None:
     young, middle, old = gc.get_threshold()
     if young:  # (0: the collector was turned off; left so)
         gc.set_threshold(max(young, YOUNG_GC_THRESHOLD), middle, old)
+    gc.callbacks.append(_time_collections)
 
 
 def _gc_figures() -> dict[str, int]:
     """The garbage collector's figures: objects left out of collections, the
     youngest generation's threshold, and collections of each generation so far."""
     out = {"gc_frozen_objects": _frozen_objects,
-           "gc_young_threshold": gc.get_threshold()[0]}
+           "gc_young_threshold": gc.get_threshold()[0], "gc_cpu_s": _gc_cpu[0]}
     for generation, figures in enumerate(gc.get_stats()):
         out[f"gc_collections_{generation}"] = figures["collections"]
     return out
