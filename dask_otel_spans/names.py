@@ -34,6 +34,8 @@ DEFAULT_SPAN_TAG = "default"
 
 # -- resource ----------------------------------------------------------------------
 SERVICE_NAME = "service.name"
+#: One per exporting process (a random UUID) unless the user set one
+SERVICE_INSTANCE_ID = "service.instance.id"
 DEFAULT_SERVICE_NAME = "dask-scheduler"
 SCHEDULER_ADDRESS = "dask.scheduler.address"
 DEFAULT_WORKER_SERVICE_NAME = "dask-worker"

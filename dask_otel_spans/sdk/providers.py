@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,9 +122,12 @@ def build_resource(
     attributes: Mapping[str, Any] | None = None,
 ) -> Resource:
     """``service.name`` = OTEL_SERVICE_NAME, else OTEL_RESOURCE_ATTRIBUTES' one, else
-    ``default_service_name``; plus ``dask.scheduler.address`` (when given),
+    ``default_service_name``; ``service.instance.id`` = a new random UUID (one per
+    resource built: one per exporting process) unless OTEL_RESOURCE_ATTRIBUTES or
+    ``attributes`` set one; plus ``dask.scheduler.address`` (when given),
     ``attributes`` and OTEL_RESOURCE_ATTRIBUTES."""
-    attrs: dict[str, Any] = {names.SERVICE_NAME: default_service_name}
+    attrs: dict[str, Any] = {names.SERVICE_NAME: default_service_name,
+                             names.SERVICE_INSTANCE_ID: str(uuid.uuid4())}
     if scheduler_address:
         attrs[names.SCHEDULER_ADDRESS] = scheduler_address
     attrs.update(attributes or {})

@@ -156,3 +156,17 @@ def test_auto_instrumentation_is_told_by_the_sitecustomize_it_started(
     module.__file__ = os.path.join(str(tmp_path), *folder, "sitecustomize.py")
     monkeypatch.setitem(sys.modules, "sitecustomize", module)
     assert under_auto_instrumentation() is expected
+
+
+def test_each_resource_built_has_its_own_service_instance_id():
+    import uuid
+
+    first, second = (build_resource({})
+                     .attributes[names.SERVICE_INSTANCE_ID] for _ in range(2))
+    assert first != second and str(uuid.UUID(first)) == first
+
+
+def test_a_service_instance_id_the_user_set_is_kept(monkeypatch):
+    environ = {"OTEL_RESOURCE_ATTRIBUTES": "service.instance.id=scheduler-a"}
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", environ["OTEL_RESOURCE_ATTRIBUTES"])
+    assert build_resource(environ).attributes[names.SERVICE_INSTANCE_ID] == "scheduler-a"
