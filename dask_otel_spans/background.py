@@ -190,3 +190,31 @@ class QueueThread:
             pass
         self._thread.join(timeout)
         self._thread = None
+
+
+class ThreadWorker:
+    """A component whose work runs on one :class:`QueueThread` (``self.thread``, made
+    by the subclass): starting, flushing and stopping it, and its figures."""
+
+    thread: QueueThread
+
+    @property
+    def dropped(self) -> int:
+        """Items dropped because the queue was full."""
+        return self.thread.dropped
+
+    @property
+    def cpu_seconds(self) -> float:
+        """CPU seconds the thread spent on the work."""
+        return self.thread.cpu_seconds
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything put so far was handled; False after ``timeout``."""
+        return self.thread.flush(timeout)
+
+    def stop(self, timeout: float = 10) -> None:
+        """Handle what is queued, then end the thread (at most ``timeout`` seconds)."""
+        self.thread.stop(timeout)

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from dask_otel_spans import names
-from dask_otel_spans.background import QueueThread
+from dask_otel_spans.background import QueueThread, ThreadWorker
 from dask_otel_spans.export.metrics import DaskInstruments, MetricsPump
 from dask_otel_spans.export.traces import (
     SpanFields,
@@ -95,7 +95,7 @@ class EmitRequest(NamedTuple):
     links_dropped: int = 0
 
 
-class SpanEmitter:
+class SpanEmitter(ThreadWorker):
     """Emit :class:`EmitRequest` objects, in order, on a daemon thread.
 
     Parameters
@@ -178,25 +178,6 @@ class SpanEmitter:
                 "span ids will not follow the dask span ids", type(provider).__name__,
             )
         return tracer
-
-    @property
-    def dropped(self) -> int:
-        """Requests dropped because the queue was full (never: it has no bound)."""
-        return self.thread.dropped
-
-    @property
-    def cpu_seconds(self) -> float:
-        return self.thread.cpu_seconds
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every request emitted so far was ended."""
-        return self.thread.flush(timeout)
-
-    def stop(self, timeout: float = 10) -> None:
-        self.thread.stop(timeout)
 
     def emit(self, request: EmitRequest) -> None:
         self.thread.put(request)

@@ -20,7 +20,7 @@ from opentelemetry.trace import (
 )
 
 from dask_otel_spans import names
-from dask_otel_spans.background import QueueThread
+from dask_otel_spans.background import QueueThread, ThreadWorker
 from dask_otel_spans.protocol.propagation import prefix_span_id
 from dask_otel_spans.sdk.providers import SDK_DEFAULT_CARDINALITY_LIMIT
 
@@ -391,7 +391,7 @@ class DaskInstruments:
 MetricCall = tuple[Callable[..., None], tuple[Any, ...]]
 
 
-class MetricsPump:
+class MetricsPump(ThreadWorker):
     """Runs instrument updates on a daemon thread, off the scheduler's event loop,
     and hands their sums to the SDK at most every ``send_interval`` seconds (and at
     every flush and at stop).
@@ -411,25 +411,6 @@ class MetricsPump:
             what="metric updates", due=self.send_sums, due_in=self._send_in,
             counted_in="MetricsPump.dropped",
         )
-
-    @property
-    def dropped(self) -> int:
-        """Updates dropped because the queue was full."""
-        return self.thread.dropped
-
-    @property
-    def cpu_seconds(self) -> float:
-        return self.thread.cpu_seconds
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def flush(self, timeout: float | None = None) -> bool:
-        """Apply the updates submitted so far and hand their sums to the SDK."""
-        return self.thread.flush(timeout)
-
-    def stop(self, timeout: float = 10) -> None:
-        self.thread.stop(timeout)
 
     def send_sums(self) -> None:
         """Hand the sums to the SDK now."""

@@ -31,6 +31,11 @@ from dask_otel_spans.sdk.health import (
     HealthMetricExporter,
     HealthSpanExporter,
 )
+from dask_otel_spans.sdk.logs import (
+    ExceptionSignals,
+    build_logger_provider,
+    global_sdk_logger_provider,
+)
 from dask_otel_spans.sdk.otlp import (
     ConfigurationError,
     check_otlp_settings,
@@ -38,12 +43,12 @@ from dask_otel_spans.sdk.otlp import (
     otlp_exporter,
 )
 from dask_otel_spans.sdk.otlpjson import (
-    LOGS_FILE,
+    FILE_EXPORTER,
     METRICS_FILE,
     TRACES_FILE,
-    OTLPJsonLinesLogExporter,
     OTLPJsonLinesMetricExporter,
     OTLPJsonLinesSpanExporter,
+    is_unconfigured,
 )
 
 logger = logging.getLogger(__name__)
@@ -54,18 +59,8 @@ logger = logging.getLogger(__name__)
 SDK_DEFAULT_CARDINALITY_LIMIT = 2000
 
 
-#: Variables whose presence means "the user configured an exporter"
-_CONFIGURING_VARIABLES = (
-    "OTEL_TRACES_EXPORTER",
-    "OTEL_METRICS_EXPORTER",
-    "OTEL_EXPORTER_OTLP_ENDPOINT",
-    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
-)
 #: Batch span processor delay when OTEL_BSP_SCHEDULE_DELAY is not set (SDK: 5000)
 DEFAULT_BSP_SCHEDULE_DELAY_MS = 500
-#: Value of OTEL_{TRACES,METRICS}_EXPORTER selecting the embedded file exporter
-FILE_EXPORTER = "otlp_json_file"
 
 
 @dataclass
@@ -85,6 +80,14 @@ class Providers:
     #: the exception log events' provider, when ``exceptions.logs``
     logger_provider: Any = None
     logs_to: str = "nowhere"
+
+    @property
+    def exceptions_to(self) -> str:
+        """Where erred tasks' exceptions go, for the start-up line."""
+        parts = ["span events"] if self.exceptions.events else []
+        if self.exceptions.logs:
+            parts.append(f"log events to {self.logs_to}")
+        return " and ".join(parts)
 
     @property
     def all(self) -> tuple[Any, ...]:
@@ -191,11 +194,6 @@ def exporter_names(environ: Mapping[str, str], variable: str) -> list[str]:
     ]
 
 
-def is_unconfigured(environ: Mapping[str, str]) -> bool:
-    """True when no exporter and no OTLP endpoint is configured at all."""
-    return not any(environ.get(v) for v in _CONFIGURING_VARIABLES)
-
-
 def _span_exporter(name: str, environ: Mapping[str, str], output_dir: str) -> Any:
     if name == "otlp":
         return otlp_exporter(environ, "TRACES")
@@ -253,97 +251,6 @@ def _prometheus_reader(environ: Mapping[str, str]) -> tuple[MetricReader, str]:
         start_http_server(int(port), addr=host)
         where += f" and http://{host}:{port}/metrics"
     return reader, where
-
-
-#: ``OTEL_LOGS_EXPORTER`` values (unset: log records are not exported; the embedded
-#: default's file when nothing at all is configured)
-LOG_EXPORTERS = ("otlp", "console", "none", FILE_EXPORTER)
-#: The semantic conventions' opt-in that moves exceptions from span events to log
-#: events: unset, span events; ``logs``, log events only; ``logs/dup``, both
-EXCEPTION_SIGNAL_OPT_IN = "OTEL_SEMCONV_EXCEPTION_SIGNAL_OPT_IN"
-
-
-@dataclass(frozen=True)
-class ExceptionSignals:
-    """Where erred tasks' exceptions go, as ``OTEL_SEMCONV_EXCEPTION_SIGNAL_OPT_IN``
-    says (a comma-separated list; ``logs/dup`` wins over ``logs``)."""
-
-    events: bool = True
-    logs: bool = False
-
-    @classmethod
-    def from_environ(cls, environ: Mapping[str, str]) -> ExceptionSignals:
-        values = {v.strip().lower()
-                  for v in (environ.get(EXCEPTION_SIGNAL_OPT_IN) or "").split(",")}
-        if "logs/dup" in values:
-            return cls(events=True, logs=True)
-        if "logs" in values:
-            return cls(events=False, logs=True)
-        return cls()
-
-
-def exceptions_to(providers: Providers) -> str:
-    """Where erred tasks' exceptions go, for the start-up line."""
-    signals = providers.exceptions
-    parts = ["span events"] if signals.events else []
-    if signals.logs:
-        parts.append(f"log events to {providers.logs_to}")
-    return " and ".join(parts)
-
-
-def log_exporter_names(environ: Mapping[str, str]) -> list[str]:
-    """The exporters ``OTEL_LOGS_EXPORTER`` names (none when unset); raises
-    :class:`~dask_otel_spans.sdk.otlp.ConfigurationError` naming a value it
-    cannot use."""
-    names_ = [n.strip().lower() for n in environ.get("OTEL_LOGS_EXPORTER", "").split(",")
-              if n.strip()]
-    for name in names_:
-        if name not in LOG_EXPORTERS:
-            raise not_one_of("OTEL_LOGS_EXPORTER", name, LOG_EXPORTERS)
-    return names_
-
-
-def build_logger_provider(environ: Mapping[str, str], resource: Any,
-                          output_dir: str | None = None) -> tuple[Any, str]:
-    """A logger provider with one batch processor per exporter of
-    ``OTEL_LOGS_EXPORTER`` (``otlp``, ``console``, the embedded default's file
-    ``otlp_json_file``, which is the one with nothing configured at all when an
-    ``output_dir`` is given); ``(None, why)`` when there is none."""
-    chosen = log_exporter_names(environ)
-    if not chosen and output_dir is not None and is_unconfigured(environ):
-        chosen = [FILE_EXPORTER]
-    chosen = [n for n in chosen if n != "none"]
-    if not chosen:
-        return None, "nowhere (OTEL_LOGS_EXPORTER unset or none)"
-    from opentelemetry.sdk._logs import LoggerProvider
-    from opentelemetry.sdk._logs.export import (
-        BatchLogRecordProcessor,
-        ConsoleLogExporter,
-    )
-
-    provider = LoggerProvider(resource=resource)
-    where = []
-    for name in chosen:
-        if name == "otlp":
-            exporter, description = otlp_exporter(environ, "LOGS")
-            where.append(description)
-        elif name == FILE_EXPORTER:
-            exporter = OTLPJsonLinesLogExporter(
-                os.path.join(output_dir or ".", LOGS_FILE))
-            where.append(exporter.path)
-        else:  # (console: the names were checked)
-            exporter = ConsoleLogExporter()
-            where.append("the console")
-        provider.add_log_record_processor(BatchLogRecordProcessor(exporter))
-    return provider, ", ".join(where)
-
-
-def global_sdk_logger_provider() -> Any:
-    from opentelemetry import _logs
-    from opentelemetry.sdk._logs import LoggerProvider
-
-    provider = _logs.get_logger_provider()
-    return provider if isinstance(provider, LoggerProvider) else None
 
 
 def build_tracer_provider(

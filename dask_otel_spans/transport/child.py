@@ -42,7 +42,6 @@ from dask_otel_spans.protocol.wire import (
     read_frame,
     write_frame,
 )
-from dask_otel_spans.sdk.providers import exceptions_to
 from dask_otel_spans.transport.spec import PipelineSpec
 
 logger = logging.getLogger("dask_otel_spans.transport.child")
@@ -180,7 +179,7 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
         {
             "traces_to": pipeline.providers.traces_to,
             "metrics_to": pipeline.providers.metrics_to,
-            "exceptions_to": exceptions_to(pipeline.providers),
+            "exceptions_to": pipeline.providers.exceptions_to,
             "pid": os.getpid(),
         },
     ))

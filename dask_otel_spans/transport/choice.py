@@ -18,7 +18,6 @@ from dask_otel_spans.export.session import ExportSession
 from dask_otel_spans.export.share import ExportShareWatch
 from dask_otel_spans.sdk.otlp import ConfigurationError
 from dask_otel_spans.sdk.providers import (
-    exceptions_to,
     exporter_names,
     global_sdk_meter_provider,
     global_sdk_tracer_provider,
@@ -252,6 +251,6 @@ async def open_transport(
     session.start()
     return ThreadTransport(session, {
         "traces_to": providers.traces_to, "metrics_to": providers.metrics_to,
-        "exceptions_to": exceptions_to(providers), "export_process": False,
+        "exceptions_to": providers.exceptions_to, "export_process": False,
     })
 

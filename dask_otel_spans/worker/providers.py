@@ -18,25 +18,27 @@ from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
 
 from dask_otel_spans import names
+from dask_otel_spans.sdk.logs import (
+    build_logger_provider,
+    global_sdk_logger_provider,
+    log_exporter_names,
+)
 from dask_otel_spans.sdk.otlp import (
     ConfigurationError,
     check_otlp_settings,
     not_one_of,
 )
+from dask_otel_spans.sdk.otlpjson import is_unconfigured
 from dask_otel_spans.sdk.providers import (
     METRIC_EXPORTERS,
     TRACE_EXPORTERS,
-    build_logger_provider,
     build_meter_provider,
     build_resource,
     build_tracer_provider,
     check_millis,
     exporter_names,
-    global_sdk_logger_provider,
     global_sdk_meter_provider,
     global_sdk_tracer_provider,
-    is_unconfigured,
-    log_exporter_names,
 )
 
 logger = logging.getLogger(__name__)
@@ -194,27 +196,23 @@ def build_worker_providers(
     )
     files = process_output_dir(output_dir, name)
 
-    if use_global and (tracer_provider := global_sdk_tracer_provider()) is not None:
-        out.tracer_provider, out.traces_to = tracer_provider, "the global tracer provider"
-    else:
-        out.tracer_provider, out.traces_to = _build_signal(
-            "traces", environ, check_traces_settings,
-            lambda: build_tracer_provider(environ, resource, files), out,
-        )
-    if use_global and (meter_provider := global_sdk_meter_provider()) is not None:
-        out.meter_provider, out.metrics_to = meter_provider, "the global meter provider"
-    else:
-        out.meter_provider, out.metrics_to = _build_signal(
-            "metrics", environ, check_metrics_settings,
-            lambda: build_meter_provider(environ, resource, files), out,
-        )
-    if use_global and (logger_provider := global_sdk_logger_provider()) is not None:
-        out.logger_provider, out.logs_to = logger_provider, "the global logger provider"
-    else:
-        out.logger_provider, out.logs_to = _build_signal(
-            "logs", environ, check_logs_settings,
-            lambda: build_logger_provider(environ, resource), out,
-        )
+    # signal, the provider's kind, the global one, the settings' check, the builder
+    signals = (
+        ("traces", "tracer", global_sdk_tracer_provider, check_traces_settings,
+         lambda: build_tracer_provider(environ, resource, files)),
+        ("metrics", "meter", global_sdk_meter_provider, check_metrics_settings,
+         lambda: build_meter_provider(environ, resource, files)),
+        ("logs", "logger", global_sdk_logger_provider, check_logs_settings,
+         lambda: build_logger_provider(environ, resource)),
+    )
+    for signal, kind, global_provider, check, build in signals:
+        provider = global_provider() if use_global else None
+        if provider is not None:
+            where = f"the global {kind} provider"
+        else:
+            provider, where = _build_signal(signal, environ, check, build, out)
+        setattr(out, f"{kind}_provider", provider)
+        setattr(out, f"{signal}_to", where)
     return out
 
 

@@ -16,8 +16,8 @@ from support.receivers import RECEIVER_THREADS
 
 from dask_otel_spans import OTelSpansPlugin, names, span
 from dask_otel_spans.cli import main as cli_main
+from dask_otel_spans.sdk.logs import EXCEPTION_SIGNAL_OPT_IN, ExceptionSignals
 from dask_otel_spans.sdk.otlpjson import LOGS_FILE, read_log_records, read_spans
-from dask_otel_spans.sdk.providers import EXCEPTION_SIGNAL_OPT_IN, ExceptionSignals
 
 JSON_ERROR = "json.decoder.JSONDecodeError"
 
