@@ -13,7 +13,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from support.failures import Outer
 
 from dask_otel_spans.protocol.exceptions import (
-    OTHER,
     PICKLE_HEAD,
     class_in_pickle,
     exception_class,
@@ -74,4 +73,9 @@ def test_a_class_that_does_not_match_the_repr_is_not_trusted():
 def test_without_an_origin_the_name_of_the_repr_stays():
     assert exception_type("BadRecord", None) == "BadRecord"
     assert exception_type("", None) == "Exception"
-    assert OTHER == "_OTHER"
+
+
+def test_an_unreadable_repr_takes_the_class_the_pickle_names():
+    """(``exception_parts`` gives ``Exception`` for a ``repr`` it cannot read)"""
+    origin = exception_class(as_a_worker_sends_it(Outer.BadRecord("r")))
+    assert exception_type("Exception", origin) == "support.failures.Outer.BadRecord"
