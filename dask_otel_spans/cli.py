@@ -42,24 +42,38 @@ def _count(n: Any, thing: str) -> str:
     return f"{n} {thing}" if n == 1 else f"{n} {thing}s"
 
 
-def _task_line(span: dict[str, Any], duration: float,
-               logged: Mapping[tuple[Any, Any], Mapping[str, Any]]) -> str:
-    """A task span: ``✗`` and its exception when it erred (from its ``exception``
-    event, or its exception log event in ``logged``)."""
-    attrs = span["attributes"]
-    line = f"{attrs[names.TASK_KEY]}  {duration:.3f}s"
+def _exception_of(span: Mapping[str, Any],
+                  logged: Mapping[tuple[Any, Any], Mapping[str, Any]]
+                  ) -> Mapping[str, Any] | None:
+    """The exception of a span that erred (its ``exception`` event, its exception log
+    event in ``logged``, else its ``error.type`` or error status); None when it did not
+    err."""
     fields: Mapping[str, Any] | None = logged.get((span.get("traceId"), span.get("spanId")))
     for event in span.get("events") or ():
         if event.get("name") == names.EXCEPTION_EVENT:
             fields = {a["key"]: a["value"].get("stringValue", "")
                       for a in event.get("attributes") or ()}
+    attrs = span.get("attributes") or {}
     if fields is None and names.ERROR_TYPE in attrs:
         fields = {names.EXCEPTION_TYPE: attrs[names.ERROR_TYPE]}
-    if fields is None:
-        return f"- {line}"
+    if fields is None and (span.get("status") or {}).get("code") in (2, "STATUS_CODE_ERROR"):
+        fields = {names.EXCEPTION_MESSAGE: (span.get("status") or {}).get("message", "")}
+    return fields
+
+
+def _described(fields: Mapping[str, Any]) -> str:
+    """``Type: message`` of an exception's fields."""
     message = fields.get(names.EXCEPTION_MESSAGE, "")
-    return (f"✗ {line}  {fields.get(names.EXCEPTION_TYPE, 'Exception')}"
+    return (f"{fields.get(names.EXCEPTION_TYPE, 'Exception')}"
             + (f": {message}" if message else ""))
+
+
+def _task_line(span: dict[str, Any], duration: float,
+               logged: Mapping[tuple[Any, Any], Mapping[str, Any]]) -> str:
+    """A task span: ``✗`` and its exception when it erred."""
+    line = f"{span['attributes'][names.TASK_KEY]}  {duration:.3f}s"
+    fields = _exception_of(span, logged)
+    return f"- {line}" if fields is None else f"✗ {line}  {_described(fields)}"
 
 
 def render_tree(spans: Sequence[dict[str, Any]],
@@ -118,7 +132,10 @@ def render_tree(spans: Sequence[dict[str, Any]],
         else:
             where = ("in a task" if s.get("resource", {}).get(names.WORKER_ADDRESS)
                      else "client span")
-            lines.append(f"{indent}{s['name']}  {duration:.3f}s  ({where})")
+            line = f"{s['name']}  {duration:.3f}s  ({where})"
+            fields = _exception_of(s, logged)
+            lines.append(f"{indent}{line}" if fields is None
+                         else f"{indent}✗ {line}  {_described(fields)}")
         kids = children.get((s.get("traceId"), s.get("spanId")), [])
         # dask spans first, then task prefixes, each by start time
         kids.sort(key=lambda k: (names.TASK_PREFIX in k["attributes"]
@@ -303,7 +320,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print()
     print(render_tree(spans))
     print()
-    print(f"Traces went to {traces_to}")
+    print(f"Traces went to {traces_to} (spans made in tasks: "
+          f"{os.path.join(os.path.dirname(traces_to), 'workers', '*', TRACES_FILE)})")
     print(f"Metrics went to {metrics_to}")
     from dask_otel_spans.reports.report import Report
 

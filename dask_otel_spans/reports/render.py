@@ -28,8 +28,15 @@ def interpolated(palette: tuple[str, ...], n: int) -> list[str]:
     return out
 
 
-#: Colours of the activities, in :data:`ACTIVITY_ORDER` (others: grey), dask's way
-ACTIVITY_COLOURS = tuple(interpolated(VIRIDIS11, len(ACTIVITY_ORDER)))
+def activity_colours(data: dict[str, Any]) -> dict[str, str]:
+    """A colour per activity the report shows, dask's way: Viridis11 spread over the
+    activities present (in dask's order, :data:`ACTIVITY_ORDER`, then by name), so an
+    activity has one colour across spans and few activities stay far apart."""
+    present = {activity for trace in data["traces"] for row in trace["rows"]
+               for activity, _ in row["breakdown"]}
+    order = {activity: i for i, activity in enumerate(ACTIVITY_ORDER)}
+    shown = sorted(present, key=lambda a: (order.get(a, len(order)), a))
+    return dict(zip(shown, interpolated(VIRIDIS11, len(shown))))
 
 _STYLE = """
 body{font:13px/1.4 system-ui,sans-serif;margin:0;color:#222}
@@ -47,7 +54,8 @@ main{display:flex;align-items:flex-start}#traces{flex:1;padding:0 18px 40px;min-
 .dask .bar{background:#4c72b0}.prefix .bar{background:#8fb3de}.task .bar{background:#b9cfe9}
 .in-task .bar,.client .bar{background:#9c9c9c}.erred .bar{background:#d62728}
 .erred .label{color:#b00}.dur{width:80px;text-align:right;color:#555;font-variant-numeric:tabular-nums}
-.mix{width:120px;height:10px;display:flex;margin-left:8px;background:#eee}.mix i{display:block;height:10px}
+.mix{width:120px;flex:none;height:10px;display:flex;margin-left:8px;background:#eee}
+.mix.none{background:none}.mix i{display:block;height:10px}.dur{flex:none}
 .hidden{display:none}.folded .label{color:#888;font-style:italic}
 .exception{display:none}pre{white-space:pre-wrap;font-size:11px;background:#fff;
  border:1px solid #ddd;padding:6px}table{border-collapse:collapse;width:100%}
@@ -87,7 +95,7 @@ data.traces.forEach(function(trace, ti){
     var cls = "row "+r.kind+(r.error?" erred":"");
     var left = Math.max(0, Math.min(100, r.start/total*100));
     var width = Math.max(0.05, Math.min(100-left, r.duration/total*100));
-    var mix = "";
+    var mix = '<span class="mix none"></span>';  // (every row keeps the column)
     if (r.breakdown.length){
       var sum = r.breakdown.reduce(function(a, b){return a+b[1];}, 0);
       mix = '<span class="mix" title="activity breakdown">'+r.breakdown.map(function(b){
@@ -155,7 +163,7 @@ def _inline_json(value: Any) -> str:
 def render(data: dict[str, Any], title: str = "Dask spans report") -> str:
     """The report's whole HTML page for :func:`~dask_otel_spans.reports.model.build`'s
     data."""
-    colours = dict(zip(ACTIVITY_ORDER, ACTIVITY_COLOURS))
+    colours = activity_colours(data)
     return (
         "<!DOCTYPE html><html><head><meta charset=\"utf-8\">"
         f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>"

@@ -304,3 +304,25 @@ def test_a_screenshot_of_the_report(demo_run, tmp_path):
     cwd, _ = demo_run
     shot = browser.screenshot(cwd / "dask-otel-spans" / "report.html", tmp_path / "r.png")
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+
+
+def test_render_tree_marks_a_span_made_in_a_task_that_erred():
+    spans = [
+        {"traceId": "t", "spanId": "4", "name": "check record",
+         "startTimeUnixNano": "0", "endTimeUnixNano": "100000000", "attributes": {},
+         "resource": {"dask.worker.address": "tcp://w:1"},
+         "status": {"code": 2, "message": "ValueError: record 3"},
+         "events": [{"name": "exception", "attributes": [
+             {"key": "exception.type", "value": {"stringValue": "ValueError"}},
+             {"key": "exception.message", "value": {"stringValue": "record 3"}}]}]},
+    ]
+    assert render_tree(spans).splitlines() == [
+        "trace t", "  ✗ check record  0.100s  (in a task)  ValueError: record 3"]
+
+
+@pytest.mark.cluster  # (the demo; a browser)
+def test_every_row_keeps_the_breakdown_column_so_the_bars_share_one_time_axis(
+        report_in_browser):
+    rows = rows_of(report_in_browser)
+    without = [r for r in rows.values() if 'class="mix"' not in r["html"]]
+    assert without and all('<span class="mix none"></span>' in r["html"] for r in without)

@@ -113,11 +113,12 @@ def test_the_summary_counts_tasks_of_trees_once_and_lists_the_slowest():
     assert [s["id"] for s in summary["slowest"]] == ["root", "child"]
 
 
-def test_the_activity_colours_are_dasks_viridis_spread_over_the_activities():
-    from dask_otel_spans.reports.model import ACTIVITY_ORDER
-    from dask_otel_spans.reports.render import ACTIVITY_COLOURS, VIRIDIS11, interpolated
+def test_the_activity_colours_are_dasks_viridis_spread_over_the_activities_shown():
+    from dask_otel_spans.reports.render import VIRIDIS11, activity_colours, interpolated
 
     assert interpolated(VIRIDIS11, len(VIRIDIS11)) == list(VIRIDIS11)
     assert interpolated(VIRIDIS11, 3) == ["#440154", "#208F8C", "#FDE724"]
-    assert len(ACTIVITY_COLOURS) == len(ACTIVITY_ORDER)
-    assert (ACTIVITY_COLOURS[0], ACTIVITY_COLOURS[-1]) == ("#440154", "#FDE724")
+    attrs = {"dask.metrics.transfer.seconds": 1.0, "dask.metrics.thread-cpu.seconds": 2.0,
+             "dask.metrics.zzz.seconds": 0.5}
+    colours = activity_colours(build([dask_span("d", attributes=attrs)]))
+    assert colours == {"thread-cpu": "#440154", "transfer": "#208F8C", "zzz": "#FDE724"}
