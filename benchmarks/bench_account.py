@@ -5,6 +5,8 @@ accounting asked for by the cost-of-a-span work.
     python benchmarks/bench_account.py                  # 8 pairs
     python benchmarks/bench_account.py --pairs 2 --spans 60   # quick look
     python benchmarks/bench_account.py --strace          # + system calls (slows both)
+    python benchmarks/bench_account.py --instructions --pairs 8 --spans 100
+        # the scheduler under valgrind: instructions executed (slows both ~50x)
 
 Each pair runs a fresh ``dask scheduler`` (``--preload bench_clock`` on both sides;
 ``--preload bench_preload`` adds the plugin with its export process, as shipped) and
@@ -15,6 +17,16 @@ the garbage collections (per generation) and their CPU; the frames written to th
 export process; with ``--strace``, the system calls by name. The plugin side also
 reads the plugin's own timed CPU (event loop, sender thread). Reported per span
 (µs), as medians over the pairs, both sides and their difference.
+
+``--instructions`` runs the scheduler under valgrind's callgrind, instrumentation off
+until the workload starts and dumped when the window ends (``callgrind_control``):
+the instructions the scheduler process executed in the window, every thread and the
+garbage collections included, and its system calls (``sysCount``). A count of work
+done, not a time: on a shared machine it moves far less between runs than CPU time.
+The scheduler runs ~50 times slower under valgrind, so every wall-clock-driven piece
+of work (the plugin's 10 per second ticks, the workers' heartbeats, distributed's
+periodic callbacks) runs ~50 times more often per span than it would: the count
+overstates periodic work on both sides, the plugin's included.
 """
 from __future__ import annotations
 
@@ -69,6 +81,35 @@ def _syscalls(proc: subprocess.Popen) -> dict[str, int]:
     return out
 
 
+def _callgrind_wrapper(path: str) -> list[str]:
+    return ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+            "--collect-systime=yes", f"--callgrind-out-file={path}.%p"]
+
+
+def _callgrind(pid: int, *options: str) -> None:
+    subprocess.run(["callgrind_control", *options, str(pid)], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+
+
+def _callgrind_totals(path: str, pid: int) -> dict[str, int]:
+    """Event totals of the dumps of ``pid`` (``Ir``, ``sysCount``, ``sysTime``)."""
+    out: dict[str, int] = defaultdict(int)
+    folder, stem = os.path.split(f"{path}.{pid}")
+    for name in os.listdir(folder or "."):
+        if not name.startswith(stem + "."):
+            continue  # (the dumps: stem.1, stem.2, ...; stem itself is the end's)
+        events: list[str] = []
+        with open(os.path.join(folder, name)) as f:
+            for line in f:
+                if line.startswith("events:"):
+                    events = line.split()[1:]
+                elif line.startswith(("totals:", "summary:")):
+                    for event, count in zip(events, line.split()[1:]):
+                        out[event] += int(count)
+                    break
+    return dict(out)
+
+
 def _py_spy(pid: int, path: str) -> subprocess.Popen:
     return subprocess.Popen(
         [os.path.join(os.path.dirname(sys.executable), "py-spy"), "record", "-p",
@@ -78,8 +119,16 @@ def _py_spy(pid: int, path: str) -> subprocess.Popen:
 
 
 def one_run(with_plugin: bool, spans: int, per_span: int, strace: bool,
-            profile: str | None = None, workload: str = "small") -> dict[str, float]:
-    cluster = Cluster(with_plugin, workers=2, threads=2, export_process=True)
+            profile: str | None = None, workload: str = "small",
+            instructions: str | None = None, inert: bool = False) -> dict[str, float]:
+    wrapper = _callgrind_wrapper(instructions) if instructions else None
+    if inert and with_plugin:  # (the other side: a plugin whose hooks do nothing)
+        with_plugin = False
+        cluster = Cluster(False, workers=2, threads=2, inert=True,
+                          scheduler_wrapper=wrapper)
+    else:
+        cluster = Cluster(with_plugin, workers=2, threads=2, export_process=True,
+                          scheduler_wrapper=wrapper)
     try:
         client = cluster.client
         futures_workload(client, 4, 10)  # warm up
@@ -101,6 +150,8 @@ def one_run(with_plugin: bool, spans: int, per_span: int, strace: bool,
                 child_spy = _py_spy(children[0].pid, f"{profile}-child.txt")
         if tracer is not None or spy is not None:
             time.sleep(1.0)  # (attached)
+        if instructions:
+            _callgrind(cluster.scheduler.pid, "--instr=on")
         t0 = time.perf_counter()
         if workload == "nested":  # (spans one-task leaves, in 10 x 10 x ... levels)
             n = nested_workload(client, 10, 10, max(1, spans // 100))
@@ -108,6 +159,10 @@ def one_run(with_plugin: bool, spans: int, per_span: int, strace: bool,
             n = small_workload(client, spans, per_span)
         wall = time.perf_counter() - t0
         time.sleep(SETTLE_S)
+        if instructions:
+            _callgrind(cluster.scheduler.pid, "--dump")
+            _callgrind(cluster.scheduler.pid, "--instr=off")
+            counted = _callgrind_totals(instructions, cluster.scheduler.pid)
         calls = _syscalls(tracer) if tracer is not None else {}
         for recorder in (spy, child_spy):
             if recorder is not None:
@@ -124,6 +179,9 @@ def one_run(with_plugin: bool, spans: int, per_span: int, strace: bool,
         cluster.close()
     out: dict[str, float] = {"tasks/s": n / wall}
     per_span = 1e6 / spans  # seconds -> µs per span
+    if instructions:
+        out["instructions (millions) per span"] = counted.get("Ir", 0) / 1e6 / spans
+        out["system calls per span"] = counted.get("sysCount", 0) / spans
 
     def diff(name: str) -> float:
         return (threads1.get(name, 0.0) - threads0.get(name, 0.0)) * per_span
@@ -165,6 +223,10 @@ def one_run(with_plugin: bool, spans: int, per_span: int, strace: bool,
     return out
 
 
+_IR = "instructions (millions) per span"
+_SYSCALLS = "system calls per span"
+
+
 def _thread_label(name: str) -> str:
     """Thread names without their numbers (``ThreadPoolExecutor-0_1`` -> one line)."""
     return re.sub(r"[-_]?\d+(_\d+)?$", "", name) or name
@@ -179,23 +241,39 @@ def main(argv: list[str] | None = None) -> int:
                         help="nested: one-task leaf spans three levels deep "
                              "(bench_scheduler's nested), --spans leaves")
     parser.add_argument("--strace", action="store_true")
+    parser.add_argument("--instructions", metavar="PATH", nargs="?", const="callgrind",
+                        default=None,
+                        help="run the scheduler under callgrind (dumps to PATH.<pid>.N, "
+                             "default ./callgrind): instructions and system calls "
+                             "in the window")
+    parser.add_argument("--inert", action="store_true",
+                        help="set against the baseline a plugin with the same hooks "
+                             "doing nothing (bench_inert): what a plugin's presence "
+                             "costs")
     parser.add_argument("--profile", metavar="PATH", default=None,
                         help="py-spy raw profiles of the scheduler to PATH-0.txt "
                              "(baseline) and PATH-1.txt (plugin), and of the export "
                              "process to PATH-child.txt, last pair's")
     args = parser.parse_args(argv)
-    print(f"machine: {os.cpu_count()} cores; small workload: {args.spans} spans x "
-          f"{args.per_span} tasks; {args.pairs} pairs, alternating order; µs per span "
-          "unless said")
+    shape = (f"{args.spans} one-task leaf spans" if args.workload == "nested"
+             else f"{args.spans} spans x {args.per_span} tasks")
+    print(f"machine: {os.cpu_count()} cores; {args.workload} workload: {shape}; "
+          f"{args.pairs} pairs, alternating order; µs per span unless said"
+          + ("; the scheduler under callgrind" if args.instructions else "")
+          + ("; the plugin side is an inert plugin" if args.inert else ""))
     runs: dict[bool, list[dict[str, float]]] = defaultdict(list)
     for i in range(args.pairs):
         order = (False, True) if i % 2 == 0 else (True, False)
         for with_plugin in order:
             runs[with_plugin].append(one_run(with_plugin, args.spans, args.per_span,
-                                             args.strace, args.profile, args.workload))
+                                             args.strace, args.profile, args.workload,
+                                             args.instructions, args.inert))
         base, plugin = runs[False][-1], runs[True][-1]
-        print(f"  pair {i + 1}: tasks/s {plugin['tasks/s'] / base['tasks/s']:.3f}, "
-              f"process CPU {plugin['process'] / base['process']:.3f}", flush=True)
+        line = (f"  pair {i + 1}: tasks/s {plugin['tasks/s'] / base['tasks/s']:.3f}, "
+                f"process CPU {plugin['process'] / base['process']:.3f}")
+        if args.instructions:
+            line += f", instructions {plugin[_IR] / base[_IR]:.4f}"
+        print(line, flush=True)
     keys = sorted(set(runs[True][0]) | set(runs[False][0]))
     print(f"{'':<58} {'baseline':>10} {'plugin':>10} {'difference':>11}")
     for key in keys:
@@ -207,6 +285,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tasks/s plugin / baseline: median {statistics.median(ratio):.3f} "
           f"(pairs {min(ratio):.3f}-{max(ratio):.3f}); scheduler process CPU: median "
           f"{statistics.median(cpu):.3f} (pairs {min(cpu):.3f}-{max(cpu):.3f})")
+    if args.instructions:
+        for label, key in (("instructions", _IR), ("system calls", _SYSCALLS)):
+            both = [(b[key], p[key]) for b, p in zip(runs[False], runs[True])]
+            r = [p / b for b, p in both if b]
+            spread = [statistics.pstdev(side) / statistics.mean(side)
+                      for side in zip(*both)] if len(both) > 1 else [0.0, 0.0]
+            if r:
+                print(f"scheduler process {label} plugin / baseline: median "
+                      f"{statistics.median(r):.4f} (pairs {min(r):.4f}-{max(r):.4f}); "
+                      f"spread between runs of one side (sd / mean): baseline "
+                      f"{spread[0]:.2%}, plugin {spread[1]:.2%}")
     return 0
 
 

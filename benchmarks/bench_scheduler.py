@@ -102,7 +102,8 @@ class Cluster:
 
     def __init__(self, with_plugin: bool, workers: int, threads: int,
                  export_process: bool = False, plugin_tree: str | None = None,
-                 inert: bool = False, preload: str | None = None):
+                 inert: bool = False, preload: str | None = None,
+                 scheduler_wrapper: list[str] | None = None):
         self.with_plugin = with_plugin
         self.inert = inert
         #: a module to preload instead of a plugin
@@ -118,7 +119,9 @@ class Cluster:
         if with_plugin and export_process:
             self.records = self._file().replace(".json", "-records.tsv")
             env[bench_preload.RECORDS_VARIABLE] = self.records
-        cmd = [sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1",
+        # (scheduler_wrapper: a command that runs the scheduler's, e.g. valgrind's)
+        cmd = [*(scheduler_wrapper or ()), sys.executable, "-m", "dask", "scheduler",
+               "--host", "127.0.0.1",
                "--port", "0", "--no-dashboard", "--scheduler-file", self._file(),
                "--preload", "bench_clock"]  # both sides: the latencies' reference
         if with_plugin:

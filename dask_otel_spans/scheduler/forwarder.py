@@ -267,6 +267,12 @@ class SpanForwarder:
         if spans or out:
             self.sink.send(spans + out)
 
+    def idle(self, n_workers: int) -> bool:
+        """Whether a tick would forward nothing: no span, hook event, task group or
+        worker count came since the last one (O(1))."""
+        return (n_workers == self.workers and len(self.spans) <= self.n_known
+                and not self.pending and not self.touched and not self.erred)
+
     def tick(self, n_workers: int) -> None:
         """Forward what came since the last tick, in one go (:meth:`tick_steps`)."""
         for _ in self.tick_steps(n_workers):

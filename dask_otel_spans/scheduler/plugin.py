@@ -426,8 +426,14 @@ class OTelSpansPlugin(SchedulerPlugin):
     def _tick(self) -> None:
         if self._closed or self._work is not None:
             return
-        with self._guard("tick"):
+        try:
             resend_from = self.transport.restarted()
+            if resend_from is None and self.forwarder.idle(len(self.scheduler.workers)):
+                return  # (nothing came since the last tick: no clock read, no work)
+        except Exception:
+            self._log_failure("tick")
+            return
+        with self._guard("tick"):
             if resend_from is not None:
                 # a new export process (the previous one died): it knows no span,
                 # and what went to the old one after its last report may be lost

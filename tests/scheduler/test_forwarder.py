@@ -139,6 +139,37 @@ def test_a_malformed_caller_links_to_nothing(tree, sink):
     assert sink.events[0][-1] == []
 
 
+def test_an_idle_forwarder_has_nothing_to_send(tree, sink):
+    forwarder = forwarder_of(tree, sink)
+    forwarder.tick(2)
+    sent = len(sink.items)
+    assert forwarder.idle(2)
+    forwarder.tick(2)
+    assert len(sink.items) == sent
+
+
+@pytest.mark.parametrize("change", ["span", "event", "group", "error", "workers"])
+def test_a_forwarder_is_not_idle_while_a_tick_would_send_something(tree, sink, change):
+    forwarder = forwarder_of(tree, sink)
+    forwarder.tick(2)
+    n_workers = 2
+    if change == "span":
+        tree["d"] = Span(("root", "d"), "d", tree["r"], HISTORY)
+    elif change == "event":
+        forwarder.pending.append((CLIENT_GONE, 6.0, "client-1"))
+    elif change == "group":
+        forwarder.touched.add(task_group("inc-1", "c"))
+    elif change == "error":
+        forwarder.erred[task_group("inc-1", "c")] = 1
+    else:
+        n_workers = 3
+    sent = len(sink.items)
+    assert not forwarder.idle(n_workers)
+    forwarder.tick(n_workers)
+    assert len(sink.items) > sent
+    assert forwarder.idle(n_workers)
+
+
 def test_notices_and_departed_clients_are_forwarded_as_they_came(tree, sink):
     forwarder = forwarder_of(tree, sink)
     notice = {"ids": ["r"], "name": ["root"], "opened": 1, "enter": 1, "exit": 2}
