@@ -15,7 +15,7 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from dask_otel_spans import names
 from dask_otel_spans.background import QueueThread, ThreadWorker
-from dask_otel_spans.export.metrics import DaskInstruments, MetricsPump
+from dask_otel_spans.export.metrics import DaskInstruments, MetricCall, MetricsPump
 from dask_otel_spans.export.traces import (
     SpanFields,
     SpanSummary,
@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _IDLE_ATTRIBUTE = f"{names.METRICS_ATTRIBUTE_PREFIX}{names.IDLE_ACTIVITY}.seconds"
+#: Spans ended whose metric updates go to the pump in one queue operation at most
+METRIC_CALLS_PER_HAND_OVER = 256
 
 
 class _PinnedIdGenerator(IdGenerator):
@@ -144,8 +146,12 @@ class SpanEmitter(ThreadWorker):
         #: exception log events emitted
         self.exception_logs = 0
         self.thread = QueueThread("dask-otel-spans-emitter", self._end, what="spans",
-                                  counted_in="SpanEmitter.dropped")
+                                  counted_in="SpanEmitter.dropped",
+                                  due=self._hand_metrics, due_in=self._metrics_in)
         self.pump = pump
+        #: the metric updates of the spans ended since the pump was last handed
+        #: some: one queue operation per batch of spans, not one per span
+        self._metric_calls: list[MetricCall] = []
         self.prefix_spans = prefix_spans
         self.code_max_length = code_max_length
         self.record_exceptions = record_exceptions
@@ -192,10 +198,23 @@ class SpanEmitter(ThreadWorker):
         self.ended_count += 1
         if self.pump is not None:
             ids = fields.ids
-            self.pump.submit(
-                DaskInstruments.span_ended, request.tags, fields.duration_s, idle, request.counted,
+            self._metric_calls.append((DaskInstruments.span_ended, (
+                request.tags, fields.duration_s, idle, request.counted,
                 (ids.trace_id, ids.span_id, int(ids.trace_flags)),
-            )
+            )))
+            if len(self._metric_calls) >= METRIC_CALLS_PER_HAND_OVER:
+                self._hand_metrics()
+
+    def _metrics_in(self) -> float | None:
+        return 0.0 if self._metric_calls else None
+
+    def _hand_metrics(self) -> None:
+        """Hand the pump the metric updates of the spans ended so far (when the
+        emitter's queue runs empty, every :data:`METRIC_CALLS_PER_HAND_OVER` spans,
+        and before a flush or a stop completes)."""
+        calls, self._metric_calls = self._metric_calls, []
+        if calls and self.pump is not None:
+            self.pump.submit_many(calls)
 
     def translate(self, request: EmitRequest) -> tuple[SpanFields, float]:
         """OTel fields of the (named) request, and its ``idle or other spans``

@@ -184,6 +184,38 @@ def test_pump_records_on_its_thread_and_flushes(memory, instruments):
     assert not pump.thread.running
 
 
+class CountingPump(MetricsPump):
+    """A pump that counts the queue operations it is handed updates in."""
+
+    handed: list[int]
+
+    def submit_many(self, calls):
+        self.handed.append(len(calls))
+        super().submit_many(calls)
+
+
+def test_spans_emitted_together_reach_the_pump_in_one_queue_operation(memory, instruments):
+    from dask_otel_spans.export.emitter import EmitRequest, SpanEmitter
+
+    pump = CountingPump(instruments, max_queue_size=100)
+    pump.handed = []
+    emitter = SpanEmitter(memory.tracer_provider, pump)
+    pump.start()
+    emitter.start()
+    try:
+        emitter.emit_many([
+            EmitRequest((f"step-{i}",), (f"id-{i}",), {}, None, 10.0, True, "closed",
+                        enter=8.0, exit=10.0)
+            for i in range(5)])
+        assert emitter.flush(5) and pump.flush(5)
+    finally:
+        emitter.stop()
+        pump.stop()
+    assert pump.handed == [5]
+    # every span's duration recorded (2 s each; past the name cap of 3, under one name)
+    assert sum(total for _, _, total in memory.points(names.SPAN_DURATION)) == 10.0
+
+
 def test_pump_sends_the_sums_when_its_interval_runs_out(memory, instruments):
     pump = MetricsPump(instruments, max_queue_size=100, send_interval=1.0)
     pump.start()
