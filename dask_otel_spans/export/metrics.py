@@ -243,6 +243,9 @@ class DaskInstruments:
             description="Dask spans open on the scheduler (not emitted yet)",
         )
         self._cache = _SeriesCache()
+        #: (instrument, span name) -> the series of the instruments whose one
+        #: attribute is the span name (duration, active spans)
+        self._by_name: dict[tuple[int, str], _Series] = {}
         #: sums not handed to the SDK yet: series key -> [series, sum]
         self._unsent: dict[tuple[Any, ...], list[Any]] = {}
         self._lock = threading.Lock()
@@ -274,6 +277,9 @@ class DaskInstruments:
         get exemplars of the span's prefix span (or of the span itself, without
         prefix spans)."""
         span_names: dict[Any, str] = {}  # the name of each span, once per call
+        # the exemplar context of each (span, prefix), once per call: a span's keys
+        # of one prefix (one per activity and unit) share it
+        contexts: dict[tuple[Any, str | None], Context | None] = {}
         for key, value in deltas.items():
             if not isinstance(key, tuple) or len(key) < 4:
                 continue
@@ -295,12 +301,15 @@ class DaskInstruments:
                     names.UNIT: str(unit),
                 }
                 series = self._series(self._span_counters[unit_family(unit)[0]], attrs)
-                trace = (span_traces or {}).get(span_id)
-                if trace is not None:
-                    if self.prefix_spans and middle and middle[0] != names.IDLE_PREFIX:
-                        trace = (trace[0], prefix_span_id(span_id, str(middle[0])),
-                                 trace[2])
-                    series.context = exemplar_context(trace)
+                prefix = (attrs[names.TASK_PREFIX] if self.prefix_spans and middle
+                          and middle[0] != names.IDLE_PREFIX else None)
+                at = (span_id, prefix)
+                if at not in contexts:
+                    trace = (span_traces or {}).get(span_id)
+                    if trace is not None and prefix is not None:
+                        trace = (trace[0], prefix_span_id(span_id, prefix), trace[2])
+                    contexts[at] = exemplar_context(trace)
+                series.context = contexts[at]
                 self._cache.put(key, series)
             self._sum(series, value)
 
@@ -327,7 +336,7 @@ class DaskInstruments:
 
     def span_opened(self, tags: Sequence[str]) -> None:
         name = self.span_names(tags)
-        self._sum(self._series(self.span_active, {names.SPAN_NAME: name}), 1)
+        self._sum(self._named_series(self.span_active, name), 1)
 
     def span_ended(
         self, tags: Sequence[str], duration: float, idle_seconds: float, opened: bool,
@@ -337,11 +346,11 @@ class DaskInstruments:
         seconds, and (when it was counted as open) one fewer active span; ``trace``
         (its ``(trace id, OTel span id, trace flags)``) is the duration's exemplar."""
         name = self.span_names(tags)
-        duration_series = self._series(self.span_duration, {names.SPAN_NAME: name})
+        duration_series = self._named_series(self.span_duration, name)
         self.span_duration.record(max(0.0, duration), duration_series.attributes,
                                   context=exemplar_context(trace))
         if opened:
-            self._sum(self._series(self.span_active, {names.SPAN_NAME: name}), -1)
+            self._sum(self._named_series(self.span_active, name), -1)
         if idle_seconds > 0:
             idle = self._series(
                 self._span_counters["time"],
@@ -358,6 +367,16 @@ class DaskInstruments:
 
     def _series(self, instrument: Any, attributes: dict[str, Any]) -> _Series:
         return _Series(instrument, self.series_cap(instrument, attributes))
+
+    def _named_series(self, instrument: Any, name: str) -> _Series:
+        """The series of ``instrument`` whose one attribute is the span name
+        ``name`` (made once per name: the span-name cap bounds them)."""
+        key = (id(instrument), name)
+        series = self._by_name.get(key)
+        if series is None:
+            series = self._by_name[key] = self._series(
+                instrument, {names.SPAN_NAME: name})
+        return series
 
     def _sum(self, series: _Series, value: float) -> None:
         with self._lock:
