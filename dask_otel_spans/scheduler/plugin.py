@@ -1,9 +1,9 @@
 """``OTelSpansPlugin``: the scheduler plugin that turns dask spans into OTel spans and
 dask fine performance metrics into OTel metrics.
 
-It keeps the lifecycle, the hooks, the wrapping of the heartbeats (and its undoing)
-and the choice of transport. On the event loop the hooks only queue what happened
-(O(1) each); every tick (:data:`~dask_otel_spans.config.TICK_INTERVAL`) the
+It keeps the lifecycle, the hooks and the choice of transport (the heartbeats are
+tapped by :mod:`~dask_otel_spans.scheduler.heartbeats`). On the event loop the hooks
+only queue what happened (O(1) each); every tick (:data:`~dask_otel_spans.config.TICK_INTERVAL`) the
 :class:`~dask_otel_spans.scheduler.forwarder.SpanForwarder` sends what changed, in slices of
 at most :data:`TICK_BUDGET`, through the transport (:mod:`~dask_otel_spans.transport.choice`)
 to the export session, which tracks the spans' readiness and exports them, in an
@@ -12,7 +12,6 @@ export child process or on a thread.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time as _time
 import uuid
@@ -31,6 +30,7 @@ from dask_otel_spans.logonce import OnceLogger
 from dask_otel_spans.protocol import events
 from dask_otel_spans.protocol.dask_facts import SETTLED_STATES, grace_period
 from dask_otel_spans.scheduler.forwarder import SpanForwarder
+from dask_otel_spans.scheduler.heartbeats import tap_heartbeats
 from dask_otel_spans.scheduler.loopstats import EventLoopStats
 from dask_otel_spans.scheduler.sampler import TaskSampler
 from dask_otel_spans.transport.choice import Transport, open_transport
@@ -242,7 +242,8 @@ class OTelSpansPlugin(SchedulerPlugin):
             IOLoop.current().add_callback(self._run_slice)
         if previous is not None:
             await previous.close()
-        self._wrap_heartbeats(ext, scheduler)
+        self._undo.extend(tap_heartbeats(
+            ext, scheduler, self._on_span_deltas, self._on_worker_deltas))
         self._pc = PeriodicCallback(self._tick, TICK_INTERVAL * 1000)
         scheduler.periodic_callbacks[f"{self.name}-tick"] = self._pc
         self._pc.start()
@@ -296,65 +297,17 @@ class OTelSpansPlugin(SchedulerPlugin):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, self.transport.flush, timeout)
 
-    # -- wrapping dask internals -----------------------------------------------------
+    # -- the heartbeats' deltas (scheduler/heartbeats.py taps them) -----------------
 
-    def _wrap_heartbeats(self, ext: Any, scheduler: Scheduler) -> None:
-        plugin_ref = weakref.ref(self)
-        original_span_hb = ext.heartbeat
+    def _on_span_deltas(self, data: dict) -> None:
+        if not self._closed:
+            with self._guard("heartbeat"):
+                self.forwarder.forward_deltas(data)
 
-        @functools.wraps(original_span_hb)
-        def span_heartbeat(ws: Any, data: dict) -> None:
-            original_span_hb(ws, data)
-            plugin = plugin_ref()
-            if plugin is not None and not plugin._closed and data:
-                with plugin._guard("heartbeat"):
-                    plugin.forwarder.forward_deltas(data)
-
-        ext.heartbeat = span_heartbeat
-
-        def undo_span_hb() -> None:
-            if ext.__dict__.get("heartbeat") is span_heartbeat:
-                if getattr(original_span_hb, "__self__", None) is ext:
-                    del ext.heartbeat
-                else:
-                    ext.heartbeat = original_span_hb
-
-        self._undo.append(undo_span_hb)
-
-        original_worker_hb = scheduler.handlers.get("heartbeat_worker")
-        if original_worker_hb is None:
-            return
-
-        @functools.wraps(original_worker_hb)
-        def heartbeat_worker(*args: Any, **kwargs: Any) -> Any:
-            result = original_worker_hb(*args, **kwargs)
-            plugin = plugin_ref()
-            if plugin is not None and not plugin._closed:
-                plugin._on_worker_heartbeat(result, kwargs.get("metrics"))
-            return result
-
-        scheduler.handlers["heartbeat_worker"] = heartbeat_worker
-
-        def undo_worker_hb() -> None:
-            if scheduler.handlers.get("heartbeat_worker") is heartbeat_worker:
-                scheduler.handlers["heartbeat_worker"] = original_worker_hb
-
-        self._undo.append(undo_worker_hb)
-
-    def _on_worker_heartbeat(self, result: Any, metrics: Any) -> None:
-        if not isinstance(result, dict) or result.get("status") != "OK":
-            return
-        if not isinstance(metrics, dict):
-            return
-        with self._guard("worker-heartbeat"):
-            digests = metrics.get("digests_total_since_heartbeat") or {}
-            worker_wide: dict[Hashable, float] = {
-                k: v
-                for k, v in digests.items()
-                if isinstance(k, tuple) and k and k[0] not in names.CONTEXTS_WITH_SPAN_ID
-            }
-            if worker_wide:
-                self.transport.send([(events.WORKER_DELTAS, worker_wide)])
+    def _on_worker_deltas(self, deltas: dict[Hashable, float]) -> None:
+        if not self._closed:
+            with self._guard("worker-heartbeat"):
+                self.transport.send([(events.WORKER_DELTAS, deltas)])
 
     # -- hooks: O(1) each; the forwarder sends what they queued at the next tick -----
     # (not timed: the clock reads would cost more than the work)

@@ -1,0 +1,89 @@
+"""Taps on the workers' heartbeats, which distributed offers no plugin hook for: the
+spans extension's per-span metric deltas and the worker-wide ones, seen after
+distributed handled them. Each tap is undone at close."""
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from dask_otel_spans import names
+
+
+def tap_heartbeats(
+    ext: Any,
+    scheduler: Any,
+    on_span_deltas: Callable[[dict], None],
+    on_worker_deltas: Callable[[dict[Hashable, float]], None],
+) -> list[Callable[[], None]]:
+    """Call ``on_span_deltas(data)`` after the spans extension took a heartbeat's
+    per-span deltas, and ``on_worker_deltas(deltas)`` with the worker-wide deltas of
+    every heartbeat the scheduler accepted; return the functions that undo the taps.
+
+    The callbacks are held weakly (bound methods of the plugin): a tap whose plugin
+    is gone does nothing.
+    """
+    span_cb = weakref.WeakMethod(on_span_deltas)  # type: ignore[arg-type]
+    worker_cb = weakref.WeakMethod(on_worker_deltas)  # type: ignore[arg-type]
+    undo: list[Callable[[], None]] = []
+
+    original_span_hb = ext.heartbeat
+
+    @functools.wraps(original_span_hb)
+    def span_heartbeat(ws: Any, data: dict) -> None:
+        original_span_hb(ws, data)
+        callback = span_cb()
+        if callback is not None and data:
+            callback(data)
+
+    ext.heartbeat = span_heartbeat
+
+    def undo_span_hb() -> None:
+        if ext.__dict__.get("heartbeat") is span_heartbeat:
+            if getattr(original_span_hb, "__self__", None) is ext:
+                del ext.heartbeat
+            else:
+                ext.heartbeat = original_span_hb
+
+    undo.append(undo_span_hb)
+
+    original_worker_hb = scheduler.handlers.get("heartbeat_worker")
+    if original_worker_hb is None:
+        return undo
+
+    @functools.wraps(original_worker_hb)
+    def heartbeat_worker(*args: Any, **kwargs: Any) -> Any:
+        result = original_worker_hb(*args, **kwargs)
+        callback = worker_cb()
+        if callback is not None:
+            deltas = worker_wide_deltas(result, kwargs.get("metrics"))
+            if deltas:
+                callback(deltas)
+        return result
+
+    scheduler.handlers["heartbeat_worker"] = heartbeat_worker
+
+    def undo_worker_hb() -> None:
+        if scheduler.handlers.get("heartbeat_worker") is heartbeat_worker:
+            scheduler.handlers["heartbeat_worker"] = original_worker_hb
+
+    undo.append(undo_worker_hb)
+    return undo
+
+
+def worker_wide_deltas(result: Any, metrics: Any) -> dict[Hashable, float]:
+    """The deltas of an accepted heartbeat (``result`` status OK) that belong to no
+    span (contexts without a span id); empty for anything else."""
+    if not isinstance(result, dict) or result.get("status") != "OK":
+        return {}
+    if not isinstance(metrics, dict):
+        return {}
+    digests = metrics.get("digests_total_since_heartbeat") or {}
+    if not isinstance(digests, dict):
+        return {}
+    return {
+        k: v
+        for k, v in digests.items()
+        if isinstance(k, tuple) and k and k[0] not in names.CONTEXTS_WITH_SPAN_ID
+    }
