@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from dask_otel_spans import names
+from dask_otel_spans.export.bounded import BoundedMemory
 
 logger = logging.getLogger(__name__)
 
@@ -42,13 +42,11 @@ class CollisionWarnings:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._clock = clock
-        self._said: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._said = BoundedMemory(REMEMBERED)
         #: asked span id -> (chosen span's tags, group), until its tags are known
-        self._waiting: OrderedDict[str, tuple[tuple[str, ...], str, str]] = (
-            OrderedDict()
-        )
+        self._waiting = BoundedMemory(REMEMBERED)
         #: span id -> tags, of the blocks whose close notice came
-        self._tags: OrderedDict[str, tuple[str, ...]] = OrderedDict()
+        self._tags = BoundedMemory(REMEMBERED)
         self._window_start = -WINDOW
         self._in_window = 0
         self.suppressed = 0
@@ -65,7 +63,7 @@ class CollisionWarnings:
             chosen_tags = tuple(tags_of.get(chosen) or (chosen,))
             asked_tags = self._tags.get(asked)
             if asked_tags is None:
-                _remember(self._waiting, asked, (chosen_tags, chosen, group))
+                self._waiting.remember(asked, (chosen_tags, chosen, group))
             else:
                 self._say(asked, asked_tags, chosen, chosen_tags, group)
 
@@ -76,7 +74,7 @@ class CollisionWarnings:
                 span_id, tags = str(notice["ids"][-1]), tuple(notice["name"])
             except (KeyError, IndexError, TypeError):
                 continue  # (the tracker says the notice is malformed)
-            _remember(self._tags, span_id, tags)
+            self._tags.remember(span_id, tags)
             waiting = self._waiting.pop(span_id, None)
             if waiting is not None:
                 chosen_tags, chosen, group = waiting
@@ -84,7 +82,7 @@ class CollisionWarnings:
 
     def _say(self, asked: str, asked_tags: tuple[str, ...], chosen: str,
              chosen_tags: tuple[str, ...], group: str) -> None:
-        _remember(self._said, (asked, chosen), None)
+        self._said.remember((asked, chosen))
         now = self._clock()
         if now - self._window_start >= WINDOW:
             self._window_start, self._in_window = now, 0
@@ -104,9 +102,3 @@ class CollisionWarnings:
             "arguments)%s", _joined(asked_tags), _joined(chosen_tags), group, more,
         )
 
-
-def _remember(store: OrderedDict[Any, Any], key: Any, value: Any) -> None:
-    store[key] = value
-    store.move_to_end(key)
-    while len(store) > REMEMBERED:
-        store.popitem(last=False)

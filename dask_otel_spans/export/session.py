@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 from dask_otel_spans.background import QueueThread
 from dask_otel_spans.config import TICK_INTERVAL, PluginConfig
+from dask_otel_spans.export.bounded import BoundedMemory
 from dask_otel_spans.export.collisions import CollisionWarnings
 from dask_otel_spans.export.metrics import DaskInstruments
 from dask_otel_spans.export.pipeline import ExportPipeline
@@ -83,7 +83,7 @@ class ExportSession:
         self.share_watch: ExportShareWatch | None = None
         self._next_pass = time.monotonic()
         #: span id -> (trace id, span id, flags), for exemplars (the latest spans)
-        self._traces: OrderedDict[str, tuple[int, int, int]] = OrderedDict()
+        self._traces = BoundedMemory(MAX_TRACES)
         self._log_once = OnceLogger(logger)
         #: messages that were not of the protocol (skipped)
         self.unreadable = 0
@@ -264,9 +264,7 @@ class ExportSession:
                 carried = carried_for_translation(rec, self.tracker.record(rec.ids[0]))
                 chain = resolve_chain(rec.ids, parse_carried(carried) or {})
                 ids = (chain.trace_id, chain.span_id, int(chain.trace_flags))
-                known[span_id] = ids
-                while len(known) > MAX_TRACES:
-                    known.popitem(last=False)
+                known.remember(span_id, ids)
             out[span_id] = ids
         return out
 

@@ -8,7 +8,6 @@ process): the export session feeds it the forwarder's events and the spans of it
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -16,6 +15,7 @@ from distributed.metrics import time
 
 from dask_otel_spans import names
 from dask_otel_spans.config import PluginConfig
+from dask_otel_spans.export.bounded import BoundedMemory
 from dask_otel_spans.export.emitter import EmitRequest
 from dask_otel_spans.export.metrics import DaskInstruments, MetricCall
 from dask_otel_spans.export.tracking.records import OpenSpan, carried_for_translation
@@ -83,8 +83,8 @@ class ReadinessTracker:
         self._open: dict[str, OpenSpan] = {}
         #: handed over spans whose parent is still open: the emitter holds their summary
         self._summarized: set[str] = set()
-        self._unseen_handed_over: OrderedDict[str, None] = OrderedDict()
-        self._submitted_unknown: OrderedDict[str, None] = OrderedDict()
+        self._unseen_handed_over = BoundedMemory(MAX_REMEMBERED)
+        self._submitted_unknown = BoundedMemory(MAX_REMEMBERED)
         self._schedule = CheckSchedule()
         self._metric_calls: list[MetricCall] = []
         self._requests: list[EmitRequest] = []
@@ -275,7 +275,7 @@ class ReadinessTracker:
                         # graph is over
                         self._schedule.look_again(rec)
                 elif dask_id not in self.spans:
-                    _remember(self._submitted_unknown, dask_id)
+                    self._submitted_unknown.remember(dask_id)
 
     def _chain_known(self, chain: dict[Any, Any], absorbed: set[str]) -> bool:
         """Whether every span of a carried ``chain`` not absorbed yet is open with
@@ -456,7 +456,7 @@ class ReadinessTracker:
         self._schedule.graph_came(rec.id)
         keep_summary = False
         if span is None:
-            _remember(self._unseen_handed_over, rec.id)
+            self._unseen_handed_over.remember(rec.id)
         else:
             for child in span.children:
                 self._summarized.discard(child.id)
@@ -472,7 +472,7 @@ class ReadinessTracker:
                     self._schedule.look_again(parent_rec)
                 if keep_summary:
                     self._summarized.add(span.id)
-            _remember(self._unseen_handed_over, rec.id)
+            self._unseen_handed_over.remember(rec.id)
         self.handed_over += 1
         self._requests.append(EmitRequest(
             rec.tags, rec.ids, carried_for_translation(rec, self._open.get(rec.ids[0])),
@@ -493,12 +493,6 @@ class ReadinessTracker:
             "bad-annotation", "ignoring an %r annotation that is not a mapping of dask "
             "span id to W3C headers: %.200r", names.ANNOTATION_KEY, value,
         )
-
-
-def _remember(ids: OrderedDict[str, None], dask_id: str) -> None:
-    ids[dask_id] = None
-    while len(ids) > MAX_REMEMBERED:
-        ids.popitem(last=False)
 
 
 def _minus_depth(rec: OpenSpan) -> int:
