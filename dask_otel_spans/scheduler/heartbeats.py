@@ -15,17 +15,18 @@ def tap_heartbeats(
     ext: Any,
     scheduler: Any,
     on_span_deltas: Callable[[dict], None],
-    on_worker_deltas: Callable[[dict[Hashable, float]], None],
+    on_worker_heartbeat: Callable[[Any, Any], None],
 ) -> list[Callable[[], None]]:
     """Call ``on_span_deltas(data)`` after the spans extension took a heartbeat's
-    per-span deltas, and ``on_worker_deltas(deltas)`` with the worker-wide deltas of
-    every heartbeat the scheduler accepted; return the functions that undo the taps.
+    per-span deltas, and ``on_worker_heartbeat(result, metrics)`` after the scheduler
+    handled a worker's heartbeat (:func:`worker_wide_deltas` reads them); return the
+    functions that undo the taps.
 
     The callbacks are held weakly (bound methods of the plugin): a tap whose plugin
-    is gone does nothing.
+    is gone does nothing. They must not raise (the plugin guards its own).
     """
     span_cb = weakref.WeakMethod(on_span_deltas)  # type: ignore[arg-type]
-    worker_cb = weakref.WeakMethod(on_worker_deltas)  # type: ignore[arg-type]
+    worker_cb = weakref.WeakMethod(on_worker_heartbeat)  # type: ignore[arg-type]
     undo: list[Callable[[], None]] = []
 
     original_span_hb = ext.heartbeat
@@ -57,9 +58,7 @@ def tap_heartbeats(
         result = original_worker_hb(*args, **kwargs)
         callback = worker_cb()
         if callback is not None:
-            deltas = worker_wide_deltas(result, kwargs.get("metrics"))
-            if deltas:
-                callback(deltas)
+            callback(result, kwargs.get("metrics"))
         return result
 
     scheduler.handlers["heartbeat_worker"] = heartbeat_worker

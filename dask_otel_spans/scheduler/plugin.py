@@ -16,7 +16,7 @@ import logging
 import time as _time
 import uuid
 import weakref
-from collections.abc import Hashable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +30,7 @@ from dask_otel_spans.logonce import OnceLogger
 from dask_otel_spans.protocol import events
 from dask_otel_spans.protocol.dask_facts import SETTLED_STATES, grace_period
 from dask_otel_spans.scheduler.forwarder import SpanForwarder
-from dask_otel_spans.scheduler.heartbeats import tap_heartbeats
+from dask_otel_spans.scheduler.heartbeats import tap_heartbeats, worker_wide_deltas
 from dask_otel_spans.scheduler.loopstats import EventLoopStats
 from dask_otel_spans.scheduler.sampler import TaskSampler
 from dask_otel_spans.transport.choice import Transport, open_transport
@@ -243,7 +243,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         if previous is not None:
             await previous.close()
         self._undo.extend(tap_heartbeats(
-            ext, scheduler, self._on_span_deltas, self._on_worker_deltas))
+            ext, scheduler, self._on_span_deltas, self._on_worker_heartbeat))
         self._pc = PeriodicCallback(self._tick, TICK_INTERVAL * 1000)
         scheduler.periodic_callbacks[f"{self.name}-tick"] = self._pc
         self._pc.start()
@@ -304,10 +304,12 @@ class OTelSpansPlugin(SchedulerPlugin):
             with self._guard("heartbeat"):
                 self.forwarder.forward_deltas(data)
 
-    def _on_worker_deltas(self, deltas: dict[Hashable, float]) -> None:
+    def _on_worker_heartbeat(self, result: Any, metrics: Any) -> None:
         if not self._closed:
             with self._guard("worker-heartbeat"):
-                self.transport.send([(events.WORKER_DELTAS, deltas)])
+                deltas = worker_wide_deltas(result, metrics)
+                if deltas:
+                    self.transport.send([(events.WORKER_DELTAS, deltas)])
 
     # -- hooks: O(1) each; the forwarder sends what they queued at the next tick -----
     # (not timed: the clock reads would cost more than the work)
