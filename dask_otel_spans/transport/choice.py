@@ -226,9 +226,7 @@ async def open_transport(
         else:
             # (this coroutine runs on the scheduler's event loop: its thread is the
             # one held for; half the grace at most, so no span's emission moves)
-            hold = BusyLoopHold.of_thread(threading.get_ident(),
-                                          threading.get_native_id(),
-                                          config.export_delay / 2)
+            hold = BusyLoopHold.of_thread(threading.get_ident(), config.export_delay / 2)
             sender = ChildSender(supervisor, budget=config.forward_budget, hold=hold)
             sender.nthreads_history = nthreads_history
             sender.start()

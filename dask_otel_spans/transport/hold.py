@@ -1,18 +1,16 @@
 """When the scheduler's export work waits: while the scheduler's event loop is busy,
 the child sender holds its writes (and so the export process its work), for at most
-half the grace period, so that no span's emission moves. Bookkeeping on two clocks
-(the wall's, and the event-loop thread's demand for CPU); the sender asks."""
+half the grace period, so that no span's emission moves. Pure bookkeeping on two
+clocks; the sender asks."""
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
-#: The event loop is busy when its thread ran, or waited for a CPU to run on, at
-#: least this share of the last window
+#: The event loop is busy when its thread ran at least this share of the last window
 BUSY_SHARE = 0.5
 #: Seconds over which the event loop's share is measured, and between two looks
 WINDOW = 0.05
@@ -22,20 +20,19 @@ class BusyLoopHold:
     """Whether export work waits for a busy event loop.
 
     Export work running beside a busy scheduler slows it by more than the work's own
-    CPU (the sender thread's GIL hand-overs with the loop; the export process
-    competes for the CPUs, and shares caches and memory bandwidth), and spans are
-    emitted a grace period after they are done anyway. So while the event-loop
-    thread runs or waits for a CPU at least ``share`` of the time (measured over
-    ``window`` seconds, read from the asking thread: nothing runs on the loop),
-    :meth:`holding` says to wait, for at most ``longest`` seconds at a stretch;
-    after that the work goes out and a new stretch may begin. A scheduler busy for
-    longer than ``longest`` gets the export work in bursts, not less of it.
+    CPU (the sender thread's GIL hand-overs with the loop; the export process on
+    another CPU shares caches and memory bandwidth), and spans are emitted a grace
+    period after they are done anyway. So while the event-loop thread runs at least
+    ``share`` of the time (measured over ``window`` seconds on its CPU clock, read
+    from the asking thread: nothing runs on the loop), :meth:`holding` says to wait,
+    for at most ``longest`` seconds at a stretch; after that the work goes out and a
+    new stretch may begin. A scheduler busy for longer than ``longest`` gets the
+    export work in bursts, not less of it.
 
     Parameters
     ----------
-    loop_demand:
-        Seconds the event-loop thread ran or waited to run (a clock; its CPU
-        clock where the wait is not known); None: never hold
+    loop_cpu:
+        The event-loop thread's CPU seconds (a clock); None: never hold
     longest:
         Seconds a stretch of holding lasts at most; 0 or less: never hold
     share:
@@ -48,7 +45,7 @@ class BusyLoopHold:
 
     def __init__(
         self,
-        loop_demand: Callable[[], float] | None,
+        loop_cpu: Callable[[], float] | None,
         longest: float,
         *,
         share: float = BUSY_SHARE,
@@ -58,12 +55,10 @@ class BusyLoopHold:
         self.longest = longest
         self.share = share
         self.window = window
-        self._loop_demand = loop_demand
-        if longest <= 0:
-            self.close()
+        self._loop_cpu = loop_cpu if longest > 0 else None
         self._clock = clock
         self._looked_at = clock()
-        self._demand_then = self._read_demand()
+        self._loop_cpu_then = self._read_loop_cpu()
         self._busy = False
         #: when the current stretch of holding began; None: not holding
         self._since: float | None = None
@@ -72,16 +67,9 @@ class BusyLoopHold:
         self.held_seconds = 0.0
 
     @classmethod
-    def of_thread(cls, thread_id: int, native_id: int, longest: float) -> BusyLoopHold:
-        """A hold on the event loop's thread (``threading.get_ident()`` and
-        ``threading.get_native_id()`` there): its run and run-queue time on Linux
-        (``/proc/self/task/<id>/schedstat``: a thread that waits for a CPU on a
-        crowded machine is busy too), else its CPU clock; one that never holds where
-        neither can be read."""
-        try:
-            return cls(RunQueueClock(native_id), longest)
-        except (OSError, ValueError):
-            pass
+    def of_thread(cls, thread_id: int, longest: float) -> BusyLoopHold:
+        """A hold on the thread ``thread_id`` (``threading.get_ident()`` of the event
+        loop's thread); one that never holds where its CPU clock cannot be read."""
         try:
             clock_id = time.pthread_getcpuclockid(thread_id)
             time.clock_gettime(clock_id)
@@ -91,33 +79,26 @@ class BusyLoopHold:
             return cls(None, longest)
         return cls(lambda: time.clock_gettime(clock_id), longest)
 
-    def close(self) -> None:
-        """Let go of what reads the loop's clock."""
-        close = getattr(self._loop_demand, "close", None)
-        self._loop_demand = None
-        if close is not None:
-            close()
-
-    def _read_demand(self) -> float:
-        if self._loop_demand is None:
+    def _read_loop_cpu(self) -> float:
+        if self._loop_cpu is None:
             return 0.0
         try:
-            return self._loop_demand()
-        except (OSError, ValueError):  # (the thread is gone)
-            self.close()
+            return self._loop_cpu()
+        except OSError:  # (the thread is gone)
+            self._loop_cpu = None
             return 0.0
 
     def holding(self) -> bool:
         """Whether the work should wait now: the loop is busy and the current
         stretch of holding is shorter than ``longest``."""
-        if self._loop_demand is None:
+        if self._loop_cpu is None:
             return False
         now = self._clock()
         elapsed = now - self._looked_at
         if elapsed >= self.window:
-            demand = self._read_demand()
-            self._busy = demand - self._demand_then >= self.share * elapsed
-            self._looked_at, self._demand_then = now, demand
+            cpu = self._read_loop_cpu()
+            self._busy = cpu - self._loop_cpu_then >= self.share * elapsed
+            self._looked_at, self._loop_cpu_then = now, cpu
         if not self._busy:
             self.released(now)
             return False
@@ -132,31 +113,3 @@ class BusyLoopHold:
         if self._since is not None:
             self.held_seconds += (self._clock() if now is None else now) - self._since
             self._since = None
-
-
-class RunQueueClock:
-    """Seconds a thread of this process ran or waited on a run queue (Linux
-    ``schedstat``), read through a descriptor kept open (one ``pread`` a look).
-
-    Raises ``OSError`` or ``ValueError`` where it cannot be read.
-    """
-
-    def __init__(self, native_id: int):
-        self._fd: int | None = os.open(f"/proc/self/task/{native_id}/schedstat",
-                                       os.O_RDONLY)
-        try:
-            self()
-        except (OSError, ValueError):
-            self.close()
-            raise
-
-    def __call__(self) -> float:
-        if self._fd is None:
-            raise OSError("closed")
-        run, wait = os.pread(self._fd, 128, 0).split()[:2]
-        return (int(run) + int(wait)) / 1e9
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None

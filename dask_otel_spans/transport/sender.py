@@ -124,7 +124,6 @@ class ChildSender:
         exit (killed after ``timeout`` seconds)."""
         self._stopping = True
         self.thread.stop(timeout)
-        self.hold.close()
         self.supervisor.stop(timeout)
 
     # -- the sender thread ---------------------------------------------------------------

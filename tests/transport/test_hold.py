@@ -11,7 +11,7 @@ from conftest import start_sender
 from support.polling import wait_for
 
 from dask_otel_spans.sdk.otlpjson import read_spans
-from dask_otel_spans.transport.hold import BusyLoopHold, RunQueueClock
+from dask_otel_spans.transport.hold import BusyLoopHold
 
 
 class Clocks:
@@ -80,11 +80,11 @@ def test_a_stretch_ends_when_the_loop_goes_idle(clocks):
 def test_looks_at_the_loop_no_more_often_than_its_window(clocks):
     reads = []
 
-    def loop_demand() -> float:
+    def loop_cpu() -> float:
         reads.append(clocks.wall)
         return clocks.loop
 
-    hold = BusyLoopHold(loop_demand, 0.5, clock=lambda: clocks.wall)
+    hold = BusyLoopHold(loop_cpu, 0.5, clock=lambda: clocks.wall)
     for _ in range(100):
         clocks.run(0.001, 1.0)
         hold.holding()
@@ -112,13 +112,10 @@ def test_no_longest_stretch_never_holds(clocks):
     assert hold.holding() is False
 
 
-@pytest.mark.parametrize("where", ["run queue", "cpu clock"])
-def test_the_hold_reads_the_clocks_of_the_loops_thread(where):
+def test_the_hold_reads_the_cpu_clock_of_the_loops_thread():
     """The real clocks: another thread sees this thread busy while it spins, and
-    idle once it sleeps; on its run-queue figures (Linux), or, where these cannot be
-    read (here: no such thread id), its CPU clock."""
-    native_id = threading.get_native_id() if where == "run queue" else -1
-    hold = BusyLoopHold.of_thread(threading.get_ident(), native_id, 5.0)
+    idle once it sleeps."""
+    hold = BusyLoopHold.of_thread(threading.get_ident(), 5.0)
     said: dict[str, list[bool]] = {"spin": [], "sleep": []}
     phase = ["spin"]
     done = threading.Event()
@@ -141,22 +138,6 @@ def test_the_hold_reads_the_clocks_of_the_loops_thread(where):
         watcher.join()
     assert said["spin"][-1] is True
     assert said["sleep"][-1] is False
-    hold.close()
-
-
-def test_the_run_queue_clock_counts_a_threads_run_time():
-    clock = RunQueueClock(threading.get_native_id())
-    try:
-        before, cpu_before = clock(), time.thread_time()
-        while time.thread_time() - cpu_before < 0.05:
-            pass
-        assert clock() - before >= 0.04
-    finally:
-        clock.close()
-    with pytest.raises(OSError):
-        clock()
-    with pytest.raises(OSError):
-        RunQueueClock(-1)
 
 
 def always_busy(longest: float) -> BusyLoopHold:
