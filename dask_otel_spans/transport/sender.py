@@ -20,7 +20,6 @@ from dask_otel_spans.transport.supervisor import ChildSupervisor
 logger = logging.getLogger(__name__)
 
 #: Items per frame at most; a frame also goes out whenever the queue runs empty
-#: (unless the writes are held)
 _BATCH_SIZE = 256
 
 
@@ -153,19 +152,15 @@ class ChildSender:
             self._write_batch()
 
     def _write_batch(self) -> None:
-        """Write the batch to the export process, a frame per :data:`_BATCH_SIZE`
-        items (a batch that was held is long: encoding it in one piece would keep
-        the GIL from the event loop for milliseconds)."""
+        """Write the batch to the export process."""
         batch, self._batch = self._batch, []
         if not batch:
             return
         self.hold.released()
-        for start in range(0, len(batch), _BATCH_SIZE):
-            frame = batch[start:start + _BATCH_SIZE]
-            try:
-                self._write(frame)
-            finally:
-                self.budget.written += sum(1 for item in frame if item[0] != FLUSH)
+        try:
+            self._write(batch)
+        finally:
+            self.budget.written += sum(1 for item in batch if item[0] != FLUSH)
 
     def _encode(self, batch: list[tuple[Any, ...]]) -> bytes:
         """The batch as one frame; an item that cannot be pickled (e.g. odd objects
