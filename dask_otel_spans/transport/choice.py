@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 from typing import Any, Protocol
 
 from dask_otel_spans.export.pipeline import ExportPipeline
@@ -24,7 +23,6 @@ from dask_otel_spans.sdk.providers import (
     global_sdk_tracer_provider,
     under_auto_instrumentation,
 )
-from dask_otel_spans.transport.hold import BusyLoopHold
 from dask_otel_spans.transport.sender import ChildSender
 from dask_otel_spans.transport.spec import PipelineSpec
 from dask_otel_spans.transport.supervisor import (
@@ -224,10 +222,7 @@ async def open_transport(
                 "in the scheduler process", e,
             )
         else:
-            # (this coroutine runs on the scheduler's event loop: its thread is the
-            # one held for; half the grace at most, so no span's emission moves)
-            hold = BusyLoopHold.of_thread(threading.get_ident(), config.export_delay / 2)
-            sender = ChildSender(supervisor, budget=config.forward_budget, hold=hold)
+            sender = ChildSender(supervisor, budget=config.forward_budget)
             sender.nthreads_history = nthreads_history
             sender.start()
             return ChildTransport(sender)

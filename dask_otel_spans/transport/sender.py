@@ -1,7 +1,6 @@
 """The scheduler's side of the pipe to the export process: what the plugin sends is
 queued (never blocking the event loop), encoded in batches on a sender thread and
-written to the child's stdin, held while the scheduler's event loop is busy
-(:class:`~dask_otel_spans.transport.hold.BusyLoopHold`). The child itself is the
+written to the child's stdin. The child itself is the
 :class:`~dask_otel_spans.transport.supervisor.ChildSupervisor`'s."""
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ from dask_otel_spans.background import QueueThread
 from dask_otel_spans.protocol.events import HISTORY
 from dask_otel_spans.protocol.wire import FLUSH, encode_batch
 from dask_otel_spans.transport.budget import ForwardBudget
-from dask_otel_spans.transport.hold import BusyLoopHold
 from dask_otel_spans.transport.supervisor import ChildSupervisor
 
 logger = logging.getLogger(__name__)
@@ -32,9 +30,7 @@ class ChildSender:
     (:func:`~dask_otel_spans.protocol.wire.encode_batch`) and writes them to the
     child's stdin, with the entries of the scheduler's ``total_nthreads_history``
     the child has not had yet. A child that died is replaced by the supervisor when
-    the next batch is written. While ``hold`` says the scheduler's event loop is
-    busy, the batch waits (at most its longest stretch, and while less than half the
-    budget waits); a flush or a stop writes it at once.
+    the next batch is written.
 
     Parameters
     ----------
@@ -43,12 +39,9 @@ class ChildSender:
     budget:
         Messages that may wait in this process for the export process
         (``forward-budget``; :class:`~dask_otel_spans.transport.budget.ForwardBudget`)
-    hold:
-        When writes wait for a busy event loop; None: never
     """
 
-    def __init__(self, supervisor: ChildSupervisor, *, budget: int = 100_000,
-                 hold: BusyLoopHold | None = None):
+    def __init__(self, supervisor: ChildSupervisor, *, budget: int = 100_000):
         self.supervisor = supervisor
         #: what may wait for the child (:meth:`send`)
         self.budget = ForwardBudget(
@@ -64,11 +57,9 @@ class ChildSender:
         self.nthreads_history: list[tuple[float, int]] | None = None
         self.thread = QueueThread(
             "dask-otel-spans-export-sender", self._take, what="forwarded messages",
-            due=self._write_due, due_in=self._write_in,
+            due=self._write_batch, due_in=self._write_in,
         )
-        self.hold = hold if hold is not None else BusyLoopHold(None, 0.0)
         self._batch: list[tuple[Any, ...]] = []
-        self._stopping = False
         self._unpicklable_logged = False
         #: entries of ``nthreads_history`` the running child has, and which child
         self._history_sent = 0
@@ -99,8 +90,6 @@ class ChildSender:
         out["frames"] = self.frames
         out["dropped_by_kind"] = dict(self.budget.dropped_by_kind)
         out["waiting"] = self.waiting
-        out["holds"] = self.hold.stretches
-        out["held_s"] = self.hold.held_seconds
         return out
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -121,7 +110,6 @@ class ChildSender:
     def stop(self, timeout: float = 10) -> None:
         """Send what is queued, then let the export process finish its exports and
         exit (killed after ``timeout`` seconds)."""
-        self._stopping = True
         self.thread.stop(timeout)
         self.supervisor.stop(timeout)
 
@@ -134,29 +122,17 @@ class ChildSender:
             self._batch.append(item)
             self._write_batch()
             return
-        if len(self._batch) >= _BATCH_SIZE and not self._holding():
+        if len(self._batch) >= _BATCH_SIZE:
             self._write_batch()
-
-    def _holding(self) -> bool:
-        return (not self._stopping and self.budget.waiting < self.budget.budget // 2
-                and self.hold.holding())
 
     def _write_in(self) -> float | None:
-        if not self._batch:
-            return None
-        return self.hold.window if self._holding() else 0.0
-
-    def _write_due(self) -> None:
-        """The batch goes out when the wait ran out, unless the hold goes on."""
-        if not self._holding():
-            self._write_batch()
+        return 0.0 if self._batch else None
 
     def _write_batch(self) -> None:
         """Write the batch to the export process."""
         batch, self._batch = self._batch, []
         if not batch:
             return
-        self.hold.released()
         try:
             self._write(batch)
         finally:

@@ -406,6 +406,19 @@ def notice(name: str, **extra) -> tuple:
     return ("notice", now, msg)
 
 
+@pytest.fixture
+def file_export_process(tmp_path):
+    """An export process writing OTLP-JSON files to ``tmp_path``, started."""
+    supervisor = ChildSupervisor(
+        PipelineSpec(PluginConfig.from_dask_config(output_dir=str(tmp_path)), environ={})
+    )
+    supervisor.launch()
+    process = ChildSender(supervisor)
+    process.start()
+    yield process
+    process.stop(10)
+
+
 @pytest.mark.cluster  # (an export process)
 def test_a_message_that_cannot_be_pickled_is_left_out_alone(
     file_export_process, tmp_path, caplog
