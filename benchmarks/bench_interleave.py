@@ -1,0 +1,114 @@
+"""Throughput with and without the plugin on one cluster: the plugin registered and
+unregistered on the same ``dask scheduler`` between workloads, in ABBA order.
+
+    python benchmarks/bench_interleave.py                       # small, 16 pairs
+    python benchmarks/bench_interleave.py --workload nested --pairs 8
+
+``bench_scheduler.py`` starts a fresh cluster for every run: its pairs also differ by
+where the processes landed and by the machine's drift over a run of ~15 s. Here both
+sides run on the same scheduler, workers and client, a workload apart (~10 s): what is
+left between the two sides of a pair is the plugin and the machine's moment-to-moment
+noise. Per workload: tasks/s (the client's wall time), the scheduler process's CPU
+over the workload and over the workload and ``--settle`` seconds after it (where the
+export work of its spans runs: plain ``distributed.span`` blocks wait the idle-timeout
+before they are emitted), and the export process's CPU over the same window. The
+plugin is the benchmark preload's (``bench_preload.dask_setup``: an export process
+whose exporters discard); it is closed (its spans still open emitted) and its export
+process ended before a baseline workload starts, so no export work of one side runs
+in the other's window.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from bench_scheduler import Cluster, nested_workload, small_workload  # noqa: E402
+
+WORKLOADS = {
+    "small": lambda client: small_workload(client, 300, 2),
+    "nested": lambda client: nested_workload(client, 10, 10, 20),
+}
+
+
+async def _plug(dask_scheduler, on: bool) -> int:
+    """Close and remove the benchmark's plugin; with ``on``, register a new one."""
+    import bench_preload
+
+    from dask_otel_spans import OTelSpansPlugin
+
+    for name, plugin in list(dask_scheduler.plugins.items()):
+        if isinstance(plugin, OTelSpansPlugin):
+            del dask_scheduler.plugins[name]
+            await plugin.close()
+    if on:
+        plugin = OTelSpansPlugin(export_process=True,
+                                 providers="bench_preload:child_providers")
+        stats = bench_preload._loop_stats(plugin)
+        stats.pause_clock = bench_preload.gc_cpu_of_this_thread
+        await dask_scheduler.register_scheduler_plugin(plugin, idempotent=False)
+    return sum(isinstance(p, OTelSpansPlugin) for p in dask_scheduler.plugins.values())
+
+
+def run(workload: str, pairs: int, settle: float, workers: int, threads: int) -> dict:
+    cluster = Cluster(True, workers, threads, export_process=True)
+    results: dict[bool, list[dict[str, float]]] = {True: [], False: []}
+    try:
+        client = cluster.client
+        for i in range(2 * pairs):
+            on = (True, False, False, True)[i % 4]
+            assert client.run_on_scheduler(_plug, on=on) == int(on)
+            time.sleep(1.0)  # (the export process starts, or the old one's exit)
+            cpu0, export0 = cluster.cpu(), cluster.export_cpu()
+            started = time.monotonic()
+            n = WORKLOADS[workload](client)
+            wall = time.monotonic() - started
+            cpu1 = cluster.cpu()
+            time.sleep(settle)
+            one = {"tasks/s": n / wall, "scheduler CPU, workload": cpu1 - cpu0,
+                   "scheduler CPU, with settle": cluster.cpu() - cpu0,
+                   "export CPU": cluster.export_cpu() - export0 if on else 0.0}
+            results[on].append(one)
+            print(f"  {i + 1:2d} {'plugin' if on else 'none  '} "
+                  + ", ".join(f"{k} {v:.3f}" for k, v in one.items()), flush=True)
+    finally:
+        cluster.close()
+    return results
+
+
+def report(results: dict) -> None:
+    pairs = list(zip(results[True], results[False]))
+    print(f"plugin / none, {len(pairs)} pairs (ABBA on one cluster):")
+    for key in ("tasks/s", "scheduler CPU, workload", "scheduler CPU, with settle"):
+        ratios = sorted(a[key] / b[key] for a, b in pairs)
+        half = ratios[len(ratios) // 4:len(ratios) - len(ratios) // 4]
+        print(f"  {key:28s} median {statistics.median(ratios):.3f}  min {ratios[0]:.3f}"
+              f"  max {ratios[-1]:.3f}  middle half {half[0]:.3f}-{half[-1]:.3f}")
+    export = statistics.median(a["export CPU"] / b["scheduler CPU, with settle"]
+                               for a, b in pairs)
+    print(f"  export process CPU, of the baseline scheduler's (workload + settle): "
+          f"median {export:.3f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="small")
+    parser.add_argument("--pairs", type=int, default=16)
+    parser.add_argument("--settle", type=float, default=7.5,
+                        help="seconds after a workload whose CPU counts for it")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    print(f"{args.workload}: {args.pairs} pairs, settle {args.settle} s, "
+          f"{args.workers} workers x {args.threads} threads")
+    report(run(args.workload, args.pairs, args.settle, args.workers, args.threads))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
