@@ -1,17 +1,23 @@
-"""The plugin's whole cost to the scheduler process on ``small``, measured in ONE
-scheduler process: the plugin is registered and unregistered in turn (its export
-process started and ended outside the measured windows), so that both sides of each
-pair run in the same process on the same machine minutes apart, not in two processes
-whose speeds differ.
+"""The plugin's whole cost on one cluster: the plugin closed and removed, or registered
+anew, on the same ``dask scheduler`` between workloads, in ABBA order.
 
-    python benchmarks/bench_same_process.py                 # 10 pairs of 300 blocks
-    python benchmarks/bench_same_process.py --pairs 4 --spans 100
+    python benchmarks/bench_same_process.py                      # small, 16 pairs
+    python benchmarks/bench_same_process.py --workload nested --pairs 8
 
-Per window: the scheduler process's CPU (its CPU-time clock) from the workload's start
-to ``--settle`` seconds after its results (7.5 s: plain spans are exported after
-``idle-timeout``), per block; the workers' CPU per block as the control. The plugin is
-the shipped one with its export process (``bench_preload:memory_child_providers``:
-everything translated and handed to the SDK, exporters that discard).
+``bench_scheduler.py`` starts a fresh cluster for every run: its pairs also differ by
+where the processes landed and by the machine's drift over a run of ~15 s. Here both
+sides run on the same scheduler, workers and client, a workload apart (~10 s): what is
+left between the two sides of a pair is the plugin and the machine's moment-to-moment
+noise. Per workload: tasks/s (the client's wall time), the scheduler process's CPU
+over the workload and over the workload and ``--settle`` seconds after it (where the
+export work of its spans runs: plain ``distributed.span`` blocks wait the idle-timeout
+before they are emitted), and the export process's CPU over the same window. The
+plugin is the benchmark preload's (``bench_preload.dask_setup``: an export process
+whose exporters discard); it is closed (its spans still open emitted, its heartbeat
+wrappers undone) and its export process ended before a baseline workload starts, so
+no work of one side runs in the other's window. (Up to a6e04b9 this script
+unregistered the plugin without closing it: distributed's ``remove_plugin`` does not
+close a plugin, so its baseline windows ran the earlier plugins' ticks and wrappers.)
 """
 from __future__ import annotations
 
@@ -24,73 +30,85 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_scheduler import Cluster, futures_workload, small_workload  # noqa: E402
+from bench_scheduler import Cluster, nested_workload, small_workload  # noqa: E402
 
-from dask_otel_spans import OTelSpansPlugin, names  # noqa: E402
-
-
-def _plugin_idle(dask_scheduler) -> bool:
-    plugin = dask_scheduler.plugins.get(names.PLUGIN_NAME)
-    return plugin is None or plugin.open_span_count == 0
+WORKLOADS = {
+    "small": lambda client: small_workload(client, 300, 2),
+    "nested": lambda client: nested_workload(client, 10, 10, 20),
+}
 
 
-def window(cluster: Cluster, spans: int, per_span: int, settle: float) -> tuple[float, float]:
-    """Scheduler and workers CPU per block over one run of ``small``."""
-    cpu0, workers0 = cluster.cpu(), cluster.workers_cpu()
-    small_workload(cluster.client, spans, per_span)
-    time.sleep(settle)
-    return ((cluster.cpu() - cpu0) / spans * 1e6,
-            (cluster.workers_cpu() - workers0) / spans * 1e6)
+async def _plug(dask_scheduler, on: bool) -> int:
+    """Close and remove the benchmark's plugin; with ``on``, register a new one."""
+    import bench_preload
+
+    from dask_otel_spans import OTelSpansPlugin
+
+    for name, plugin in list(dask_scheduler.plugins.items()):
+        if isinstance(plugin, OTelSpansPlugin):
+            del dask_scheduler.plugins[name]
+            await plugin.close()
+    if on:
+        plugin = OTelSpansPlugin(export_process=True,
+                                 providers="bench_preload:child_providers")
+        stats = bench_preload._loop_stats(plugin)
+        stats.pause_clock = bench_preload.gc_cpu_of_this_thread
+        await dask_scheduler.register_scheduler_plugin(plugin, idempotent=False)
+    return sum(isinstance(p, OTelSpansPlugin) for p in dask_scheduler.plugins.values())
+
+
+def run(workload: str, pairs: int, settle: float, workers: int, threads: int) -> dict:
+    cluster = Cluster(True, workers, threads, export_process=True)
+    results: dict[bool, list[dict[str, float]]] = {True: [], False: []}
+    try:
+        client = cluster.client
+        for i in range(2 * pairs):
+            on = (True, False, False, True)[i % 4]
+            assert client.run_on_scheduler(_plug, on=on) == int(on)
+            time.sleep(1.0)  # (the export process starts, or the old one's exit)
+            cpu0, export0 = cluster.cpu(), cluster.export_cpu()
+            started = time.monotonic()
+            n = WORKLOADS[workload](client)
+            wall = time.monotonic() - started
+            cpu1 = cluster.cpu()
+            time.sleep(settle)
+            one = {"tasks/s": n / wall, "scheduler CPU, workload": cpu1 - cpu0,
+                   "scheduler CPU, with settle": cluster.cpu() - cpu0,
+                   "export CPU": cluster.export_cpu() - export0 if on else 0.0}
+            results[on].append(one)
+            print(f"  {i + 1:2d} {'plugin' if on else 'none  '} "
+                  + ", ".join(f"{k} {v:.3f}" for k, v in one.items()), flush=True)
+    finally:
+        cluster.close()
+    return results
+
+
+def report(results: dict) -> None:
+    pairs = list(zip(results[True], results[False]))
+    print(f"plugin / none, {len(pairs)} pairs (ABBA on one cluster):")
+    for key in ("tasks/s", "scheduler CPU, workload", "scheduler CPU, with settle"):
+        ratios = sorted(a[key] / b[key] for a, b in pairs)
+        half = ratios[len(ratios) // 4:len(ratios) - len(ratios) // 4]
+        print(f"  {key:28s} median {statistics.median(ratios):.3f}  min {ratios[0]:.3f}"
+              f"  max {ratios[-1]:.3f}  middle half {half[0]:.3f}-{half[-1]:.3f}")
+    export = statistics.median(a["export CPU"] / b["scheduler CPU, with settle"]
+                               for a, b in pairs)
+    print(f"  export process CPU, of the baseline scheduler's (workload + settle): "
+          f"median {export:.3f}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=10)
-    parser.add_argument("--spans", type=int, default=300)
-    parser.add_argument("--per-span", type=int, default=2)
-    parser.add_argument("--settle", type=float, default=7.5)
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="small")
+    parser.add_argument("--pairs", type=int, default=16)
+    parser.add_argument("--settle", type=float, default=7.5,
+                        help="seconds after a workload whose CPU counts for it")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
-    cluster = Cluster(False, workers=2, threads=2)
-    client = cluster.client
-    ratios, control, own = [], [], []
-    try:
-        futures_workload(client, 4, 10)  # warm up
-        for i in range(args.pairs):
-            figures = {}
-            for with_plugin in ((True, False) if i % 2 == 0 else (False, True)):
-                if with_plugin:
-                    client.register_plugin(OTelSpansPlugin(
-                        export_process=True, use_global_providers=False,
-                        providers="bench_preload:memory_child_providers"))
-                    futures_workload(client, 2, 5)  # (its export process is up)
-                    time.sleep(args.settle)
-                figures[with_plugin] = window(cluster, args.spans, args.per_span,
-                                              args.settle)
-                if with_plugin:
-                    deadline = time.monotonic() + 30
-                    while (not client.run_on_scheduler(_plugin_idle)
-                           and time.monotonic() < deadline):
-                        time.sleep(0.2)
-                    client.unregister_scheduler_plugin(names.PLUGIN_NAME)
-                time.sleep(1.0)
-            (p_cpu, p_workers), (b_cpu, b_workers) = figures[True], figures[False]
-            ratios.append(p_cpu / b_cpu)
-            control.append(p_workers / b_workers)
-            own.append(p_cpu - b_cpu)
-            print(f"  pair {i + 1}: scheduler {p_cpu:.0f} / {b_cpu:.0f} µs per block "
-                  f"({ratios[-1]:.3f}); workers {control[-1]:.3f}", flush=True)
-    finally:
-        cluster.close()
-
-    def spread(values: list[float]) -> str:
-        low, _, high = statistics.quantiles(values, n=4, method="inclusive")
-        return (f"median {statistics.median(values):.3f} (middle half {low:.3f}-"
-                f"{high:.3f}, range {min(values):.3f}-{max(values):.3f})")
-
-    print(f"small, {args.spans} blocks x {args.per_span} tasks, {args.pairs} pairs in one "
-          f"scheduler process: scheduler CPU plugin / none {spread(ratios)}; workers' "
-          f"control {spread(control)}; the difference {statistics.median(own):+.0f} µs "
-          "per block (median)")
+    print(f"{args.workload}: {args.pairs} pairs, settle {args.settle} s, "
+          f"{args.workers} workers x {args.threads} threads")
+    report(run(args.workload, args.pairs, args.settle, args.workers, args.threads))
     return 0
 
 

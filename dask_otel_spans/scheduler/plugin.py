@@ -382,6 +382,8 @@ class OTelSpansPlugin(SchedulerPlugin):
         if self._closed or self._work is not None:
             return
         try:
+            if self._unregistered():
+                return
             resend_from = self.transport.restarted()
             if resend_from is None and self.forwarder.idle(len(self.scheduler.workers)):
                 return  # (nothing came since the last tick: no clock read, no work)
@@ -396,6 +398,22 @@ class OTelSpansPlugin(SchedulerPlugin):
             else:
                 self._work = self.forwarder.tick_steps(len(self.scheduler.workers))
         self._run_slice()
+
+    def _unregistered(self) -> bool:
+        """Whether the scheduler no longer has this plugin: ``Client.
+        unregister_scheduler_plugin`` removes a plugin without closing it, which
+        would leave its tick, its heartbeat taps and its export process running.
+        Then it closes itself (its open spans exported, as at the scheduler's close).
+        O(plugins), a handful."""
+        for plugin in self.scheduler.plugins.values():
+            if plugin is self:
+                return False
+        if self._pc is not None:
+            self._pc.stop()
+        logger.info("dask_otel_spans: the plugin was unregistered; closing it (what "
+                    "it holds is exported, spans still open as incomplete)")
+        IOLoop.current().add_callback(self.close)
+        return True
 
     def _run_slice(self) -> None:
         """Run the forwarding in progress for at most :data:`TICK_BUDGET`; the rest goes

@@ -10,9 +10,9 @@ import time
 import warnings
 
 import pytest
-from distributed import Client, wait
+from distributed import Client, Event, wait
 from distributed.utils_test import gen_cluster, inc, slowinc
-from support.plugin import install, plugin_of
+from support.plugin import install, plugin_of, wait_for_event
 from support.polling import async_wait_for
 from support.processes import free_port
 from support.providers import MemoryProviders
@@ -149,6 +149,33 @@ async def test_registered_twice_hands_over_without_loss_or_duplicates(c, s, a, b
     assert len(memory.by_name("across")) == 1
     assert len(memory.by_name("first")) == 1
     assert s.extensions["spans"].heartbeat.__wrapped__.__self__ is s.extensions["spans"]
+
+
+@gen_cluster(client=True)
+async def test_an_unregistered_plugin_closes_itself_and_exports_what_it_held(
+    c, s, a, b, caplog
+):
+    caplog.set_level(logging.INFO, logger="dask_otel_spans")
+    heartbeat_handler = s.handlers["heartbeat_worker"]
+    memory = MemoryProviders()
+    plugin = await install(c, memory)
+    with span("before"):
+        await c.submit(inc, 1, key="inc-1")
+    with span("running"):
+        running_task = c.submit(wait_for_event, "release-held", key="held-1")
+        await async_wait_for(lambda: "held-1" in s.tasks
+                             and s.tasks["held-1"].state == "processing")
+        # (distributed removes the plugin from the scheduler, and does not close it)
+        await c.unregister_scheduler_plugin(names.PLUGIN_NAME)
+        await async_wait_for(lambda: plugin.transport is None)
+        await Event("release-held").set()
+        await running_task
+    [running] = memory.by_name("running")
+    assert running.attributes[names.SPAN_INCOMPLETE] is True
+    assert len(memory.by_name("before")) == 1
+    assert s.handlers["heartbeat_worker"] is heartbeat_handler
+    assert f"{names.PLUGIN_NAME}-tick" not in s.periodic_callbacks
+    assert caplog.text.count("the plugin was unregistered; closing it") == 1
 
 
 @gen_cluster(client=True)
