@@ -7,6 +7,8 @@ accounting asked for by the cost-of-a-span work.
     python benchmarks/bench_account.py --strace          # + system calls (slows both)
     python benchmarks/bench_account.py --instructions --pairs 4 --spans 150
         # the scheduler under valgrind: instructions executed (slows both ~40x)
+    python benchmarks/bench_account.py --instructions --cache-sim --pairs 2 --spans 150
+        # ... and valgrind's cache model: the scheduler's cache misses
     python benchmarks/bench_account.py --pin --stop-child --pairs 8
         # the scheduler alone on CPU 0, the export process suspended during the workload
 
@@ -88,9 +90,10 @@ def _syscalls(proc: subprocess.Popen) -> dict[str, int]:
     return out
 
 
-def _callgrind_wrapper(path: str) -> list[str]:
+def _callgrind_wrapper(path: str, cache_sim: bool = False) -> list[str]:
     return ["valgrind", "--tool=callgrind", "--instr-atstart=no",
-            "--collect-systime=yes", f"--callgrind-out-file={path}.%p"]
+            "--collect-systime=yes", f"--callgrind-out-file={path}.%p",
+            *(["--cache-sim=yes"] if cache_sim else [])]
 
 
 def _callgrind(pid: int, *options: str) -> None:
@@ -129,8 +132,9 @@ def one_run(with_plugin: bool, spans: int, per_span: int, strace: bool,
             profile: str | None = None, workload: str = "small",
             instructions: str | None = None, inert: bool = False,
             time_scale: float = 1.0, pin: bool = False,
-            stop_child: bool = False, pipe_size: int = 0) -> dict[str, float]:
-    wrapper = _callgrind_wrapper(instructions) if instructions else None
+            stop_child: bool = False, pipe_size: int = 0,
+            cache_sim: bool = False) -> dict[str, float]:
+    wrapper = _callgrind_wrapper(instructions, cache_sim) if instructions else None
     if pin:  # the scheduler alone on CPU 0; everything else on the other CPUs
         wrapper = ["taskset", "-c", "0", *(wrapper or ())]
     os.environ[bench_preload.TIME_SCALE_VARIABLE] = str(time_scale)
@@ -210,6 +214,10 @@ def one_run(with_plugin: bool, spans: int, per_span: int, strace: bool,
     if instructions:
         out["instructions (millions) per span"] = counted.get("Ir", 0) / 1e6 / spans
         out["system calls per span"] = counted.get("sysCount", 0) / spans
+        if cache_sim:  # (valgrind's model of this machine's caches, this process alone)
+            for key, events in ((_D1, ("I1mr", "D1mr", "D1mw")),
+                                (_LL, ("ILmr", "DLmr", "DLmw"))):
+                out[key] = sum(counted.get(e, 0) for e in events) / 1e3 / spans
 
     def diff(name: str) -> float:
         return (threads1.get(name, 0.0) - threads0.get(name, 0.0)) * per_span
@@ -253,6 +261,8 @@ def one_run(with_plugin: bool, spans: int, per_span: int, strace: bool,
 
 _IR = "instructions (millions) per span"
 _SYSCALLS = "system calls per span"
+_D1 = "first-level cache misses (thousands) per span"
+_LL = "last-level cache misses (thousands) per span"
 
 
 def _thread_label(name: str) -> str:
@@ -293,6 +303,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="set against the baseline a plugin with the same hooks "
                              "doing nothing (bench_inert): what a plugin's presence "
                              "costs")
+    parser.add_argument("--cache-sim", action="store_true",
+                        help="with --instructions: valgrind's cache model too (first- "
+                             "and last-level misses of the scheduler process; ~2x "
+                             "slower)")
     parser.add_argument("--profile", metavar="PATH", default=None,
                         help="py-spy raw profiles of the scheduler to PATH-0.txt "
                              "(baseline) and PATH-1.txt (plugin), and of the export "
@@ -320,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
                                              args.strace, args.profile, args.workload,
                                              args.instructions, args.inert,
                                              time_scale, args.pin, args.stop_child,
-                                             args.pipe_size))
+                                             args.pipe_size, args.cache_sim))
         base, plugin = runs[False][-1], runs[True][-1]
         line = (f"  pair {i + 1}: tasks/s {plugin['tasks/s'] / base['tasks/s']:.3f}, "
                 f"process CPU {plugin['process'] / base['process']:.3f}")
@@ -339,7 +353,11 @@ def main(argv: list[str] | None = None) -> int:
           f"(pairs {min(ratio):.3f}-{max(ratio):.3f}); scheduler process CPU: median "
           f"{statistics.median(cpu):.3f} (pairs {min(cpu):.3f}-{max(cpu):.3f})")
     if args.instructions:
-        for label, key in (("instructions", _IR), ("system calls", _SYSCALLS)):
+        for label, key in (("instructions", _IR), ("system calls", _SYSCALLS),
+                           ("first-level cache misses", _D1),
+                           ("last-level cache misses", _LL)):
+            if key not in runs[True][0]:
+                continue
             both = [(b[key], p[key]) for b, p in zip(runs[False], runs[True])]
             r = [p / b for b, p in both if b]
             spread = [statistics.pstdev(side) / statistics.mean(side)
