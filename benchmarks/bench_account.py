@@ -90,10 +90,12 @@ def _syscalls(proc: subprocess.Popen) -> dict[str, int]:
     return out
 
 
-def _callgrind_wrapper(path: str, cache_sim: bool = False) -> list[str]:
+def _callgrind_wrapper(path: str, cache_sim: bool = False,
+                       branch_sim: bool = False) -> list[str]:
     return ["valgrind", "--tool=callgrind", "--instr-atstart=no",
             "--collect-systime=yes", f"--callgrind-out-file={path}.%p",
-            *(["--cache-sim=yes"] if cache_sim else [])]
+            *(["--cache-sim=yes"] if cache_sim else []),
+            *(["--branch-sim=yes"] if branch_sim else [])]
 
 
 def _callgrind(pid: int, *options: str) -> None:
@@ -133,8 +135,9 @@ def one_run(with_plugin: bool, spans: int, per_span: int, strace: bool,
             instructions: str | None = None, inert: bool = False,
             time_scale: float = 1.0, pin: bool = False,
             stop_child: bool = False, pipe_size: int = 0,
-            cache_sim: bool = False) -> dict[str, float]:
-    wrapper = _callgrind_wrapper(instructions, cache_sim) if instructions else None
+            cache_sim: bool = False, branch_sim: bool = False) -> dict[str, float]:
+    wrapper = (_callgrind_wrapper(instructions, cache_sim, branch_sim) if instructions
+               else None)
     if pin:  # the scheduler alone on CPU 0; everything else on the other CPUs
         wrapper = ["taskset", "-c", "0", *(wrapper or ())]
     os.environ[bench_preload.TIME_SCALE_VARIABLE] = str(time_scale)
@@ -218,6 +221,8 @@ def one_run(with_plugin: bool, spans: int, per_span: int, strace: bool,
             for key, events in ((_D1, ("I1mr", "D1mr", "D1mw")),
                                 (_LL, ("ILmr", "DLmr", "DLmw"))):
                 out[key] = sum(counted.get(e, 0) for e in events) / 1e3 / spans
+        if branch_sim:  # (valgrind's model of a branch predictor)
+            out[_BRANCHES] = (counted.get("Bcm", 0) + counted.get("Bim", 0)) / 1e3 / spans
 
     def diff(name: str) -> float:
         return (threads1.get(name, 0.0) - threads0.get(name, 0.0)) * per_span
@@ -263,6 +268,7 @@ _IR = "instructions (millions) per span"
 _SYSCALLS = "system calls per span"
 _D1 = "first-level cache misses (thousands) per span"
 _LL = "last-level cache misses (thousands) per span"
+_BRANCHES = "mispredicted branches (thousands) per span"
 
 
 def _thread_label(name: str) -> str:
@@ -307,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --instructions: valgrind's cache model too (first- "
                              "and last-level misses of the scheduler process; ~2x "
                              "slower)")
+    parser.add_argument("--branch-sim", action="store_true",
+                        help="with --instructions: valgrind's branch predictor model "
+                             "too (mispredicted branches of the scheduler process)")
     parser.add_argument("--profile", metavar="PATH", default=None,
                         help="py-spy raw profiles of the scheduler to PATH-0.txt "
                              "(baseline) and PATH-1.txt (plugin), and of the export "
@@ -334,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
                                              args.strace, args.profile, args.workload,
                                              args.instructions, args.inert,
                                              time_scale, args.pin, args.stop_child,
-                                             args.pipe_size, args.cache_sim))
+                                             args.pipe_size, args.cache_sim,
+                                             args.branch_sim))
         base, plugin = runs[False][-1], runs[True][-1]
         line = (f"  pair {i + 1}: tasks/s {plugin['tasks/s'] / base['tasks/s']:.3f}, "
                 f"process CPU {plugin['process'] / base['process']:.3f}")
@@ -355,7 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.instructions:
         for label, key in (("instructions", _IR), ("system calls", _SYSCALLS),
                            ("first-level cache misses", _D1),
-                           ("last-level cache misses", _LL)):
+                           ("last-level cache misses", _LL),
+                           ("mispredicted branches", _BRANCHES)):
             if key not in runs[True][0]:
                 continue
             both = [(b[key], p[key]) for b, p in zip(runs[False], runs[True])]

@@ -3,6 +3,9 @@ anew, on the same ``dask scheduler`` between workloads, in ABBA order.
 
     python benchmarks/bench_same_process.py                      # small, 16 pairs
     python benchmarks/bench_same_process.py --workload nested --pairs 8
+    python benchmarks/bench_same_process.py --inert             # a plugin doing nothing
+    python benchmarks/bench_same_process.py --stop-child        # no export work beside
+    python benchmarks/bench_same_process.py --discard           # the loop's work alone
 
 ``bench_scheduler.py`` starts a fresh cluster for every run: its pairs also differ by
 where the processes landed and by the machine's drift over a run of ~15 s. Here both
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import sys
 import time
@@ -38,39 +42,57 @@ WORKLOADS = {
 }
 
 
-async def _plug(dask_scheduler, on: bool) -> int:
-    """Close and remove the benchmark's plugin; with ``on``, register a new one."""
+async def _plug(dask_scheduler, on: bool, inert: bool = False,
+                discard: bool = False) -> int:
+    """Close and remove the benchmark's plugin; with ``on``, register a new one (an
+    inert plugin with ``inert``; with ``discard``, one whose messages are dropped
+    where the sender would queue them)."""
+    import bench_inert
     import bench_preload
 
     from dask_otel_spans import OTelSpansPlugin
 
     for name, plugin in list(dask_scheduler.plugins.items()):
-        if isinstance(plugin, OTelSpansPlugin):
+        if isinstance(plugin, (OTelSpansPlugin, bench_inert.InertPlugin)):
             del dask_scheduler.plugins[name]
             await plugin.close()
-    if on:
+    if on and inert:
+        await dask_scheduler.register_scheduler_plugin(bench_inert.InertPlugin(),
+                                                       idempotent=False)
+    elif on:
         plugin = OTelSpansPlugin(export_process=True,
                                  providers="bench_preload:child_providers")
         stats = bench_preload._loop_stats(plugin)
         stats.pause_clock = bench_preload.gc_cpu_of_this_thread
         await dask_scheduler.register_scheduler_plugin(plugin, idempotent=False)
-    return sum(isinstance(p, OTelSpansPlugin) for p in dask_scheduler.plugins.values())
+        if discard:
+            plugin.transport.sender.send = lambda messages: None
+    return sum(isinstance(p, (OTelSpansPlugin, bench_inert.InertPlugin))
+               for p in dask_scheduler.plugins.values())
 
 
-def run(workload: str, pairs: int, settle: float, workers: int, threads: int) -> dict:
+def run(workload: str, pairs: int, settle: float, workers: int, threads: int,
+        inert: bool = False, stop_child: bool = False, discard: bool = False) -> dict:
     cluster = Cluster(True, workers, threads, export_process=True)
     results: dict[bool, list[dict[str, float]]] = {True: [], False: []}
     try:
         client = cluster.client
         for i in range(2 * pairs):
             on = (True, False, False, True)[i % 4]
-            assert client.run_on_scheduler(_plug, on=on) == int(on)
+            assert client.run_on_scheduler(_plug, on=on, inert=inert,
+                                           discard=discard) == int(on)
             time.sleep(1.0)  # (the export process starts, or the old one's exit)
+            stopped = ([c.pid for c in cluster.scheduler.children()] if stop_child
+                       else [])
             cpu0, export0 = cluster.cpu(), cluster.export_cpu()
+            for pid in stopped:
+                os.kill(pid, signal.SIGSTOP)
             started = time.monotonic()
             n = WORKLOADS[workload](client)
             wall = time.monotonic() - started
             cpu1 = cluster.cpu()
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)
             time.sleep(settle)
             one = {"tasks/s": n / wall, "scheduler CPU, workload": cpu1 - cpu0,
                    "scheduler CPU, with settle": cluster.cpu() - cpu0,
@@ -103,12 +125,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=16)
     parser.add_argument("--settle", type=float, default=7.5,
                         help="seconds after a workload whose CPU counts for it")
+    parser.add_argument("--inert", action="store_true",
+                        help="the plugin side is a plugin whose hooks do nothing "
+                             "(bench_inert): what a plugin's presence costs")
+    parser.add_argument("--stop-child", action="store_true",
+                        help="the export process suspended while the workload runs "
+                             "(its pipe fills, the sender thread waits), let go after")
+    parser.add_argument("--discard", action="store_true",
+                        help="the plugin's messages dropped where the sender would "
+                             "queue them: its event-loop work without the sender "
+                             "thread's or the export process's")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     print(f"{args.workload}: {args.pairs} pairs, settle {args.settle} s, "
           f"{args.workers} workers x {args.threads} threads")
-    report(run(args.workload, args.pairs, args.settle, args.workers, args.threads))
+    report(run(args.workload, args.pairs, args.settle, args.workers, args.threads,
+               args.inert, args.stop_child, args.discard))
     return 0
 
 

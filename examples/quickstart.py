@@ -32,6 +32,8 @@ def main(address: str | None = None, output_dir: str | None = None) -> None:
         with span("quickstart"):
             # (inside a span its OTel span is current: the trace this run's spans join)
             trace_id = f"{trace.get_current_span().get_span_context().trace_id:032x}"
+            # (persist returns at once: load's tasks run on while reduce's start, so
+            # the two spans overlap in the tree; a dask span covers its own tasks)
             with span("load"):
                 x = da.random.random((1000, 1000), chunks=250).persist()
             with span("reduce"):
