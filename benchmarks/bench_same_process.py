@@ -6,6 +6,7 @@ anew, on the same ``dask scheduler`` between workloads, in ABBA order.
     python benchmarks/bench_same_process.py --inert             # a plugin doing nothing
     python benchmarks/bench_same_process.py --stop-child        # no export work beside
     python benchmarks/bench_same_process.py --discard           # the loop's work alone
+    python benchmarks/bench_same_process.py --without taps      # ... less a piece of it
 
 ``bench_scheduler.py`` starts a fresh cluster for every run: its pairs also differ by
 where the processes landed and by the machine's drift over a run of ~15 s. Here both
@@ -43,7 +44,7 @@ WORKLOADS = {
 
 
 async def _plug(dask_scheduler, on: bool, inert: bool = False,
-                discard: bool = False) -> int:
+                discard: bool = False, without: tuple[str, ...] = ()) -> int:
     """Close and remove the benchmark's plugin; with ``on``, register a new one (an
     inert plugin with ``inert``; with ``discard``, one whose messages are dropped
     where the sender would queue them)."""
@@ -67,12 +68,32 @@ async def _plug(dask_scheduler, on: bool, inert: bool = False,
         await dask_scheduler.register_scheduler_plugin(plugin, idempotent=False)
         if discard:
             plugin.transport.sender.send = lambda messages: None
+        _take_out(plugin, without)
     return sum(isinstance(p, (OTelSpansPlugin, bench_inert.InertPlugin))
                for p in dask_scheduler.plugins.values())
 
 
+#: pieces of the plugin's event-loop work that ``--without`` takes out (reaching into
+#: the plugin's privates: a diagnosis, not a configuration)
+PIECES = ("taps", "tick", "transition", "update-graph")
+
+
+def _take_out(plugin, without: tuple[str, ...]) -> None:
+    if "taps" in without:  # the heartbeat taps (span deltas, worker-wide deltas)
+        for undo in reversed(plugin._undo):
+            undo()
+        plugin._undo.clear()
+    if "tick" in without:  # the forwarding (nothing reaches the export process)
+        plugin._pc.stop()
+    if "transition" in without:
+        plugin.transition = lambda *args, **kwargs: None
+    if "update-graph" in without:
+        plugin.update_graph = lambda *args, **kwargs: None
+
+
 def run(workload: str, pairs: int, settle: float, workers: int, threads: int,
-        inert: bool = False, stop_child: bool = False, discard: bool = False) -> dict:
+        inert: bool = False, stop_child: bool = False, discard: bool = False,
+        without: tuple[str, ...] = ()) -> dict:
     cluster = Cluster(True, workers, threads, export_process=True)
     results: dict[bool, list[dict[str, float]]] = {True: [], False: []}
     try:
@@ -80,7 +101,7 @@ def run(workload: str, pairs: int, settle: float, workers: int, threads: int,
         for i in range(2 * pairs):
             on = (True, False, False, True)[i % 4]
             assert client.run_on_scheduler(_plug, on=on, inert=inert,
-                                           discard=discard) == int(on)
+                                           discard=discard, without=without) == int(on)
             time.sleep(1.0)  # (the export process starts, or the old one's exit)
             stopped = ([c.pid for c in cluster.scheduler.children()] if stop_child
                        else [])
@@ -135,13 +156,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="the plugin's messages dropped where the sender would "
                              "queue them: its event-loop work without the sender "
                              "thread's or the export process's")
+    parser.add_argument("--without", default="",
+                        help="comma-separated pieces of the plugin's event-loop work "
+                             f"to take out of the plugin side: {', '.join(PIECES)}")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     print(f"{args.workload}: {args.pairs} pairs, settle {args.settle} s, "
           f"{args.workers} workers x {args.threads} threads")
     report(run(args.workload, args.pairs, args.settle, args.workers, args.threads,
-               args.inert, args.stop_child, args.discard))
+               args.inert, args.stop_child, args.discard,
+               tuple(p for p in args.without.split(",") if p)))
     return 0
 
 
