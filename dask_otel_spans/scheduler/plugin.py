@@ -400,10 +400,10 @@ class OTelSpansPlugin(SchedulerPlugin):
         self._run_slice()
 
     def _unregistered(self) -> bool:
-        """Whether the scheduler no longer has this plugin: ``Client.
-        unregister_scheduler_plugin`` removes a plugin without closing it, which
+        """Whether the scheduler no longer has this plugin; then it closes itself
+        (its open spans exported, as at the scheduler's close). The client's
+        ``unregister_scheduler_plugin`` removes a plugin without closing it, which
         would leave its tick, its heartbeat taps and its export process running.
-        Then it closes itself (its open spans exported, as at the scheduler's close).
         O(plugins), a handful."""
         for plugin in self.scheduler.plugins.values():
             if plugin is self:
