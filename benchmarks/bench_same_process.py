@@ -15,7 +15,9 @@ left between the two sides of a pair is the plugin and the machine's moment-to-m
 noise. Per workload: tasks/s (the client's wall time), the scheduler process's CPU
 over the workload and over the workload and ``--settle`` seconds after it (where the
 export work of its spans runs: plain ``distributed.span`` blocks wait the idle-timeout
-before they are emitted), and the export process's CPU over the same window. The
+before they are emitted), the export process's CPU over the same window, and the
+scheduler's user and system time, page faults and context switches over the workload
+(``kernel_counts``: what a count of instructions under callgrind cannot see). The
 plugin is the benchmark preload's (``bench_preload.dask_setup``: an export process
 whose exporters discard); it is closed (its spans still open emitted, its heartbeat
 wrappers undone) and its export process ended before a baseline workload starts, so
@@ -91,6 +93,28 @@ def _take_out(plugin, without: tuple[str, ...]) -> None:
         plugin.update_graph = lambda *args, **kwargs: None
 
 
+def kernel_counts(pid: int) -> dict[str, float]:
+    """The scheduler process's user and system CPU seconds (clock ticks), page faults
+    and context switches (summed over its threads), from ``/proc``: what a count of
+    the instructions executed cannot see."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {"user s": int(fields[11]) / tick, "system s": int(fields[12]) / tick,
+           "minor faults": float(fields[7]), "voluntary switches": 0.0,
+           "involuntary switches": 0.0}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches"):
+                        out["voluntary switches"] += int(line.split()[1])
+                    elif line.startswith("nonvoluntary_ctxt_switches"):
+                        out["involuntary switches"] += int(line.split()[1])
+        except OSError:
+            continue
+    return out
+
+
 def run(workload: str, pairs: int, settle: float, workers: int, threads: int,
         inert: bool = False, stop_child: bool = False, discard: bool = False,
         without: tuple[str, ...] = ()) -> dict:
@@ -106,18 +130,21 @@ def run(workload: str, pairs: int, settle: float, workers: int, threads: int,
             stopped = ([c.pid for c in cluster.scheduler.children()] if stop_child
                        else [])
             cpu0, export0 = cluster.cpu(), cluster.export_cpu()
+            kernel0 = kernel_counts(cluster.scheduler.pid)
             for pid in stopped:
                 os.kill(pid, signal.SIGSTOP)
             started = time.monotonic()
             n = WORKLOADS[workload](client)
             wall = time.monotonic() - started
             cpu1 = cluster.cpu()
+            kernel1 = kernel_counts(cluster.scheduler.pid)
             for pid in stopped:
                 os.kill(pid, signal.SIGCONT)
             time.sleep(settle)
             one = {"tasks/s": n / wall, "scheduler CPU, workload": cpu1 - cpu0,
                    "scheduler CPU, with settle": cluster.cpu() - cpu0,
-                   "export CPU": cluster.export_cpu() - export0 if on else 0.0}
+                   "export CPU": cluster.export_cpu() - export0 if on else 0.0,
+                   **{k: kernel1[k] - kernel0[k] for k in kernel0}}
             results[on].append(one)
             print(f"  {i + 1:2d} {'plugin' if on else 'none  '} "
                   + ", ".join(f"{k} {v:.3f}" for k, v in one.items()), flush=True)
@@ -126,14 +153,23 @@ def run(workload: str, pairs: int, settle: float, workers: int, threads: int,
     return results
 
 
+#: the per-workload figures of ``kernel_counts`` (over the workload)
+KERNEL = ("user s", "system s", "minor faults", "voluntary switches",
+          "involuntary switches")
+
+
 def report(results: dict) -> None:
     pairs = list(zip(results[True], results[False]))
     print(f"plugin / none, {len(pairs)} pairs (ABBA on one cluster):")
-    for key in ("tasks/s", "scheduler CPU, workload", "scheduler CPU, with settle"):
-        ratios = sorted(a[key] / b[key] for a, b in pairs)
+    for key in ("tasks/s", "scheduler CPU, workload", "scheduler CPU, with settle",
+                *KERNEL):
+        ratios = sorted(a[key] / max(b[key], 1e-9) for a, b in pairs)
         half = ratios[len(ratios) // 4:len(ratios) - len(ratios) // 4]
         print(f"  {key:28s} median {statistics.median(ratios):.3f}  min {ratios[0]:.3f}"
               f"  max {ratios[-1]:.3f}  middle half {half[0]:.3f}-{half[-1]:.3f}")
+    print("  per workload, median plugin / none: " + ", ".join(
+        f"{k} {statistics.median(a[k] for a, _ in pairs):.3f} / "
+        f"{statistics.median(b[k] for _, b in pairs):.3f}" for k in KERNEL))
     export = statistics.median(a["export CPU"] / b["scheduler CPU, with settle"]
                                for a, b in pairs)
     print(f"  export process CPU, of the baseline scheduler's (workload + settle): "
