@@ -37,6 +37,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import bench_clock  # noqa: E402
 from bench_scheduler import Cluster, nested_workload, small_workload  # noqa: E402
 
 WORKLOADS = {
@@ -130,6 +131,7 @@ def run(workload: str, pairs: int, settle: float, workers: int, threads: int,
             stopped = ([c.pid for c in cluster.scheduler.children()] if stop_child
                        else [])
             cpu0, export0 = cluster.cpu(), cluster.export_cpu()
+            gc0 = client.run_on_scheduler(bench_clock.gc_figures)
             kernel0 = kernel_counts(cluster.scheduler.pid)
             for pid in stopped:
                 os.kill(pid, signal.SIGSTOP)
@@ -138,13 +140,17 @@ def run(workload: str, pairs: int, settle: float, workers: int, threads: int,
             wall = time.monotonic() - started
             cpu1 = cluster.cpu()
             kernel1 = kernel_counts(cluster.scheduler.pid)
+            gc1 = client.run_on_scheduler(bench_clock.gc_figures)
             for pid in stopped:
                 os.kill(pid, signal.SIGCONT)
             time.sleep(settle)
             one = {"tasks/s": n / wall, "scheduler CPU, workload": cpu1 - cpu0,
                    "scheduler CPU, with settle": cluster.cpu() - cpu0,
                    "export CPU": cluster.export_cpu() - export0 if on else 0.0,
-                   **{k: kernel1[k] - kernel0[k] for k in kernel0}}
+                   **{k: kernel1[k] - kernel0[k] for k in kernel0},
+                   "GC s": gc1["cpu_s"] - gc0["cpu_s"],
+                   **{f"gen-{g} GCs": float(gc1["collections"][g]
+                                            - gc0["collections"][g]) for g in range(3)}}
             results[on].append(one)
             print(f"  {i + 1:2d} {'plugin' if on else 'none  '} "
                   + ", ".join(f"{k} {v:.3f}" for k, v in one.items()), flush=True)
@@ -153,9 +159,10 @@ def run(workload: str, pairs: int, settle: float, workers: int, threads: int,
     return results
 
 
-#: the per-workload figures of ``kernel_counts`` (over the workload)
+#: the per-workload figures of ``kernel_counts`` and the garbage collections (over the
+#: workload; ``bench_clock``, preloaded on the scheduler, counts them)
 KERNEL = ("user s", "system s", "minor faults", "voluntary switches",
-          "involuntary switches")
+          "involuntary switches", "GC s", "gen-0 GCs", "gen-1 GCs", "gen-2 GCs")
 
 
 def report(results: dict) -> None:
