@@ -7,6 +7,7 @@ anew, on the same ``dask scheduler`` between workloads, in ABBA order.
     python benchmarks/bench_same_process.py --stop-child        # no export work beside
     python benchmarks/bench_same_process.py --discard           # the loop's work alone
     python benchmarks/bench_same_process.py --without taps      # ... less a piece of it
+    python benchmarks/bench_same_process.py --workload nested --set prefix_spans=False
 
 ``bench_scheduler.py`` starts a fresh cluster for every run: its pairs also differ by
 where the processes landed and by the machine's drift over a run of ~15 s. Here both
@@ -28,6 +29,7 @@ close a plugin, so its baseline windows ran the earlier plugins' ticks and wrapp
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import signal
 import statistics
@@ -47,7 +49,8 @@ WORKLOADS = {
 
 
 async def _plug(dask_scheduler, on: bool, inert: bool = False,
-                discard: bool = False, without: tuple[str, ...] = ()) -> int:
+                discard: bool = False, without: tuple[str, ...] = (),
+                settings: dict | None = None) -> int:
     """Close and remove the benchmark's plugin; with ``on``, register a new one (an
     inert plugin with ``inert``; with ``discard``, one whose messages are dropped
     where the sender would queue them)."""
@@ -65,7 +68,8 @@ async def _plug(dask_scheduler, on: bool, inert: bool = False,
                                                        idempotent=False)
     elif on:
         plugin = OTelSpansPlugin(export_process=True,
-                                 providers="bench_preload:child_providers")
+                                 providers="bench_preload:child_providers",
+                                 **(settings or {}))
         stats = bench_preload._loop_stats(plugin)
         stats.pause_clock = bench_preload.gc_cpu_of_this_thread
         await dask_scheduler.register_scheduler_plugin(plugin, idempotent=False)
@@ -118,7 +122,7 @@ def kernel_counts(pid: int) -> dict[str, float]:
 
 def run(workload: str, pairs: int, settle: float, workers: int, threads: int,
         inert: bool = False, stop_child: bool = False, discard: bool = False,
-        without: tuple[str, ...] = ()) -> dict:
+        without: tuple[str, ...] = (), settings: dict | None = None) -> dict:
     cluster = Cluster(True, workers, threads, export_process=True)
     results: dict[bool, list[dict[str, float]]] = {True: [], False: []}
     try:
@@ -126,7 +130,8 @@ def run(workload: str, pairs: int, settle: float, workers: int, threads: int,
         for i in range(2 * pairs):
             on = (True, False, False, True)[i % 4]
             assert client.run_on_scheduler(_plug, on=on, inert=inert,
-                                           discard=discard, without=without) == int(on)
+                                           discard=discard, without=without,
+                                           settings=settings) == int(on)
             time.sleep(1.0)  # (the export process starts, or the old one's exit)
             stopped = ([c.pid for c in cluster.scheduler.children()] if stop_child
                        else [])
@@ -202,14 +207,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--without", default="",
                         help="comma-separated pieces of the plugin's event-loop work "
                              f"to take out of the plugin side: {', '.join(PIECES)}")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="a setting of the plugin side, by field of PluginConfig "
+                             "(e.g. prefix_spans=False, span_name_depth=1); repeatable")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     print(f"{args.workload}: {args.pairs} pairs, settle {args.settle} s, "
-          f"{args.workers} workers x {args.threads} threads")
+          f"{args.workers} workers x {args.threads} threads"
+          + (f", the plugin side with {', '.join(args.set)}" if args.set else ""))
     report(run(args.workload, args.pairs, args.settle, args.workers, args.threads,
                args.inert, args.stop_child, args.discard,
-               tuple(p for p in args.without.split(",") if p)))
+               tuple(p for p in args.without.split(",") if p),
+               {k: ast.literal_eval(v) for k, v in
+                (item.split("=", 1) for item in args.set)}))
     return 0
 
 
