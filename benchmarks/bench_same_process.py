@@ -173,9 +173,10 @@ KERNEL = ("user s", "system s", "minor faults", "voluntary switches",
 def report(results: dict) -> None:
     pairs = list(zip(results[True], results[False]))
     print(f"plugin / none, {len(pairs)} pairs (ABBA on one cluster):")
-    for key in ("tasks/s", "scheduler CPU, workload", "scheduler CPU, with settle",
-                *KERNEL):
-        ratios = sorted(a[key] / max(b[key], 1e-9) for a, b in pairs)
+    # (the kernel's counters and the collections: per side only, as counts that may
+    # be 0, or steps of 10 ms, make no ratio)
+    for key in ("tasks/s", "scheduler CPU, workload", "scheduler CPU, with settle"):
+        ratios = sorted(a[key] / b[key] for a, b in pairs)
         half = ratios[len(ratios) // 4:len(ratios) - len(ratios) // 4]
         print(f"  {key:28s} median {statistics.median(ratios):.3f}  min {ratios[0]:.3f}"
               f"  max {ratios[-1]:.3f}  middle half {half[0]:.3f}-{half[-1]:.3f}")
