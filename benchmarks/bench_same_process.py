@@ -102,7 +102,8 @@ def kernel_counts(pid: int) -> dict[str, float]:
     """The scheduler process's user and system CPU seconds (clock ticks), page faults
     and context switches (summed over its threads), from ``/proc``: what a count of
     the instructions executed cannot see."""
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
     tick = os.sysconf("SC_CLK_TCK")
     out = {"user s": int(fields[11]) / tick, "system s": int(fields[12]) / tick,
            "minor faults": float(fields[7]), "voluntary switches": 0.0,
