@@ -223,6 +223,8 @@ class OTelSpansPlugin(SchedulerPlugin):
                 else "exporting on a thread of the scheduler process",
             )
         self._tasks = scheduler.tasks
+        # (clients ask for it once, to warn when a scheduler runs no plugin)
+        scheduler.set_metadata(keys=list(names.PLUGIN_METADATA_KEYS), value=names.VERSION)
         self.forwarder = SpanForwarder(
             ext.spans, scheduler.tasks, self.transport, self.config.include_code,
             TaskSampler(self.config.task_spans, self.config.max_task_spans),
@@ -285,6 +287,9 @@ class OTelSpansPlugin(SchedulerPlugin):
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, transport.stop, self.config.shutdown_timeout)
         _LOCAL_PLUGINS.pop(self._token, None)
+        if self.scheduler is not None and self.scheduler.plugins.get(self.name) in (
+                None, self):
+            self.scheduler.set_metadata(keys=list(names.PLUGIN_METADATA_KEYS), value=None)
 
     async def flush(self, timeout: float = 10.0) -> bool:
         """Forward what happened so far, let the export session emit what is ready
