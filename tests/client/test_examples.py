@@ -172,3 +172,9 @@ def test_workflow_inside_an_existing_application_trace(remote, tmp_path):
     dask_span = spans["request analytics"]
     assert dask_span["traceId"] == m.group(1)
     assert dask_span["parentSpanId"] == m.group(2)
+    # the application's own spans, on its console: one trace with the dask span
+    app = dict(re.findall(r"application span '([^']+)': (trace \w+ span \w+ parent \w+)",
+                          out))
+    assert app["handle request"] == f"trace {m.group(1)} span {m.group(2)} parent none"
+    assert app["store result"].startswith(f"trace {m.group(1)} ")
+    assert app["store result"].endswith(f" parent {dask_span['spanId']}")
