@@ -1,6 +1,6 @@
 """Every attribute, metric and wire name this package exports or reads, in one place.
 
-These names are API (see DESIGN.md): dashboards, trace queries and tests depend on them.
+These names are API (see docs/data-contract.md): dashboards, trace queries and tests depend on them.
 """
 from __future__ import annotations
 
