@@ -12,7 +12,7 @@ from dask_otel_spans.transport.supervisor import CHILD_MODULE
 ROOT = Path(__file__).parent.parent
 PACKAGE = ROOT / "dask_otel_spans"
 DOCS = [ROOT / "README.md", ROOT / "docs" / "data-contract.md",
-        PACKAGE / "otel-spans.yaml"]
+        ROOT / "docs" / "how-it-works.md", PACKAGE / "otel-spans.yaml"]
 
 
 def test_the_docs_name_the_module_the_export_process_runs():
@@ -21,7 +21,7 @@ def test_the_docs_name_the_module_the_export_process_runs():
     assert named == {CHILD_MODULE}
 
 
-@pytest.mark.parametrize("doc", DOCS[:2], ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", DOCS[:3], ids=lambda p: p.name)
 def test_every_name_the_docs_place_in_a_module_is_there(doc):
     placed = re.findall(r"`(\w+)` in `(dask_otel_spans/[\w/]+\.py)`", doc.read_text())
     for name, module in placed:
