@@ -73,6 +73,15 @@ import bench_preload  # noqa: E402
 from dask_otel_spans import span  # noqa: E402
 
 
+class _MemTask:
+    """A task of a group made by the memory benchmark (what ``task_moved`` reads)."""
+
+    run_spec = None
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+
+
 def inc(x: int) -> int:
     return x + 1
 
@@ -788,7 +797,8 @@ async def _memory(checkpoints: list[int], export_process: bool) -> list[dict[str
                     tg.states["memory"] = 1
                     tg.span_id = leaf.id
                     leaf.groups.add(tg)
-                    plugin.forwarder.touched.add(tg)
+                    plugin.forwarder.task_moved(_MemTask(tg), f"mem{made}-0",
+                                                "processing", "memory", {})
                     made += 1
                 await plugin.flush()
             # (each span is emitted a grace period after it is done: the checkpoint
