@@ -247,7 +247,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("live.after", "live_after", _duration, _DURATION),
     Setting("live.interval", "live_interval", _interval,
             "a positive duration (seconds, or e.g. '500ms', '30s')"),
-    Setting("live.pending-spans", "pending_spans", _flag, "true or false"),
+    Setting("live.pending-spans", "live_pending_spans", _flag, "true or false"),
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
 _BY_FIELD = {s.field: s for s in SETTINGS}
@@ -316,7 +316,7 @@ class PluginConfig:
     providers: str | None
     live_after: float
     live_interval: float
-    pending_spans: bool
+    live_pending_spans: bool
 
     @classmethod
     def from_dask_config(cls, **overrides: Any) -> PluginConfig:

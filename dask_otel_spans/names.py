@@ -136,7 +136,7 @@ CONTEXTS_WITH_SPAN_ID = ("execute", "p2p")
 IDLE_PREFIX = "N/A"
 IDLE_ACTIVITY = "idle or other spans"
 
-# -- while a span runs (data-contract.md, "While a span runs") ---------------------------
+# -- while a span runs (docs/data-contract.md, "While a span runs") ---------------------------
 #: Event name of the log record made when the export side first learns of a dask span
 SPAN_STARTED_EVENT = "dask.span.started"
 #: Event name of the log record made every ``live.interval`` for a span open longer than

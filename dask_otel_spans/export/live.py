@@ -179,7 +179,7 @@ class LiveRecords:
                  enqueue: Callable[[list[Any]], None], writer: LiveWriter,
                  pump: MetricsPump | None = None, clock: Callable[[], float] = time):
         self.progress = LiveProgress(config.live_after, config.live_interval)
-        self.pending_spans = config.pending_spans
+        self.pending_spans = config.live_pending_spans
         self.tree = tree
         self.tracker = tracker
         self.enqueue = enqueue

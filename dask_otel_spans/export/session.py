@@ -92,7 +92,7 @@ class ExportSession:
         self.live = LiveRecords(
             config, self.tree, self.tracker, pipeline.emitter.emit_many,
             LiveWriter(pipeline.providers.logger_provider,
-                       pipeline.providers.tracer_provider if config.pending_spans
+                       pipeline.providers.tracer_provider if config.live_pending_spans
                        else None),
             pipeline.pump,
         )
