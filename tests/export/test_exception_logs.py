@@ -4,7 +4,6 @@ both (``logs/dup``): to the embedded default's ``logs.jsonl`` (read back by
 ``dask-otel-spans tree``) and, from the export process, to a real OTLP receiver."""
 from __future__ import annotations
 
-
 import pytest
 from distributed import wait
 from distributed.utils_test import gen_cluster
