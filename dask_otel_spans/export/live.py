@@ -90,7 +90,13 @@ class LiveWriter:
 
     @property
     def writes_records(self) -> bool:
+        """Whether it makes log records."""
         return self._logger is not None
+
+    @property
+    def writes(self) -> bool:
+        """Whether it makes anything (log records, or pending spans)."""
+        return self._logger is not None or self._tracer is not None
 
     def started(self, span: LiveSpan, at: float) -> None:
         attributes: dict[str, Any] = self._own(span)
@@ -192,7 +198,7 @@ class LiveRecords:
     @property
     def active(self) -> bool:
         """Whether anything is made (records, or metrics)."""
-        return self.writer.writes_records or self.pump is not None
+        return self.writer.writes or self.pump is not None
 
     def learned(self, span: Any) -> None:
         """The session added ``span`` to its tree."""
@@ -241,7 +247,7 @@ class LiveRecords:
             span = self._open_live_span(progress.span_id)
             if span is None:
                 continue
-            if self.writer.writes_records:
+            if self.writer.writes:
                 items.append(partial(self.writer.progress, span, now,
                                      progress_attributes(progress, look.not_reported),
                                      self.pending_spans))

@@ -8,6 +8,7 @@ from typing import Any
 
 from dask_otel_spans.reports.model import build
 from dask_otel_spans.reports.render import render, render_fragment
+from dask_otel_spans.reports.running import running_spans
 from dask_otel_spans.sdk.otlpjson import exception_logs, read_all_spans, traces_files
 
 #: Where the embedded default writes (``otel-spans.output-dir``'s default)
@@ -36,6 +37,7 @@ class Report:
         self.files = [f for f in files if os.path.exists(f)]
         if spans is None:
             spans = read_all_spans(self.files)
+            spans = [*spans, *running_spans(self.files, spans)]
         self.data = build(spans, exception_logs(self.files))
 
     @property
