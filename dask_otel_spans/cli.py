@@ -16,7 +16,7 @@ from typing import Any
 
 from dask_otel_spans import names
 from dask_otel_spans.reports.model import IN_TASK, kind_of
-from dask_otel_spans.reports.running import is_running, running_label, running_spans
+from dask_otel_spans.reports.running import is_running, running_label, with_running
 from dask_otel_spans.sdk.otlpjson import (
     TRACES_FILE,
     exception_logs,
@@ -184,8 +184,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
     if not os.path.exists(path):
         print(f"no such file: {path}", file=sys.stderr)
         return 1
-    spans = read_all_spans(paths)
-    spans += running_spans(paths, spans)
+    spans = with_running(paths, read_all_spans(paths))
     if not spans:
         print(f"no spans in {path}", file=sys.stderr)
         return 1

@@ -27,6 +27,7 @@ from dask_otel_spans.export.tracking.progress import (
     LiveProgress,
     Progress,
     TaskCounts,
+    is_over,
     task_counts,
 )
 from dask_otel_spans.export.tracking.readiness import ReadinessTracker
@@ -233,8 +234,25 @@ class LiveRecords:
         """Emit what is due now (every pass of the session)."""
         now = self.clock()
         spans = self.tree.spans
-        look = self.progress.look(now, lambda span_id: task_counts(spans[span_id])
-                                  if span_id in spans else None)
+        counted: dict[str, TaskCounts] = {}
+
+        def counts_of(span_id: str) -> TaskCounts | None:
+            if span_id not in counted:
+                span = spans.get(span_id)
+                if span is None:
+                    return None
+                counted[span_id] = task_counts(span)
+            return counted[span_id]
+
+        def over(span_id: str) -> bool:
+            rec = self.tracker.record(span_id)
+            if rec is None or (rec.closed_at is None and rec.done_since is None):
+                return False  # (the common case, without counting)
+            counts = counts_of(span_id)
+            return counts is not None and is_over(
+                counts, rec.closed_at is not None, rec.done_since is not None)
+
+        look = self.progress.look(now, counts_of, over)
         items: list[Any] = []
         if self.writer.writes_records:
             for span_id in look.started:

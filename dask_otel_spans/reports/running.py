@@ -2,7 +2,8 @@
 ``dask.span.progress`` records of the ``logs.jsonl`` beside traces files: span-shaped
 dicts (as :func:`~dask_otel_spans.sdk.otlpjson.read_spans` makes them) marked
 ``dask.span.state=running`` with their last progress, for ``tree`` and the report.
-A span that arrived in the traces replaces them."""
+A span that arrived in the traces replaces them, and pending spans are folded into
+the span they stand for (:func:`with_running`)."""
 from __future__ import annotations
 
 import os
@@ -33,6 +34,28 @@ def running_spans(traces_paths: Sequence[str],
                 continue
             _absorb(found.setdefault(key, _empty(*key)), event, record)
     return [span for span in found.values() if names.SPAN_ID in span["attributes"]]
+
+
+def with_running(traces_paths: Sequence[str],
+                 spans: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``spans`` as ``tree`` and the report show them: plus the running spans of the
+    records beside ``traces_paths`` (:func:`running_spans`), less the pending spans
+    (``live.pending-spans``) of a span shown; of a span not shown, its latest pending
+    span stands in for it."""
+    exported = [s for s in spans if not is_running(s.get("attributes") or {})]
+    out = [*exported, *running_spans(traces_paths, exported)]
+    shown = {(s.get("traceId"), s.get("spanId")) for s in out}
+    latest: dict[tuple[Any, Any], dict[str, Any]] = {}
+    for pending in spans:
+        if not is_running(pending.get("attributes") or {}):
+            continue
+        parent = (pending.get("traceId"), pending.get("parentSpanId"))
+        kept = latest.get(parent)
+        if parent not in shown and (kept is None or int(
+                pending.get("startTimeUnixNano") or 0) >= int(
+                kept.get("startTimeUnixNano") or 0)):
+            latest[parent] = pending
+    return out + list(latest.values())
 
 
 def _empty(trace_id: str, span_id: str) -> dict[str, Any]:

@@ -3,11 +3,13 @@ started record is due, which spans get progress records, the bound, and nothing 
 a span ended."""
 from __future__ import annotations
 
+import pytest
 from distributed.spans import Span
 
 from dask_otel_spans.export.tracking.progress import (
     LiveProgress,
     TaskCounts,
+    is_over,
     task_counts,
 )
 from dask_otel_spans.export.tracking.tree import SpanTree
@@ -123,3 +125,39 @@ def test_task_counts_sum_the_tree_settled_groups_as_tasks_running_ones_as_groups
         done=4 + 7, erred=1 + 2, groups_running=1, groups_done=2,
         activity_seconds=1.5, activity_bytes=100.0)
     assert isinstance(tree.spans["r"], Span)
+
+
+def test_a_span_over_gets_one_last_progress_record_at_once_then_none():
+    p = live(after=0.0, interval=1.0)
+    p.learned("a", ("a",), 100.0, 100.0)
+    p.ids_final(["a"])
+    assert p.look(101.0, counts).progress
+    over = {"a"}
+    last = p.look(101.3, counts, lambda span_id: span_id in over).progress
+    assert [r.elapsed for r in last] == [pytest.approx(1.3)]
+    assert not any(p.look(t, counts, lambda span_id: span_id in over).progress
+                   for t in (102.0, 103.0))
+
+
+def test_a_span_over_before_its_first_progress_gets_no_record():
+    p = live(after=10.0, interval=1.0)
+    p.learned("a", ("a",), 100.0, 100.0)
+    p.ids_final(["a"])
+    assert p.look(100.5, counts, lambda span_id: True).progress == []
+
+
+def test_a_span_that_runs_again_gets_progress_again():
+    p = live(after=0.0, interval=1.0)
+    p.learned("a", ("a",), 100.0, 100.0)
+    p.ids_final(["a"])
+    p.look(101.0, counts)
+    p.look(101.5, counts, lambda span_id: True)
+    assert p.look(102.0, counts).progress
+
+
+def test_over_means_nothing_runs_and_it_closed_or_is_done():
+    running = TaskCounts(groups_running=1)
+    assert is_over(TaskCounts(), closed=True, done=False)
+    assert is_over(TaskCounts(), closed=False, done=True)
+    assert not is_over(TaskCounts(), closed=False, done=False)
+    assert not is_over(running, closed=True, done=True)

@@ -40,6 +40,13 @@ class TaskCounts(NamedTuple):
     activity_bytes: float = 0.0
 
 
+def is_over(counts: TaskCounts, closed: bool, done: bool) -> bool:
+    """Whether a span is over as far as its live records go: nothing of its tree
+    runs, and its block closed (``closed``) or the readiness tracker judged it done
+    (``done``); what is left is its grace period."""
+    return not counts.groups_running and (closed or done)
+
+
 def task_counts(span: Any) -> TaskCounts:
     """The :class:`TaskCounts` of ``span`` (a span of the span tree copy) and its
     descendants."""
@@ -91,6 +98,9 @@ class _Open:
     learned_at: float
     started: bool = False
     ids_final: bool = False
+    #: progress records made, and whether the last was the one made when it was over
+    reported: int = 0
+    final: bool = False
 
 
 class LiveProgress:
@@ -111,8 +121,13 @@ class LiveProgress:
     A started record waits for the span's ids to be final: a graph that names the
     span or a descendant (its annotation carries the client's contexts, and so the
     trace id), at most ``interval`` after the span was learned of, and never past
-    the span's end (:meth:`ended` says that it is still due: it goes first). A span
-    gets no record once it ended. Memory follows the open spans.
+    the span's end (:meth:`ended` says that it is still due: it goes first).
+
+    A span that is over (``is_over``: closed, or done and idle, with nothing
+    running; it waits only for its grace period before it is exported) gets one last
+    progress record at once, when it had some, and no more unless it runs again: so
+    the last record says where it stood at its end, and none is made after it. A
+    span gets no record once it was handed over. Memory follows the open spans.
     """
 
     def __init__(self, after: float, interval: float,
@@ -160,26 +175,41 @@ class LiveProgress:
         self.started_count += 1
         return True
 
-    def look(self, now: float, counts_of: Callable[[str], TaskCounts | None]) -> Look:
+    def look(self, now: float, counts_of: Callable[[str], TaskCounts | None],
+             is_over: Callable[[str], bool] = lambda span_id: False) -> Look:
         """The records due at ``now``; ``counts_of`` gives a span's counts (None: the
-        span is not reported this time)."""
+        span is not reported this time), ``is_over`` whether it is over (it waits for
+        its grace period only)."""
         out = Look()
         wait = self.interval
         for span_id, rec in self._open.items():
             if not rec.started and (rec.ids_final or now - rec.learned_at >= wait):
                 rec.started = True
                 out.started.append(span_id)
+            if rec.reported and not rec.final and is_over(span_id):
+                rec.final = True  # (its last record, at once)
+                self._report(rec, span_id, now, counts_of, out)
         self.started_count += len(out.started)
         if self._next_round is None or now < self._next_round:
             return out
         self._next_round = now + self.interval
-        due = [(rec.start, span_id) for span_id, rec in self._open.items()
-               if rec.started and now - rec.start >= self.after]
-        due.sort()
-        for start, span_id in due[:self.max_spans]:
-            counts = counts_of(span_id)
-            if counts is not None:
-                out.progress.append(Progress(span_id, max(0.0, now - start), counts))
+        due = []
+        for span_id, rec in self._open.items():
+            if rec.started and now - rec.start >= self.after:
+                if rec.final and not is_over(span_id):
+                    rec.final = False  # (it runs again)
+                if not rec.final:
+                    due.append((rec.start, span_id, rec))
+        due.sort(key=lambda item: item[:2])
+        for _, span_id, rec in due[:self.max_spans]:
+            self._report(rec, span_id, now, counts_of, out)
         out.not_reported = max(0, len(due) - self.max_spans)
-        self.progress_count += len(out.progress)
         return out
+
+    def _report(self, rec: _Open, span_id: str, now: float,
+                counts_of: Callable[[str], TaskCounts | None], out: Look) -> None:
+        counts = counts_of(span_id)
+        if counts is not None:
+            rec.reported += 1
+            self.progress_count += 1
+            out.progress.append(Progress(span_id, max(0.0, now - rec.start), counts))
