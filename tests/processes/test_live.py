@@ -9,6 +9,7 @@ import shutil
 import time
 from typing import Any
 
+import distributed
 import pytest
 from distributed import Client
 from support.polling import wait_for
@@ -108,16 +109,19 @@ def run(module_otlp_receiver, tmp_path_factory) -> dict[str, Any]:
             wait_for(lambda: dask_spans(receiver, span_id), timeout=30)
             out["arrival"] = [(s["name"], s["attributes"].get(names.SPAN_STATE))
                               for s in receiver.spans()]
-            # the scheduler killed mid-workflow
-            with span("killed") as killed_id:
+            # the scheduler killed mid-workflow (a plain dask span: its block's exit
+            # says nothing to the scheduler)
+            with distributed.span("killed") as killed_id:
                 futures = client.map(hang, [30.0] * 2, pure=False)
                 wait_for(lambda: records(receiver, names.SPAN_STARTED_EVENT,
                                          killed_id), timeout=30)
-                procs.scheduler.kill()
+                for process in (procs.scheduler, *procs.workers):
+                    process.kill()
                 out["killed_id"] = killed_id
                 out["killed"] = wait_for(lambda: dask_spans(receiver, killed_id),
                                          timeout=30)
                 del futures
+            client.close(timeout=1)
     finally:
         procs.stop()
     return out
