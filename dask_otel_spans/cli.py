@@ -16,6 +16,7 @@ from typing import Any
 
 from dask_otel_spans import names
 from dask_otel_spans.reports.model import IN_TASK, kind_of
+from dask_otel_spans.reports.running import is_running, running_label, with_running
 from dask_otel_spans.sdk.otlpjson import (
     TRACES_FILE,
     exception_logs,
@@ -107,7 +108,10 @@ def render_tree(spans: Sequence[dict[str, Any]],
         kind = kind_of(s, parent_kind)
         duration = (int(s.get("endTimeUnixNano", 0)) - start(s)) / 1e9
         indent = "  " * depth
-        if names.SPAN_ID in attrs:
+        if names.SPAN_ID in attrs and is_running(attrs):
+            # (started, not ended: from the records of logs.jsonl)
+            lines.append(f"{indent}{s['name']}  [{running_label(attrs)}]")
+        elif names.SPAN_ID in attrs:
             flags = []
             if attrs.get(names.SPAN_INCOMPLETE):
                 flags.append("incomplete")
@@ -180,7 +184,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
     if not os.path.exists(path):
         print(f"no such file: {path}", file=sys.stderr)
         return 1
-    spans = read_all_spans(paths)
+    spans = with_running(paths, read_all_spans(paths))
     if not spans:
         print(f"no spans in {path}", file=sys.stderr)
         return 1

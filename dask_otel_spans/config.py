@@ -98,6 +98,13 @@ def _duration(value: Any) -> float:
     return seconds
 
 
+def _interval(value: Any) -> float:
+    seconds = _duration(value)
+    if not seconds > 0:
+        raise SettingError(value)
+    return seconds
+
+
 def _whole_number(value: Any) -> int:
     """``value`` as a whole number, in the spellings an operator writes for a count:
     ``1000``, ``"1000"``, ``"1_000"``, ``"1e3"`` (and ``1000.0``, which is what
@@ -237,6 +244,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("shutdown-timeout", "shutdown_timeout", _duration, _DURATION),
     Setting("providers", "providers", _optional(_factory),
             "null or 'package.module:callable'"),
+    Setting("live.after", "live_after", _duration, _DURATION),
+    Setting("live.interval", "live_interval", _interval,
+            "a positive duration (seconds, or e.g. '500ms', '30s')"),
+    Setting("live.pending-spans", "live_pending_spans", _flag, "true or false"),
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
 _BY_FIELD = {s.field: s for s in SETTINGS}
@@ -303,6 +314,9 @@ class PluginConfig:
     forward_budget: int
     shutdown_timeout: float
     providers: str | None
+    live_after: float
+    live_interval: float
+    live_pending_spans: bool
 
     @classmethod
     def from_dask_config(cls, **overrides: Any) -> PluginConfig:

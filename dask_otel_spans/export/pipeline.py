@@ -62,7 +62,9 @@ class ExportPipeline:
             code_max_length=config.max_code_length if config.include_code else None,
             record_exceptions=config.record_exceptions,
             exception_events=providers.exceptions.events,
-            logger_provider=providers.logger_provider,
+            # (the logger provider may be there for the live records alone)
+            logger_provider=(providers.logger_provider if providers.exceptions.logs
+                             else None),
         )
         # threads (and the SDK log filter) start once everything is built: a failure
         # above leaves nothing behind

@@ -96,3 +96,24 @@ def global_sdk_logger_provider() -> Any:
 
     provider = _logs.get_logger_provider()
     return provider if isinstance(provider, LoggerProvider) else None
+
+
+def live_records_wanted(environ: Mapping[str, str], embedded_traces: bool,
+                        global_provider: bool) -> bool:
+    """Whether the records of running spans (``dask.span.started``,
+    ``dask.span.progress``) get a logger provider when the exception signal opt-in
+    does not ask for one: ``OTEL_LOGS_EXPORTER`` names an exporter (``none``
+    included: then nothing is built), a global SDK logger provider is there, or
+    traces go to the embedded default (nothing configured: its ``logs.jsonl``).
+    Providers given to the plugin, without ``OTEL_LOGS_EXPORTER``, make no records.
+    An ``OTEL_LOGS_EXPORTER`` it cannot use is one ERROR line, and no records."""
+    try:
+        if log_exporter_names(environ):
+            return True
+    except Exception as e:
+        import logging
+
+        logging.getLogger(__name__).error(
+            "dask_otel_spans: %s; the records of running spans are not made", e)
+        return False
+    return global_provider or (embedded_traces and is_unconfigured(environ))

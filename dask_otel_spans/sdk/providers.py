@@ -35,6 +35,7 @@ from dask_otel_spans.sdk.logs import (
     ExceptionSignals,
     build_logger_provider,
     global_sdk_logger_provider,
+    live_records_wanted,
 )
 from dask_otel_spans.sdk.otlp import (
     ConfigurationError,
@@ -393,12 +394,15 @@ def resolve_providers(
     metric_series_limit: int | None = None,
     default_service_name: str = names.DEFAULT_SERVICE_NAME,
     resource_attributes: Mapping[str, Any] | None = None,
+    live_records: bool = True,
 ) -> Providers:
     """Pick the providers: argument, then global SDK provider, then ``OTEL_*``.
 
     ``metric_series_limit`` is the cardinality limit of the package's instruments in
     a meter provider built here; ``default_service_name`` and
-    ``resource_attributes`` go into its resource (:func:`build_resource`)."""
+    ``resource_attributes`` go into its resource (:func:`build_resource`);
+    ``live_records``: build the logger provider for the records of running spans
+    too (:func:`~dask_otel_spans.sdk.logs.live_records_wanted`)."""
     environ = os.environ if environ is None else environ
     out = Providers()
     resource = None
@@ -436,7 +440,9 @@ def resolve_providers(
             if out.meter_provider is not None:
                 out.owned.append(out.meter_provider)
         out.exceptions = ExceptionSignals.from_environ(environ)
-        if out.exceptions.logs:
+        if out.exceptions.logs or (live_records and live_records_wanted(
+                environ, out.tracer_provider in out.owned,
+                use_global and global_sdk_logger_provider() is not None)):
             if use_global and (globl := global_sdk_logger_provider()) is not None:
                 out.logger_provider, out.logs_to = globl, "the global logger provider"
             else:

@@ -28,9 +28,10 @@ def test_every_default_comes_from_the_shipped_yaml():
     def keys(node, prefix=""):
         for key, value in node.items():
             if isinstance(value, dict):
-                yield from keys(value, "")
+                # (metrics.* fields keep their leaf's name; live.* fields are live_*)
+                yield from keys(value, "live_" if key == "live" else "")
             else:
-                yield key.replace("-", "_")
+                yield prefix + key.replace("-", "_")
 
     field_names = {f.name for f in fields}
     aliases = {"span_name_depth", "max_span_names", "max_series"}  # (under metrics)
