@@ -27,10 +27,10 @@ def test_every_default_comes_from_the_shipped_yaml():
 
     def keys(node, prefix=""):
         for key, value in node.items():
-            if isinstance(value, dict):
-                yield from keys(value, "")
+            if isinstance(value, dict):  # (spool.* fields are spool_*)
+                yield from keys(value, "spool_" if key == "spool" else "")
             else:
-                yield key.replace("-", "_")
+                yield prefix + key.replace("-", "_")
 
     field_names = {f.name for f in fields}
     aliases = {"span_name_depth", "max_span_names", "max_series"}  # (under metrics)

@@ -1,0 +1,201 @@
+"""Delivery: what an exporter could not deliver is held in the :class:`~dask_otel_spans.sdk.spool.Spool`
+and sent again, oldest first per signal, by one thread of its own, with backoff
+between attempts (the server's ``RetryInfo`` / ``Retry-After`` when it gave one),
+until the receiver acknowledges it. The one engine behind every holding exporter
+(:mod:`~dask_otel_spans.sdk.holding`) and ``dask-otel-spans resend``."""
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from dask_otel_spans.sdk.health import ExportHealth
+from dask_otel_spans.sdk.otlpsend import RequestSender
+from dask_otel_spans.sdk.spool import Spool
+
+logger = logging.getLogger(__name__)
+
+#: Seconds before the first new attempt after a failed one; doubled each time
+BACKOFF_START = 1.0
+#: The longest wait between two attempts of our own choosing
+BACKOFF_MAX = 30.0
+#: The longest wait a server's retry hint may ask for
+RETRY_HINT_MAX = 300.0
+#: Seconds between two looks at what is due (spilling to disk, backoff ends)
+_TICK = 0.25
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait after the ``attempt``-th failed attempt in a row (from 1):
+    doubling from :data:`BACKOFF_START` to :data:`BACKOFF_MAX`, ±20 % jitter."""
+    return min(BACKOFF_MAX, BACKOFF_START * 2 ** (attempt - 1)) * random.uniform(0.8, 1.2)
+
+
+class Delivery:
+    """Send what ``spool`` holds, per signal, on a thread of its own.
+
+    Parameters
+    ----------
+    spool:
+        Where held batches wait
+    """
+
+    def __init__(self, spool: Spool):
+        self.spool = spool
+        self._senders: dict[str, RequestSender] = {}
+        self._health: dict[str, ExportHealth] = {}
+        self._retry_at: dict[str, float] = {}
+        self._attempts: dict[str, int] = {}
+        self._wake = threading.Event()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._on_close: list[Callable[[], None]] = []
+        #: set when the exporters close: batches are held at once, not tried first
+        self.closing = False
+        #: requests the receiver acknowledged / refused for good, of held batches
+        self.resent = 0
+        self.refused = 0
+
+    @property
+    def signals(self) -> tuple[str, ...]:
+        return tuple(self._senders)
+
+    def add_signal(self, signal: str, sender: RequestSender,
+                   health: ExportHealth | None = None) -> None:
+        """Send ``signal``'s held batches with ``sender``; count them in ``health``."""
+        self._senders[signal] = sender
+        self._health[signal] = health or ExportHealth(signal, signal)
+
+    def on_close(self, call: Callable[[], None]) -> None:
+        """Call ``call`` when the exporters start closing (:meth:`begin_close`)."""
+        self._on_close.append(call)
+
+    def start(self) -> None:
+        """Open the spool (batches left by an export that ended are sent first) and
+        start the thread."""
+        self.spool.open()
+        self._thread = threading.Thread(target=self._run, name="dask-otel-spans-delivery",
+                                        daemon=True)
+        self._thread.start()
+
+    # -- the exporters' side -------------------------------------------------------------
+
+    def direct(self, signal: str) -> bool:
+        """Whether a new batch of ``signal`` may go to its exporter now: nothing older
+        waits and the exporters are not closing."""
+        return not self.closing and not self.spool.waiting(signal)
+
+    def hold(self, signal: str, payload: bytes, items: int) -> None:
+        """Hold an encoded request that could not (or may not yet) be delivered."""
+        self.spool.put(signal, payload, items)
+        health = self._health.get(signal)
+        if health is not None:
+            health.hold(items)
+        self._wake.set()
+
+    def waiting(self) -> bool:
+        """Whether a batch of a signal this delivery sends still waits."""
+        return any(self.spool.waiting(s) for s in self._senders)
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until nothing waits, at most ``timeout`` seconds (less when every
+        signal that waits is not due again before then); True when nothing waits."""
+        deadline = time.monotonic() + timeout
+        self._wake.set()
+        while self.waiting():
+            now = time.monotonic()
+            due = [self._retry_at.get(s, 0.0) for s in self._senders
+                   if self.spool.waiting(s)]
+            if now >= deadline or (due and min(due) > deadline):
+                return False
+            time.sleep(min(0.05, deadline - now))
+        return True
+
+    def begin_close(self) -> None:
+        """The exporters close: new batches are held at once, and what an exporter
+        is retrying is given up (held)."""
+        self.closing = True
+        for call in self._on_close:
+            try:
+                call()
+            except Exception:
+                logger.debug("dask_otel_spans: closing an exporter failed", exc_info=True)
+
+    def close(self, timeout: float) -> None:
+        """Try to deliver what waits for at most ``timeout`` seconds, then stop and
+        leave the rest in the spool's directory."""
+        self.begin_close()
+        self.drain(timeout)
+        self._stopped.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(min(timeout, 1.0))
+        self.spool.close()
+        for sender in self._senders.values():
+            try:
+                sender.close()
+            except Exception:
+                pass
+
+    def figures(self) -> dict[str, Any]:
+        """Per signal sent here: ``<signal>_held``, ``_spooled``, ``_dropped``; and
+        ``spool_directory`` (None: memory only)."""
+        out: dict[str, Any] = {}
+        for signal in self._senders:
+            for name, value in self.spool.figures(signal).items():
+                out[f"{signal}_{name}"] = value
+        out["spool_directory"] = self.spool.directory
+        return out
+
+    # -- the thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                self.spool.spill_due()
+                sent = False
+                for signal in list(self._senders):
+                    if self._stopped.is_set():
+                        return
+                    sent = self._send_oldest(signal) or sent
+            except Exception:
+                logger.exception("dask_otel_spans: the delivery thread failed a round")
+                sent = False
+            if not sent:
+                self._wake.wait(self._wait())
+                self._wake.clear()
+
+    def _wait(self) -> float:
+        now = time.monotonic()
+        due = [t - now for s, t in self._retry_at.items() if self.spool.waiting(s)]
+        return max(0.0, min([_TICK, *due]))
+
+    def _send_oldest(self, signal: str) -> bool:
+        """Send ``signal``'s oldest held batch if it is due; True when one left."""
+        if time.monotonic() < self._retry_at.get(signal, 0.0):
+            return False
+        entry = self.spool.oldest(signal)
+        if entry is None or entry.payload is None:
+            return False
+        answer = self._senders[signal].send(entry.payload)
+        health = self._health[signal]
+        if answer.delivered:
+            self.spool.done(entry)
+            self.resent += 1
+            self._attempts[signal] = 0
+            self._retry_at.pop(signal, None)
+            health.record(True, entry.items, dropped=self.spool.recovered(signal))
+            return True
+        if not answer.retryable:
+            self.spool.done(entry)
+            self.refused += 1
+            health.refuse(entry.items, answer.reason)
+            return True
+        attempts = self._attempts[signal] = self._attempts.get(signal, 0) + 1
+        delay = (min(answer.retry_after, RETRY_HINT_MAX) if answer.retry_after is not None
+                 else backoff(attempts))
+        self._retry_at[signal] = time.monotonic() + delay
+        return False
