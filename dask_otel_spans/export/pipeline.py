@@ -92,7 +92,7 @@ class ExportPipeline:
                 except Exception:
                     logger.exception("dask_otel_spans: flushing %r failed", provider)
                     ok = False
-        delivery = self.providers.delivery
+        delivery = self.providers.redelivery
         if delivery is not None:  # (what is held: sent, or not due before then)
             ok = delivery.drain(max(0.0, deadline - time.monotonic())) and ok
         return ok and self.providers.delivering()
@@ -127,7 +127,7 @@ class ExportPipeline:
         when not everything was delivered. False when they did not finish in time."""
         deadline = time.monotonic() + timeout
         self.stop_threads(timeout)
-        delivery = self.providers.delivery
+        delivery = self.providers.redelivery
         if delivery is not None:
             delivery.begin_close()
         closing = threading.Thread(
@@ -143,23 +143,26 @@ class ExportPipeline:
         return finished
 
     def _say_outcome(self, timeout: float, finished: bool) -> None:
-        """One line at close, from the exporters' figures, unless all was delivered."""
+        """One line at close, from the exporters' figures (those ``ExportState``
+        reads), unless everything was delivered."""
         providers = self.providers
         figures = providers.delivery()
-        traces = describe(figures, "traces", providers.traces_to,
-                          handed=self.emitter.otel_spans)
-        clean = (finished and waiting(figures, "traces") == 0
-                 and not figures.get("traces_failed") and not figures.get("traces_dropped"))
+        signals = [("traces", providers.traces_to, self.emitter.otel_spans),
+                   ("metrics", providers.metrics_to, None)]
+        if figures.get("logs_delivered") is not None:
+            signals.append(("logs", providers.logs_to, None))
+        clean = finished and not any(
+            waiting(figures, s) or figures.get(f"{s}_failed")
+            or figures.get(f"{s}_dropped") for s, _, _ in signals)
         if clean:
             return
-        late = ("; the exporters did not finish within %.1f s "
-                "(otel-spans.shutdown-timeout)" % timeout if not finished else "")
-        logger.warning(
-            "dask_otel_spans: at close, %s; metrics to %s: %s%s", traces,
-            providers.metrics_to,
-            "the metric points since the last export were not delivered"
-            if not finished else "closed", late,
-        )
+        late = ("" if finished else
+                "; the exporters did not finish within %.1f s "
+                "(otel-spans.shutdown-timeout): what they had not reported on is lost"
+                % timeout)
+        logger.warning("dask_otel_spans: at close, %s%s", "; ".join(
+            describe(figures, signal, where, handed) for signal, where, handed in signals
+        ), late)
 
     def cpu_seconds(self) -> float:
         """CPU seconds of the pipeline's threads (emitter and metrics) so far."""

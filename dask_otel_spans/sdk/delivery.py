@@ -9,7 +9,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from dask_otel_spans.sdk.health import ExportHealth
@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 #: Seconds before the first new attempt after a failed one; doubled each time
 BACKOFF_START = 1.0
 #: The longest wait between two attempts of our own choosing
-BACKOFF_MAX = 30.0
+BACKOFF_MAX = 5.0
 #: The longest wait a server's retry hint may ask for
 RETRY_HINT_MAX = 300.0
 #: Seconds between two looks at what is due (spilling to disk, backoff ends)
@@ -199,3 +199,34 @@ class Delivery:
                  else backoff(attempts))
         self._retry_at[signal] = time.monotonic() + delay
         return False
+
+
+def resend(directory: str, environ: Mapping[str, str], timeout: float
+           ) -> dict[str, Any]:
+    """Send what the spool ``directory`` holds (the folders of processes that
+    ended) to the OTLP endpoints ``environ`` configures, for at most ``timeout``
+    seconds; what was not acknowledged stays there. The figures
+    (:meth:`Delivery.figures`, ``<signal>_delivered``, ``<signal>_failed``) and,
+    per signal found, where it went (``<signal>_to``)."""
+    from dask_otel_spans.sdk.otlpsend import request_sender
+    from dask_otel_spans.sdk.spool import SIGNALS
+
+    spool = Spool(directory, max_memory=0, max_disk=2**62)
+    delivery = Delivery(spool)
+    spool.open()
+    healths = {}
+    for signal in SIGNALS:
+        if spool.waiting(signal):
+            sender = request_sender(environ, signal)
+            healths[signal] = ExportHealth(signal, sender.where)
+            delivery.add_signal(signal, sender, healths[signal])
+    delivery.start()
+    delivery.drain(timeout)
+    figures = delivery.figures()
+    delivery.close(0.0)
+    for signal, health in healths.items():
+        figures[f"{signal}_delivered"] = health.delivered
+        figures[f"{signal}_failed"] = health.failed
+        figures[f"{signal}_to"] = health.where
+    figures["spool_directory"] = directory
+    return figures

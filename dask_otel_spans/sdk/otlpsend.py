@@ -61,6 +61,9 @@ class Answer:
 class RequestSender(Protocol):
     """Sends one encoded request of its signal and says what came of it."""
 
+    #: where it sends, in words
+    where: str
+
     def send(self, payload: bytes) -> Answer: ...
 
     def close(self) -> None: ...
@@ -90,6 +93,8 @@ class GrpcRequestSender:
         self._call = self._channel.unary_unary(GRPC_METHODS[signal])
         self._metadata = tuple((kwargs.get("headers") or {}).items())
         self._timeout = float(kwargs.get("timeout") or DEFAULT_TIMEOUT)
+        #: where it sends, in words
+        self.where = f"OTLP grpc to {kwargs.get('endpoint', 'the default endpoint')}"
 
     def send(self, payload: bytes) -> Answer:
         import grpc
@@ -138,6 +143,8 @@ class HttpRequestSender:
     def __init__(self, signal: str, kwargs: Mapping[str, Any]):
         path = {"traces": "v1/traces", "metrics": "v1/metrics", "logs": "v1/logs"}[signal]
         self._url = kwargs.get("endpoint") or f"http://localhost:4318/{path}"
+        #: where it sends, in words
+        self.where = f"OTLP http/protobuf to {self._url}"
         self._headers = {"Content-Type": "application/x-protobuf",
                          **dict(kwargs.get("headers") or {})}
         compression = getattr(kwargs.get("compression"), "value", None)

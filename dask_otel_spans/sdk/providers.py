@@ -89,7 +89,7 @@ class Providers:
     logs_to: str = "nowhere"
     #: what holds and sends again the batches the OTLP exporters built here could
     #: not deliver (None: nothing is held)
-    delivery: Delivery | None = None
+    redelivery: Delivery | None = None
 
     @property
     def exceptions_to(self) -> str:
@@ -119,14 +119,14 @@ class Providers:
                 min(h.delivered for h in health) if health else None
             )
             out[f"{signal}_failed"] = max(h.failed for h in health) if health else None
-        if self.delivery is not None:
-            out.update(self.delivery.figures())
+        if self.redelivery is not None:
+            out.update(self.redelivery.figures())
         return out
 
     def delivering(self) -> bool:
         """Whether the last export of every exporter built here succeeded (True
         before any export) and nothing is held."""
-        held = self.delivery is not None and self.delivery.waiting()
+        held = self.redelivery is not None and self.redelivery.waiting()
         return not held and not any(h.down for h in self.health)
 
 
@@ -479,5 +479,5 @@ def resolve_providers(
         raise
     if delivery is not None and delivery.signals:
         delivery.start()
-        out.delivery = delivery
+        out.redelivery = delivery
     return out

@@ -107,8 +107,8 @@ class Spool:
     def open(self) -> None:
         """Take a folder of its own in the directory, and the batches of owners that
         ended (oldest first). A directory that cannot be written: one line, memory
-        only."""
-        if self.directory is None:
+        only. Opening it again does nothing."""
+        if self.directory is None or self._own is not None:
             return
         try:
             os.makedirs(self.directory, exist_ok=True)
