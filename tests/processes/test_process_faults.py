@@ -126,7 +126,7 @@ def test_shutdown_says_in_one_line_what_it_could_not_deliver(
     assert len(lines) == 1
     assert "traces to OTLP grpc to http://127.0.0.1:" in lines[0]
     # the figures' words: none delivered, the dask span and its prefix span held
-    assert ": 0 spans delivered, 0 failed, 2 still held in the spool " in lines[0]
+    assert ": 0 spans delivered, 0 failed, 2 still held in the spool " in lines[0], lines[0]
     assert "dask-otel-spans resend " in lines[0]
     assert "not delivered: 0 spans" not in log
 
