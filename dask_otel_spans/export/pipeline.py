@@ -127,9 +127,6 @@ class ExportPipeline:
         when not everything was delivered. False when they did not finish in time."""
         deadline = time.monotonic() + timeout
         self.stop_threads(timeout)
-        delivery = self.providers.redelivery
-        if delivery is not None:
-            delivery.begin_close()
         closing = threading.Thread(
             target=self.close_providers, args=(max(0.0, deadline - time.monotonic()),),
             name="dask-otel-spans-close-providers", daemon=True,
@@ -137,6 +134,7 @@ class ExportPipeline:
         closing.start()
         closing.join(max(0.0, deadline - time.monotonic()))
         finished = not closing.is_alive()
+        delivery = self.providers.redelivery
         if delivery is not None:
             delivery.close(max(0.0, deadline - time.monotonic()))
         self._say_outcome(timeout, finished)

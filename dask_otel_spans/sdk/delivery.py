@@ -1,15 +1,16 @@
-"""Delivery: what an exporter could not deliver is held in the :class:`~dask_otel_spans.sdk.spool.Spool`
-and sent again, oldest first per signal, by one thread of its own, with backoff
-between attempts (the server's ``RetryInfo`` / ``Retry-After`` when it gave one),
-until the receiver acknowledges it. The one engine behind every holding exporter
-(:mod:`~dask_otel_spans.sdk.holding`) and ``dask-otel-spans resend``."""
+"""Delivery: the encoded batches of the holding exporters
+(:mod:`~dask_otel_spans.sdk.holding`) wait in the :class:`~dask_otel_spans.sdk.spool.Spool`
+and one thread of its own sends them, oldest first per signal; what the receiver did not
+take is held and sent again, with backoff between attempts (the server's ``RetryInfo`` /
+``Retry-After`` when it gave one), until the receiver acknowledges it. The one engine
+behind every holding exporter and ``dask-otel-spans resend``."""
 from __future__ import annotations
 
 import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from dask_otel_spans.sdk.health import ExportHealth
@@ -52,9 +53,6 @@ class Delivery:
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
-        self._on_close: list[Callable[[], None]] = []
-        #: set when the exporters close: batches are held at once, not tried first
-        self.closing = False
         #: requests the receiver acknowledged / refused for good, of held batches
         self.resent = 0
         self.refused = 0
@@ -69,10 +67,6 @@ class Delivery:
         self._senders[signal] = sender
         self._health[signal] = health or ExportHealth(signal, signal)
 
-    def on_close(self, call: Callable[[], None]) -> None:
-        """Call ``call`` when the exporters start closing (:meth:`begin_close`)."""
-        self._on_close.append(call)
-
     def start(self) -> None:
         """Open the spool (batches left by an export that ended are sent first) and
         start the thread."""
@@ -83,17 +77,10 @@ class Delivery:
 
     # -- the exporters' side -------------------------------------------------------------
 
-    def direct(self, signal: str) -> bool:
-        """Whether a new batch of ``signal`` may go to its exporter now: nothing older
-        waits and the exporters are not closing."""
-        return not self.closing and not self.spool.waiting(signal)
-
     def hold(self, signal: str, payload: bytes, items: int) -> None:
-        """Hold an encoded request that could not (or may not yet) be delivered."""
+        """Hold an encoded request until the receiver acknowledges it (sent at once
+        when nothing older of its signal waits)."""
         self.spool.put(signal, payload, items)
-        health = self._health.get(signal)
-        if health is not None:
-            health.hold(items)
         self._wake.set()
 
     def waiting(self) -> bool:
@@ -114,20 +101,9 @@ class Delivery:
             time.sleep(min(0.05, deadline - now))
         return True
 
-    def begin_close(self) -> None:
-        """The exporters close: new batches are held at once, and what an exporter
-        is retrying is given up (held)."""
-        self.closing = True
-        for call in self._on_close:
-            try:
-                call()
-            except Exception:
-                logger.debug("dask_otel_spans: closing an exporter failed", exc_info=True)
-
     def close(self, timeout: float) -> None:
         """Try to deliver what waits for at most ``timeout`` seconds, then stop and
         leave the rest in the spool's directory."""
-        self.begin_close()
         self.drain(timeout)
         self._stopped.set()
         self._wake.set()
@@ -187,13 +163,16 @@ class Delivery:
             self.resent += 1
             self._attempts[signal] = 0
             self._retry_at.pop(signal, None)
-            health.record(True, entry.items, dropped=self.spool.recovered(signal))
+            figures = self.spool.figures(signal)
+            health.record(True, entry.items, dropped=self.spool.recovered(signal),
+                          waiting=figures["held"] + figures["spooled"])
             return True
         if not answer.retryable:
             self.spool.done(entry)
             self.refused += 1
             health.refuse(entry.items, answer.reason)
             return True
+        health.outage()
         attempts = self._attempts[signal] = self._attempts.get(signal, 0) + 1
         delay = (min(answer.retry_after, RETRY_HINT_MAX) if answer.retry_after is not None
                  else backoff(attempts))

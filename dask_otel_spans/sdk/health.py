@@ -38,16 +38,18 @@ class ExportHealth:
         #: items the exporter failed to deliver and nothing holds (dropped)
         self.failed = 0
         self.failed_batches = 0
-        #: items held at some time (sent again later, or still waiting)
-        self.held = 0
         self.down = False
+        #: outages of a holding exporter so far (said once each)
+        self.outages = 0
         self._dropped_in_outage = 0
-        self._held_in_outage = 0
+        self._holding = False
         self._lock = threading.Lock()
 
-    def record(self, ok: bool, items: int, dropped: int | None = None) -> None:
-        """A batch of ``items`` was delivered (``ok``) or failed and is dropped;
-        ``dropped``: items the spool dropped so far, for the recovery line."""
+    def record(self, ok: bool, items: int, dropped: int | None = None,
+               waiting: int = 0) -> None:
+        """A batch of ``items`` was delivered (``ok``) or failed and is dropped. For
+        the recovery line of a holding exporter: ``dropped``, items the spool dropped
+        so far; ``waiting``, items still held."""
         with self._lock:
             if ok:
                 self.delivered += items
@@ -55,7 +57,7 @@ class ExportHealth:
                     return
                 self.down = False
                 lost, self._dropped_in_outage = self._dropped_in_outage, 0
-                held, self._held_in_outage = self._held_in_outage, 0
+                held = self._holding
             else:
                 self.failed += items
                 self.failed_batches += 1
@@ -65,10 +67,9 @@ class ExportHealth:
                 self.down = True
         if ok and held:
             logger.warning(
-                "dask_otel_spans: %s export to %s recovered; the %d %s held during "
-                "the outage are sent again, oldest first (%d dropped past the spool's "
-                "bounds so far)", self.signal, self.where, held, self._unit(),
-                dropped or 0,
+                "dask_otel_spans: %s export to %s recovered; sending the %d %s still "
+                "held, oldest first (%d dropped past the spool's bounds so far)",
+                self.signal, self.where, waiting, self._unit(), dropped or 0,
             )
         elif ok:
             logger.warning(
@@ -83,15 +84,15 @@ class ExportHealth:
                 self._unit(), self.where,
             )
 
-    def hold(self, items: int) -> None:
-        """A batch of ``items`` could not be delivered (or waits behind one that
-        could not) and is held, to be sent again."""
+    def outage(self) -> None:
+        """A holding exporter's batch was not delivered and is held, to be sent
+        again: said once per outage."""
         with self._lock:
-            self.held += items
-            self._held_in_outage += items
+            self._holding = True
             if self.down:
                 return
             self.down = True
+            self.outages += 1
         logger.error(
             "dask_otel_spans: cannot export %s to %s; holding them and sending them "
             "again, oldest first, once it answers (otel-spans.spool.*: in memory, then "

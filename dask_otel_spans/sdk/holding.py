@@ -1,14 +1,13 @@
-"""Holding exporters: thin adapters around the OTLP exporters the package builds
-(spans, log records, delta metric points). While nothing of their signal is held, a
-batch goes to the SDK's exporter (with its own retries); one it could not deliver is
-encoded (the OTLP request the exporter would send) and handed to the
-:class:`~dask_otel_spans.sdk.delivery.Delivery`, and so is every later batch while
-anything older waits, so that batches arrive oldest first. The adapters count what
-the exporter delivered; the delivery counts the rest."""
+"""Holding exporters: thin adapters that stand in for the SDK's OTLP exporters of
+the signals the package builds (spans, log records, delta metric points). A batch is
+encoded at once into the OTLP request the SDK's exporter would send (the SDK's own
+encoder) and handed to the :class:`~dask_otel_spans.sdk.delivery.Delivery`, whose thread
+sends it, and holds and sends again what the receiver did not take: the batch
+processor's thread never waits on the network, so its queue never fills while the
+collector is away."""
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,48 +24,18 @@ from dask_otel_spans.sdk.health import ExportHealth, count_points
 logger = logging.getLogger(__name__)
 
 
-class _Holder:
-    """What the three adapters share: try the exporter while nothing waits, else (or
-    when it failed) encode and hold."""
-
-    def __init__(self, inner: Any, delivery: Delivery, health: ExportHealth,
-                 encode: Callable[[Any], bytes]):
-        self.inner = inner
-        self.delivery = delivery
-        self.health = health
-        self._encode = encode
-        self._closed = False
-        self._close_lock = threading.Lock()
-        delivery.on_close(self.close_inner)
-
-    def deliver(self, batch: Any, items: int, attempt: Callable[[], bool]) -> None:
-        """Deliver ``batch`` (``items`` spans, records or points) with ``attempt``,
-        or hold it."""
-        signal = self.health.signal
-        if self.delivery.direct(signal):
-            try:
-                ok = attempt()
-            except Exception:
-                ok = False
-            if ok:
-                self.health.record(True, items)
-                return
-        try:
-            payload = self._encode(batch)
-        except Exception:
-            logger.exception("dask_otel_spans: cannot encode a batch of %s; dropped "
-                             "(counted as failed)", signal)
-            self.health.record(False, items)
-            return
-        self.delivery.hold(signal, payload, items)
-
-    def close_inner(self) -> None:
-        """Shut the SDK's exporter down once (a retry it is waiting in ends)."""
-        with self._close_lock:
-            if self._closed:
-                return
-            self._closed = True
-        self.inner.shutdown()
+def _hand_over(delivery: Delivery, health: ExportHealth,
+               encode: Callable[[Any], bytes], batch: Any, items: int) -> None:
+    """Encode ``batch`` (``items`` spans, records or points) and queue it for
+    delivery; a batch that cannot be encoded is dropped, counted as failed."""
+    try:
+        payload = encode(batch)
+    except Exception:
+        logger.exception("dask_otel_spans: cannot encode a batch of %s; dropped "
+                         "(counted as failed)", health.signal)
+        health.record(False, items)
+        return
+    delivery.hold(health.signal, payload, items)
 
 
 def _encode_spans(spans: Sequence[Any]) -> bytes:
@@ -88,40 +57,34 @@ def _encode_metrics(data: Any) -> bytes:
 
 
 class HoldingSpanExporter(SpanExporter):
-    """A span exporter whose undelivered batches are held and sent again."""
+    """Spans, sent and held by ``delivery``."""
 
-    def __init__(self, inner: SpanExporter, delivery: Delivery, health: ExportHealth):
-        self._holder = _Holder(inner, delivery, health, _encode_spans)
+    def __init__(self, delivery: Delivery, health: ExportHealth):
+        self.delivery = delivery
+        self.health = health
 
     def export(self, spans: Sequence[Any]) -> SpanExportResult:
-        inner = self._holder.inner
-        self._holder.deliver(
-            spans, len(spans), lambda: inner.export(spans) == SpanExportResult.SUCCESS)
+        _hand_over(self.delivery, self.health, _encode_spans, spans, len(spans))
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:
-        self._holder.close_inner()
+        pass  # (the delivery closes with the pipeline: it has the time left)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return self._holder.delivery.drain(timeout_millis / 1000)
+        return self.delivery.drain(timeout_millis / 1000)
 
 
-def holding_log_exporter(inner: Any, delivery: Delivery, health: ExportHealth) -> Any:
-    """A log record exporter whose undelivered batches are held and sent again."""
+def holding_log_exporter(delivery: Delivery, health: ExportHealth) -> Any:
+    """A log record exporter whose batches ``delivery`` sends and holds."""
     from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
 
     class HoldingLogExporter(LogRecordExporter):
-        def __init__(self) -> None:
-            self._holder = _Holder(inner, delivery, health, _encode_logs)
-
         def export(self, batch: Sequence[Any]) -> Any:
-            self._holder.deliver(
-                batch, len(batch),
-                lambda: inner.export(batch) == LogRecordExportResult.SUCCESS)
+            _hand_over(delivery, health, _encode_logs, batch, len(batch))
             return LogRecordExportResult.SUCCESS
 
         def shutdown(self) -> None:
-            self._holder.close_inner()
+            pass
 
         def force_flush(self, timeout_millis: int = 30000) -> bool:
             return delivery.drain(timeout_millis / 1000)
@@ -138,27 +101,25 @@ def prefers_delta(exporter: Any) -> bool:
 
 
 class HoldingMetricExporter(MetricExporter):
-    """A delta metric exporter whose undelivered points are held and sent again
-    (same temporality and aggregation preferences as the exporter)."""
+    """Delta metric points, sent and held by ``delivery`` (the temporality and
+    aggregation preferences of the SDK exporter ``like``)."""
 
-    def __init__(self, inner: MetricExporter, delivery: Delivery, health: ExportHealth):
+    def __init__(self, like: MetricExporter, delivery: Delivery, health: ExportHealth):
         super().__init__(
-            preferred_temporality=getattr(inner, "_preferred_temporality", None),
-            preferred_aggregation=getattr(inner, "_preferred_aggregation", None),
+            preferred_temporality=getattr(like, "_preferred_temporality", None),
+            preferred_aggregation=getattr(like, "_preferred_aggregation", None),
         )
-        self._holder = _Holder(inner, delivery, health, _encode_metrics)
+        self.delivery = delivery
+        self.health = health
 
     def export(self, metrics_data: Any, timeout_millis: float = 10_000,
                **kwargs: Any) -> MetricExportResult:
-        inner = self._holder.inner
-        self._holder.deliver(
-            metrics_data, count_points(metrics_data),
-            lambda: inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
-            == MetricExportResult.SUCCESS)
+        _hand_over(self.delivery, self.health, _encode_metrics, metrics_data,
+                   count_points(metrics_data))
         return MetricExportResult.SUCCESS
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return self._holder.delivery.drain(timeout_millis / 1000)
+        return self.delivery.drain(timeout_millis / 1000)
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        self._holder.close_inner()
+        pass

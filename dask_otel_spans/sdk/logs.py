@@ -80,11 +80,12 @@ def build_logger_provider(environ: Mapping[str, str], resource: Any,
     provider = LoggerProvider(resource=resource)
     where = []
     for name in chosen:
-        if name == "otlp":
+        if name == "otlp" and delivery is not None:
+            exporter, description = _holding(environ, delivery, health)
+            where.append(description)
+        elif name == "otlp":
             exporter, description = otlp_exporter(environ, "LOGS")
             where.append(description)
-            if delivery is not None:
-                exporter = _holding(exporter, description, environ, delivery, health)
         elif name == FILE_EXPORTER:
             exporter = OTLPJsonLinesLogExporter(
                 os.path.join(output_dir or ".", LOGS_FILE))
@@ -96,18 +97,20 @@ def build_logger_provider(environ: Mapping[str, str], resource: Any,
     return provider, ", ".join(where)
 
 
-def _holding(exporter: Any, where: str, environ: Mapping[str, str], delivery: Any,
-             health: list[Any] | None) -> Any:
-    """``exporter`` holding what it could not deliver in ``delivery``."""
+def _holding(environ: Mapping[str, str], delivery: Any,
+             health: list[Any] | None) -> tuple[Any, str]:
+    """An OTLP log exporter whose batches ``delivery`` sends and holds, and where
+    it sends."""
     from dask_otel_spans.sdk.health import ExportHealth
     from dask_otel_spans.sdk.holding import holding_log_exporter
     from dask_otel_spans.sdk.otlpsend import request_sender
 
-    exporter_health = ExportHealth("logs", where)
+    sender = request_sender(environ, "logs")
+    exporter_health = ExportHealth("logs", sender.where)
     if health is not None:
         health.append(exporter_health)
-    delivery.add_signal("logs", request_sender(environ, "logs"), exporter_health)
-    return holding_log_exporter(exporter, delivery, exporter_health)
+    delivery.add_signal("logs", sender, exporter_health)
+    return holding_log_exporter(delivery, exporter_health), sender.where
 
 
 def global_sdk_logger_provider() -> Any:

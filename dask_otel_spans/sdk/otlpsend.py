@@ -144,7 +144,7 @@ class HttpRequestSender:
         path = {"traces": "v1/traces", "metrics": "v1/metrics", "logs": "v1/logs"}[signal]
         self._url = kwargs.get("endpoint") or f"http://localhost:4318/{path}"
         #: where it sends, in words
-        self.where = f"OTLP http/protobuf to {self._url}"
+        self.where = f"OTLP http/protobuf to {kwargs.get('endpoint', 'the default endpoint')}"
         self._headers = {"Content-Type": "application/x-protobuf",
                          **dict(kwargs.get("headers") or {})}
         compression = getattr(kwargs.get("compression"), "value", None)
@@ -153,8 +153,11 @@ class HttpRequestSender:
             self._headers["Content-Encoding"] = self._compression
         self._timeout = float(kwargs.get("timeout") or DEFAULT_TIMEOUT)
         certificate = kwargs.get("certificate_file")
+        key, chain = kwargs.get("client_key_file"), kwargs.get("client_certificate_file")
         self._context = (ssl.create_default_context(cafile=certificate)
-                         if certificate else None)
+                         if certificate or chain else None)
+        if self._context is not None and chain:
+            self._context.load_cert_chain(chain, key)
 
     def send(self, payload: bytes) -> Answer:
         body = payload
@@ -202,7 +205,24 @@ def request_sender(environ: Mapping[str, str], signal: str) -> RequestSender:
     requests to the OTLP endpoint ``environ`` configures."""
     upper = signal.upper()
     protocol = otlp_protocol(environ, upper)
-    kwargs = otlp_exporter_kwargs(environ, upper, protocol)
+    kwargs: dict[str, Any] = dict(otlp_exporter_kwargs(environ, upper, protocol))
+    key, chain = (environ.get(f"OTEL_EXPORTER_OTLP_{upper}_{name}")
+                  or environ.get(f"OTEL_EXPORTER_OTLP_{name}")
+                  for name in ("CLIENT_KEY", "CLIENT_CERTIFICATE"))
     if protocol == "grpc":
+        if key and chain:  # (mutual TLS)
+            import grpc
+
+            ca = (environ.get(f"OTEL_EXPORTER_OTLP_{upper}_CERTIFICATE")
+                  or environ.get("OTEL_EXPORTER_OTLP_CERTIFICATE"))
+            kwargs["credentials"] = grpc.ssl_channel_credentials(
+                _read(ca) if ca else None, _read(key), _read(chain))
         return GrpcRequestSender(signal, kwargs)
+    if key and chain:
+        kwargs["client_key_file"], kwargs["client_certificate_file"] = key, chain
     return HttpRequestSender(signal, kwargs)
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()

@@ -241,10 +241,13 @@ def _metric_reader(
     if health is not None:
         health.append(exporter_health)
     if name == "otlp" and delivery is not None and prefers_delta(exporter):
-        # (cumulative points need no holding: the next export carries the totals)
+        # (cumulative points need no holding: the next export carries the totals;
+        # delta ones are sent by the delivery, the SDK's exporter only told the
+        # preferences)
         delivery.add_signal("metrics", request_sender(environ, "metrics"),
                             exporter_health)
         wrapped = HoldingMetricExporter(exporter, delivery, exporter_health)
+        exporter.shutdown()
     else:
         wrapped = HealthMetricExporter(exporter, exporter_health)
     reader = PeriodicExportingMetricReader(wrapped, export_interval_millis=interval)
@@ -294,16 +297,18 @@ def build_tracer_provider(
     delay = float(environ.get("OTEL_BSP_SCHEDULE_DELAY") or DEFAULT_BSP_SCHEDULE_DELAY_MS)
     where = []
     for name in exporters:
-        exporter, description = _span_exporter(name, environ, output_dir)
-        exporter_health = ExportHealth("traces", description)
+        if name == "otlp" and delivery is not None:
+            sender = request_sender(environ, "traces")
+            description = sender.where
+            exporter_health = ExportHealth("traces", description)
+            delivery.add_signal("traces", sender, exporter_health)
+            wrapped: Any = HoldingSpanExporter(delivery, exporter_health)
+        else:
+            exporter, description = _span_exporter(name, environ, output_dir)
+            exporter_health = ExportHealth("traces", description)
+            wrapped = HealthSpanExporter(exporter, exporter_health)
         if health is not None:
             health.append(exporter_health)
-        if name == "otlp" and delivery is not None:
-            delivery.add_signal("traces", request_sender(environ, "traces"),
-                                exporter_health)
-            wrapped = HoldingSpanExporter(exporter, delivery, exporter_health)
-        else:
-            wrapped = HealthSpanExporter(exporter, exporter_health)
         provider.add_span_processor(
             BatchSpanProcessor(wrapped, schedule_delay_millis=delay)
         )
