@@ -44,6 +44,17 @@ def child(args: argparse.Namespace) -> None:
     process = psutil.Process()
     ended = 0
     stop = time.monotonic() + args.duration
+
+    def report(now: float) -> None:
+        figures = providers.delivery()
+        print(json.dumps({
+            "t": now, "cpu": sum(process.cpu_times()[:2]),
+            "rss": process.memory_info().rss, "ended": ended,
+            "delivered": figures["traces_delivered"],
+            "held": figures["traces_held"], "spooled": figures["traces_spooled"],
+            "dropped": figures["traces_dropped"],
+        }), flush=True)
+
     next_report = next_batch = time.monotonic()
     attributes = {f"dask.metrics.activity{i}.seconds": float(i) for i in range(12)}
     while time.monotonic() < stop:
@@ -55,16 +66,12 @@ def child(args: argparse.Namespace) -> None:
                 ended += 1
             next_batch += 0.05
         if now >= next_report:
-            figures = providers.delivery()
-            print(json.dumps({
-                "t": now, "cpu": sum(process.cpu_times()[:2]),
-                "rss": process.memory_info().rss, "ended": ended,
-                "delivered": figures["traces_delivered"],
-                "held": figures["traces_held"], "spooled": figures["traces_spooled"],
-                "dropped": figures["traces_dropped"],
-            }), flush=True)
+            report(now)
             next_report += 0.5
         time.sleep(max(0.0, min(next_batch, next_report) - time.monotonic()))
+    providers.tracer_provider.force_flush()
+    delivery.drain(10.0)
+    report(time.monotonic())
     delivery.close(1.0)
     os._exit(0)
 
@@ -142,6 +149,9 @@ def summarize(reports: list[dict[str, Any]], t0: float, t_down: float, t_up: flo
 
     drained = [r for r in reports if r["t"] > t_up and r["held"] + r["spooled"] == 0]
     drain_s = drained[0]["t"] - t_up if drained else None
+    at_up = max((r["delivered"] for r in reports if r["t"] <= t_up), default=0)
+    resumed = [r for r in reports if r["t"] > t_up and r["delivered"] > at_up]
+    reconnect_s = resumed[0]["t"] - t_up if resumed else None
     backlog = max((r["held"] + r["spooled"] for r in reports if r["t"] <= t_up + 0.5),
                   default=0)
     last = reports[-1]
@@ -150,8 +160,11 @@ def summarize(reports: list[dict[str, Any]], t0: float, t_down: float, t_up: flo
         "outage": phase(t_down, t_up),
         "after": phase(t_up, t_up + (drain_s or args.after)),
         "backlog_spans": backlog, "drain_s": round(drain_s, 2) if drain_s else None,
-        "drain_spans_s": round(backlog / drain_s) if drain_s else None,
-        "ended": last["ended"], "received": received, "dropped": last["dropped"],
+        "first_delivery_after_s": round(reconnect_s, 2) if reconnect_s else None,
+        "drain_spans_s": (round(backlog / (drain_s - reconnect_s))
+                          if drain_s and reconnect_s and drain_s > reconnect_s else None),
+        "ended": last["ended"], "delivered": last["delivered"], "received": received,
+        "dropped": last["dropped"],
     }
 
 

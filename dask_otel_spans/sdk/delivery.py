@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 #: Seconds before the first new attempt after a failed one; doubled each time
 BACKOFF_START = 1.0
 #: The longest wait between two attempts of our own choosing
-BACKOFF_MAX = 5.0
+BACKOFF_MAX = 2.0
 #: The longest wait a server's retry hint may ask for
 RETRY_HINT_MAX = 300.0
 #: Seconds between two looks at what is due (spilling to disk, backoff ends)

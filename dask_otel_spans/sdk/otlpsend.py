@@ -31,6 +31,9 @@ GRPC_RETRYABLE = frozenset({
 })
 #: HTTP statuses worth another try (OTLP specification)
 HTTP_RETRYABLE = frozenset({429, 502, 503, 504})
+#: gRPC channel options of the sender, over the exporters' ones
+GRPC_RECONNECT = {"grpc.initial_reconnect_backoff_ms": 250,
+                  "grpc.max_reconnect_backoff_ms": 1000}
 #: The SDK exporters' timeout when ``OTEL_EXPORTER_OTLP_[<SIGNAL>_]TIMEOUT`` is unset
 DEFAULT_TIMEOUT = 10.0
 
@@ -83,7 +86,11 @@ class GrpcRequestSender:
         if url.scheme == "https":
             insecure = False
         target = url.netloc or url.path
-        options = list(kwargs.get("channel_options") or ())
+        # (reconnect within a second of the receiver's return: a held backlog waits
+        # on it)
+        options = [*dict(kwargs.get("channel_options") or ()).items(),
+                   *GRPC_RECONNECT.items()]
+        options = list(dict(options).items())
         compression = kwargs.get("compression")
         if insecure:
             self._channel = grpc.insecure_channel(target, options, compression)
