@@ -53,8 +53,8 @@ class Delivery:
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
-        #: requests the receiver acknowledged / refused for good, of held batches
-        self.resent = 0
+        #: requests the receiver acknowledged, and refused for good
+        self.sent = 0
         self.refused = 0
 
     @property
@@ -160,7 +160,7 @@ class Delivery:
         health = self._health[signal]
         if answer.delivered:
             self.spool.done(entry)
-            self.resent += 1
+            self.sent += 1
             self._attempts[signal] = 0
             self._retry_at.pop(signal, None)
             figures = self.spool.figures(signal)
