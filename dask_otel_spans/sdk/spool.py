@@ -111,9 +111,10 @@ class Spool:
         if self.directory is None or self._own is not None:
             return
         try:
-            os.makedirs(self.directory, exist_ok=True)
+            # (telemetry may carry data: folders of the user's only)
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
             own = os.path.join(self.directory, f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
-            os.makedirs(own)
+            os.makedirs(own, mode=0o700)
             lock = open(os.path.join(own, _LOCK), "wb")
             _flock(lock)
         except OSError as e:
