@@ -28,8 +28,9 @@ def test_every_default_comes_from_the_shipped_yaml():
     def keys(node, prefix=""):
         for key, value in node.items():
             if isinstance(value, dict):
-                # (metrics.* fields keep their leaf's name; live.* fields are live_*)
-                yield from keys(value, "live_" if key == "live" else "")
+                # (metrics.* fields keep their leaf's name; live.* and spool.* fields
+                # are live_* and spool_*)
+                yield from keys(value, f"{key}_" if key in ("live", "spool") else "")
             else:
                 yield prefix + key.replace("-", "_")
 
