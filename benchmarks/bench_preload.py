@@ -304,7 +304,7 @@ def stats(dask_scheduler) -> dict:
 
 def _cpu_by_place(plugin, loop: dict, export: dict, since_reset) -> dict:
     """CPU seconds of the plugin: on the event loop, and where it exports (the
-    sender thread and the export process; or the session, emitter and metrics
+    sender thread and the export process; or the session, ender and metrics
     threads of the scheduler process)."""
     if plugin is None:
         return {}
@@ -314,7 +314,7 @@ def _cpu_by_place(plugin, loop: dict, export: dict, since_reset) -> dict:
         out["export process"] = since_reset("process_cpu_s")
     else:
         out["session thread"] = since_reset("session_cpu_s")
-        out["emitter thread"] = since_reset("emitter_cpu_s")
+        out["ender thread"] = since_reset("ender_cpu_s")
         out["metrics thread"] = since_reset("metrics_cpu_s")
     return out
 

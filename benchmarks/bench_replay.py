@@ -9,7 +9,7 @@ span processor, a periodic metric reader, exporters that discard).
 
 What the export process does per span, without the cluster, the pipe or the other
 processes of the machine in the figure: the CPU of the replaying process (every
-thread: session, emitter, metrics, the SDK's), from the first message to the last
+thread: session, ender, metrics, the SDK's), from the first message to the last
 span handed to the SDK and the providers flushed, per dask span, best of
 ``--repeat`` (the least disturbed run; each run is a fresh session). The messages are
 fed as fast as the session takes them: every span's grace period has passed when

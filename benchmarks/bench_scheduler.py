@@ -38,7 +38,7 @@ Parts:
 3. memory: the plugin's retained memory after 1k, 10k, 100k emitted spans
 4. latency: dask span done -> OTel span at the exporter, against the grace period
 5. export cost: a span with 50 task prefixes and full metrics: the copy taken on the
-   event loop, and the translation + SDK calls on the emitter thread
+   event loop, and the translation + SDK calls on the ender thread
 """
 from __future__ import annotations
 
@@ -173,7 +173,7 @@ class Cluster:
 
     def loop_cpu(self) -> float:
         """CPU seconds of the scheduler's main thread, which runs its event loop (the
-        scheduler's bottleneck); the plugin's emitter and metrics threads, the SDK's
+        scheduler's bottleneck); the plugin's ender and metrics threads, the SDK's
         export threads and distributed's offload thread are the other threads."""
         for thread in self.scheduler.threads():
             if thread.id == self.scheduler.pid:
@@ -895,7 +895,7 @@ def part_export_cost(repeat: int) -> dict:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-    from dask_otel_spans.export.emitter import SpanEmitter
+    from dask_otel_spans.export.ender import SpanEnder
     from dask_otel_spans.export.traces import span_fields, subtree_summary
     from dask_otel_spans.protocol.propagation import resolve_chain
     from dask_otel_spans.protocol.snapshots import snapshot_span
@@ -936,17 +936,17 @@ def part_export_cost(repeat: int) -> dict:
     translation = (time.perf_counter() - t0) / repeat
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(bench_preload.LatencyExporter()))
-    emitter = SpanEmitter(tracer_provider)
+    ender = SpanEnder(tracer_provider)
     t0 = time.perf_counter()
     for _ in range(repeat):
-        emitter.export(f)
+        ender.export(f)
     sdk = (time.perf_counter() - t0) / repeat
     tracer_provider.shutdown()
     n_attrs = len(f.attributes) + sum(len(p.attributes) for p in f.prefixes)
     series = len(sp._cumulative_worker_metrics)
     print("5. export cost of one span with 50 task prefixes, 10 activities x 2 units each")
     print(f"   on the export session's thread (snapshot): {loop_side * 1e3:.3f} ms; on "
-          f"the emitter thread: translation {translation * 1e3:.2f} ms + SDK spans "
+          f"the ender thread: translation {translation * 1e3:.2f} ms + SDK spans "
           f"{sdk * 1e3:.2f} ms")
     print(f"   1 + {len(f.prefixes)} OTel spans, {n_attrs} attributes; {series} metric "
           f"series (+1 idle) for this span")

@@ -88,7 +88,7 @@ def micro(calls: int, repeat: int) -> dict[str, float]:
 
 
 def _scheduler_pieces(calls: int, repeat: int) -> dict[str, float]:
-    from dask_otel_spans.export.emitter import EmitRequest, SpanEmitter
+    from dask_otel_spans.export.ender import HandOver, SpanEnder
     from dask_otel_spans.scheduler.forwarder import collect_links
 
     carrier = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
@@ -101,17 +101,17 @@ def _scheduler_pieces(calls: int, repeat: int) -> dict[str, float]:
             pass
 
     forward = _best_per_call(one_graph, calls, repeat)
-    emitter = SpanEmitter(TracerProvider())
+    ender = SpanEnder(TracerProvider())
     root = str(uuid.uuid4())
     headers = tuple(
         {"traceparent": f"00-0af7651916cd43dd8448eb211c80319c-{i + 1:016x}-01"}
         for i in range(names.MAX_SPAN_LINKS))
 
     def emit(links: tuple) -> None:
-        fields, _ = emitter.translate(EmitRequest(
+        fields, _ = ender.translate(HandOver(
             (names.DEFAULT_SPAN_TAG,), (root,), {}, None, 2.0, True, "idle", 1.0, 2.0,
             links=links))
-        emitter.export(fields)
+        ender.export(fields)
 
     n = max(calls // 100, 10)
     with_links = _best_per_call(lambda: emit(headers), n, repeat)

@@ -1,5 +1,5 @@
 """The engine of the package's threads: a daemon thread that runs queued work in
-order, off the scheduler's event loop. The session, the emitter, the metrics pump and
+order, off the scheduler's event loop. The session, the ender, the metrics pump and
 the child sender each compose one (:class:`QueueThread`) and give it their
 handlers."""
 from __future__ import annotations

@@ -323,7 +323,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             warnings.filterwarnings("ignore", message="Dask annotations")
             run_workflow(client)
         print(f"Workflow ran in {time.time() - t0:.2f}s; exporting ...")
-        # Let the plugin emit each span once its late heartbeats are in, rather
+        # Let the plugin hand over each span once its late heartbeats are in, rather
         # than at shutdown.
         state = wait_for_export(client)
     # the cluster is closed: the plugin flushed its exporters (and its export process)

@@ -4,9 +4,9 @@ bookkeeping (:mod:`~dask_otel_spans.export.tracking.progress`).
 :class:`LiveRecords` is fed by the session (on its thread) and turns what the
 bookkeeping says is due into ``dask.span.started`` and ``dask.span.progress`` log
 records, pending spans (``live.pending-spans``) and ``dask.span.tasks`` updates.
-The records and pending spans are made by :class:`LiveWriter` on the emitter's thread,
+The records and pending spans are made by :class:`LiveWriter` on the ender's thread,
 in order with the spans it ends: a span's started record goes before it, and nothing
-of a span goes after it. What is emitted: docs/data-contract.md, "While a span runs".
+of a span goes after it. What is made: docs/data-contract.md, "While a span runs".
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
 from dask_otel_spans import names
 from dask_otel_spans.config import PluginConfig
-from dask_otel_spans.export.emitter import EmitRequest
+from dask_otel_spans.export.ender import HandOver
 from dask_otel_spans.export.metrics import DaskInstruments, MetricsPump
 from dask_otel_spans.export.tracking.progress import (
     LiveProgress,
@@ -67,7 +67,7 @@ def progress_attributes(progress: Progress, not_reported: int) -> dict[str, Any]
 
 
 class LiveWriter:
-    """Makes the live log records and pending spans (on the emitter's thread).
+    """Makes the live log records and pending spans (on the ender's thread).
 
     Parameters
     ----------
@@ -164,7 +164,7 @@ class LiveWriter:
 
 class LiveRecords:
     """The session's side: feed the bookkeeping, hand what is due to the writer (on
-    the emitter's queue) and the ``dask.span.tasks`` updates to the metrics thread.
+    the ender's queue) and the ``dask.span.tasks`` updates to the metrics thread.
 
     Parameters
     ----------
@@ -173,9 +173,9 @@ class LiveRecords:
     tree, tracker:
         The session's span tree copy and readiness tracker (read only)
     enqueue:
-        Puts a callable on the emitter's queue (:meth:`SpanEmitter.emit_many`)
+        Puts a callable on the ender's queue (:meth:`SpanEnder.end_many`)
     writer:
-        Makes the records and pending spans, on the emitter's thread
+        Makes the records and pending spans, on the ender's thread
     pump:
         The metrics thread; None: no metrics
     clock:
@@ -210,9 +210,9 @@ class LiveRecords:
     def graph(self, span_ids: Iterable[str]) -> None:
         self.progress.ids_final(span_ids)
 
-    def ended(self, requests: Iterable[EmitRequest]) -> None:
+    def ended(self, requests: Iterable[HandOver]) -> None:
         """These spans are handed over for export: the started records still due,
-        to the emitter's queue ahead of them; their counts out of ``dask.span.tasks``."""
+        to the ender's queue ahead of them; their counts out of ``dask.span.tasks``."""
         items = []
         for request in requests:
             span_id = request.ids[-1]
@@ -231,7 +231,7 @@ class LiveRecords:
             self.enqueue(items)
 
     def look(self) -> None:
-        """Emit what is due now (every pass of the session)."""
+        """Make what is due now (every pass of the session)."""
         now = self.clock()
         spans = self.tree.spans
         counted: dict[str, TaskCounts] = {}

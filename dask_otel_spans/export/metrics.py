@@ -234,13 +234,13 @@ class DaskInstruments:
         self.span_duration = meter.create_histogram(
             names.SPAN_DURATION,
             unit="s",
-            description="Wall time of emitted dask spans",
+            description="Wall time of dask spans handed over",
             explicit_bucket_boundaries_advisory=SPAN_DURATION_BUCKETS,
         )
         self.span_active = meter.create_up_down_counter(
             names.SPAN_ACTIVE,
             unit="{span}",
-            description="Dask spans open on the scheduler (not emitted yet)",
+            description="Dask spans open on the scheduler (not handed over yet)",
         )
         self.span_tasks = meter.create_up_down_counter(
             names.SPAN_TASKS,

@@ -1,4 +1,4 @@
-"""The export pipeline: the emitter and metrics threads over one pair of providers,
+"""The export pipeline: the ender and metrics threads over one pair of providers,
 built, flushed and stopped together, in the scheduler process or in the export
 process."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from dask_otel_spans import names
 from dask_otel_spans.config import PluginConfig
-from dask_otel_spans.export.emitter import SpanEmitter
+from dask_otel_spans.export.ender import SpanEnder
 from dask_otel_spans.export.metrics import (
     DaskInstruments,
     MetricsPump,
@@ -37,7 +37,7 @@ class ExportPipeline:
     """
 
     providers: Providers
-    emitter: SpanEmitter
+    ender: SpanEnder
     instruments: DaskInstruments | None = None
     pump: MetricsPump | None = None
     _undo_log_limit: Callable[[], None] | None = field(default=None, repr=False)
@@ -45,7 +45,7 @@ class ExportPipeline:
     @classmethod
     def build(cls, providers: Providers, config: PluginConfig) -> ExportPipeline:
         """Start the metrics thread (when there is a meter provider) and the
-        emitter thread over ``providers``."""
+        ender thread over ``providers``."""
         instruments = pump = None
         if providers.meter_provider is not None:
             meter = providers.meter_provider.get_meter(names.INSTRUMENTATION_SCOPE, names.VERSION)
@@ -56,7 +56,7 @@ class ExportPipeline:
                 prefix_spans=config.prefix_spans,
             )
             pump = MetricsPump(instruments)
-        emitter = SpanEmitter(
+        ender = SpanEnder(
             providers.tracer_provider,
             pump,
             prefix_spans=config.prefix_spans,
@@ -72,8 +72,8 @@ class ExportPipeline:
         undo_log_limit = rate_limit_sdk_logs() if providers.owned else None
         if pump is not None:
             pump.start()
-        emitter.start()
-        return cls(providers, emitter, instruments, pump, undo_log_limit)
+        ender.start()
+        return cls(providers, ender, instruments, pump, undo_log_limit)
 
     def flush(self, timeout: float) -> bool:
         """Wait until everything queued so far reached the providers, then flush
@@ -82,8 +82,8 @@ class ExportPipeline:
         export of an exporter built here failed (a collector that is down)."""
         deadline = time.monotonic() + timeout
         ok = True
-        # the emitter feeds the pump: flush it first
-        for worker in (self.emitter, self.pump):
+        # the ender feeds the pump: flush it first
+        for worker in (self.ender, self.pump):
             if worker is not None:
                 ok = worker.flush(max(0.0, deadline - time.monotonic())) and ok
         for provider in self.providers.all:
@@ -100,8 +100,8 @@ class ExportPipeline:
         return ok and self.providers.delivering()
 
     def stop_threads(self, timeout: float) -> None:
-        """Handle what is queued, then end the emitter and metrics threads."""
-        self.emitter.stop(timeout)
+        """Handle what is queued, then end the ender and metrics threads."""
+        self.ender.stop(timeout)
         if self.pump is not None:
             self.pump.stop(timeout)
 
@@ -147,7 +147,7 @@ class ExportPipeline:
         reads), unless everything was delivered."""
         providers = self.providers
         figures = providers.delivery()
-        signals = [("traces", providers.traces_to, self.emitter.otel_spans),
+        signals = [("traces", providers.traces_to, self.ender.otel_spans),
                    ("metrics", providers.metrics_to, None)]
         if figures.get("logs_delivered") is not None:
             signals.append(("logs", providers.logs_to, None))
@@ -165,8 +165,8 @@ class ExportPipeline:
         ), late)
 
     def cpu_seconds(self) -> float:
-        """CPU seconds of the pipeline's threads (emitter and metrics) so far."""
-        return self.emitter.cpu_seconds + (
+        """CPU seconds of the pipeline's threads (ender and metrics) so far."""
+        return self.ender.cpu_seconds + (
             self.pump.cpu_seconds if self.pump is not None else 0.0
         )
 
@@ -174,14 +174,14 @@ class ExportPipeline:
         """Figures for tests and benchmarks."""
         instruments = self.instruments
         return {
-            "ended": self.emitter.ended_count,
-            "emitter_cpu_s": self.emitter.cpu_seconds,
+            "ended": self.ender.ended_count,
+            "ender_cpu_s": self.ender.cpu_seconds,
             "metrics_cpu_s": self.pump.cpu_seconds if self.pump is not None else 0.0,
-            "dropped": self.emitter.dropped
+            "dropped": self.ender.dropped
             + (self.pump.dropped if self.pump is not None else 0),
             "metric_updates": instruments.updates if instruments is not None else 0,
             "metric_sdk_calls": instruments.sdk_calls if instruments is not None else 0,
             # subtree summaries kept for parents still open
-            "summaries": len(self.emitter.summaries),
+            "summaries": len(self.ender.summaries),
             **self.providers.delivery(),
         }

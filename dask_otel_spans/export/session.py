@@ -46,7 +46,7 @@ class ExportSession:
     Parameters
     ----------
     pipeline:
-        The running export pipeline (emitter and metrics threads over the
+        The running export pipeline (ender and metrics threads over the
         providers); the session stops it at :meth:`stop`
     config:
         The plugin's settings
@@ -91,7 +91,7 @@ class ExportSession:
         self._dispatch = Dispatcher(self)
         #: the records of spans while they run (export/live.py)
         self.live = LiveRecords(
-            config, self.tree, self.tracker, pipeline.emitter.emit_many,
+            config, self.tree, self.tracker, pipeline.ender.end_many,
             LiveWriter(pipeline.providers.logger_provider,
                        pipeline.providers.tracer_provider if config.live_pending_spans
                        else None),
@@ -114,7 +114,7 @@ class ExportSession:
             self.thread.put(messages)
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Apply everything sent so far, emit what is ready now, then flush the
+        """Apply everything sent so far, hand over what is ready now, then flush the
         pipeline; False when it did not finish within ``timeout`` seconds."""
         timeout = 10.0 if timeout is None else timeout
         deadline = time.monotonic() + timeout
@@ -122,7 +122,7 @@ class ExportSession:
         return self.pipeline.flush(max(0.0, deadline - time.monotonic())) and ok
 
     def stop(self, timeout: float = 10) -> None:
-        """Apply what is queued, emit every span still open (complete or not: the
+        """Apply what is queued, hand over every span still open (complete or not: the
         scheduler is closing), then stop the pipeline and its providers, waiting
         at most about ``timeout`` seconds for the exporters."""
         self.thread.stop(timeout)
@@ -130,7 +130,7 @@ class ExportSession:
             self.tracker.close()
             self._hand_over()
         except Exception:
-            logger.exception("dask_otel_spans: cannot emit the spans still open")
+            logger.exception("dask_otel_spans: cannot hand over the spans still open")
         self.pipeline.shut_down(timeout)
 
     def stats(self) -> dict[str, Any]:
@@ -196,7 +196,7 @@ class ExportSession:
                 "its CPU over the last %.0f s (%d spans ended so far); "
                 "otel-spans.export-process: auto (the default) moves that work to a "
                 "child process", share * 100, window,
-                self.pipeline.emitter.ended_count,
+                self.pipeline.ender.ended_count,
             )
 
     def _hand_over(self) -> None:
@@ -212,7 +212,7 @@ class ExportSession:
             except Exception:
                 self._log_once("live-ended", "cannot make the started records of "
                                "ended spans (logged once)", exc_info=True)
-            self.pipeline.emitter.emit_many(requests)
+            self.pipeline.ender.end_many(requests)
 
     # -- the protocol's handlers ----------------------------------------------------------
 

@@ -22,7 +22,7 @@ class ExportShareWatch:
     Parameters
     ----------
     export_cpu:
-        Cumulative CPU seconds of the export threads (emitter and metrics)
+        Cumulative CPU seconds of the export threads (ender and metrics)
     process_cpu:
         Cumulative CPU seconds of the whole process
     clock:

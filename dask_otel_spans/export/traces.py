@@ -115,7 +115,7 @@ def subtree_summary(
     span: SpanSnapshot, known: Mapping[str, SpanSummary]
 ) -> SpanSummary:
     """Figures of the span tree below ``span``. Children given by id take their
-    subtree summary from ``known`` (children emitted earlier); a missing one counts
+    subtree summary from ``known`` (children handed over earlier); a missing one counts
     as empty."""
     out = own_summary(span)
     for child in span.children:
@@ -183,7 +183,7 @@ class PrefixSpanFields:
 
 @dataclass(frozen=True)
 class SpanFields:
-    """Everything needed to emit the OTel span of one dask span."""
+    """Everything needed to end the OTel span of one dask span."""
 
     name: str
     ids: ChainIds
@@ -355,7 +355,7 @@ def span_fields(
     now:
         Current scheduler time: the end of a span that is not done
     complete:
-        False when the span is emitted before it was done and closed (shutdown);
+        False when the span is handed over before it was done and closed (shutdown);
         sets ``dask.span.incomplete``
     close_reason:
         One of the ``names.CLOSE_REASON_*``

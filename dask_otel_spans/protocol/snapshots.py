@@ -44,7 +44,7 @@ def _errors_of(tg: Any) -> tuple[tuple[str, int], ...]:
 
 
 #: A child that is copied, or the id of a child whose subtree summary the exporting
-#: side already holds (emitted earlier)
+#: side already holds (handed over earlier)
 ChildSnapshot = Union["SpanSnapshot", str]
 
 

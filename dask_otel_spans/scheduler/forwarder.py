@@ -530,7 +530,7 @@ class SpanForwarder:
         ``resend_from``: for a new export process, the first position the one that
         died did not say it had; the spans from there on are forwarded again done
         or not (what was written to a dying process's pipe is lost with it). None
-        of them can have been emitted there: a span is emitted a grace period after
+        of them can have been handed over there: a span is handed over a grace period after
         its last task, and the process reports what it has every half second.
         """
         upto = self.forwarded.n_known

@@ -282,7 +282,7 @@ class OTelSpansPlugin(SchedulerPlugin):
             if self.scheduler is not None:
                 self.scheduler.periodic_callbacks.pop(f"{self.name}-tick", None)
         with self._guard("close"):
-            # (the export session emits what is open when it stops)
+            # (the export session hands over what is open when it stops)
             self._forward_all()
             if self.forwarder is not None:
                 self.forwarder.forward_tasks_left()
@@ -302,7 +302,7 @@ class OTelSpansPlugin(SchedulerPlugin):
             self.scheduler.set_metadata(keys=list(names.PLUGIN_METADATA_KEYS), value=None)
 
     async def flush(self, timeout: float = 10.0) -> bool:
-        """Forward what happened so far, let the export session emit what is ready
+        """Forward what happened so far, let the export session hand over what is ready
         now, then flush the exporters; False when it did not finish in time."""
         if self.transport is None:
             return True

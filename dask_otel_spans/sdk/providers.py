@@ -49,7 +49,6 @@ from dask_otel_spans.sdk.otlp import (
     not_one_of,
     otlp_exporter,
 )
-from dask_otel_spans.sdk.otlpsend import request_sender
 from dask_otel_spans.sdk.otlpjson import (
     FILE_EXPORTER,
     METRICS_FILE,
@@ -58,6 +57,7 @@ from dask_otel_spans.sdk.otlpjson import (
     OTLPJsonLinesSpanExporter,
     is_unconfigured,
 )
+from dask_otel_spans.sdk.otlpsend import request_sender
 
 logger = logging.getLogger(__name__)
 
@@ -293,7 +293,7 @@ def build_tracer_provider(
     if not exporters:
         return None, "nowhere (OTEL_TRACES_EXPORTER=none)"
     provider = TracerProvider(resource=resource)
-    # The SDK waits 5 s by default before a batch goes out; spans are emitted after a
+    # The SDK waits 5 s by default before a batch goes out; spans are handed over after a
     # grace period already, so export sooner unless the user chose a delay.
     delay = float(environ.get("OTEL_BSP_SCHEDULE_DELAY") or DEFAULT_BSP_SCHEDULE_DELAY_MS)
     where = []

@@ -7,7 +7,7 @@ Started by :class:`~dask_otel_spans.transport.supervisor.ChildSupervisor` as
 
 - stdin, first frame: a :class:`~dask_otel_spans.transport.spec.PipelineSpec`; then batches
   (lists) of the messages of :mod:`~dask_otel_spans.protocol.events`, and
-  ``("flush", token, timeout)``. End of stdin: emit the spans still open, finish,
+  ``("flush", token, timeout)``. End of stdin: hand over the spans still open, finish,
   shut down, exit.
 - stdout: ``("ready", info)`` or ``("failed", reason)``; ``("stats", stats)`` when
   the figures changed; ``("flushed", token, ok, stats)``; ``("stopped", stats)``.

@@ -56,7 +56,7 @@ class Transport(Protocol):
         """Wait until everything sent so far is exported; False on timeout."""
 
     def stop(self, timeout: float) -> None:
-        """Export what was sent, emit the spans still open, stop."""
+        """Export what was sent, hand over the spans still open, stop."""
 
     def stats(self) -> dict[str, Any]:
         """The session's figures (as last reported, from a child)."""

@@ -146,17 +146,17 @@ def test_a_logger_that_refuses_the_record_loses_no_span(memory, caplog):
     back to being a span event; every span is still ended."""
     from opentelemetry.context import Context
 
-    from dask_otel_spans.export.emitter import SpanEmitter
+    from dask_otel_spans.export.ender import SpanEnder
     from dask_otel_spans.export.task_spans import TaskEvent, TaskSpanFields
 
-    emitter = SpanEmitter(memory.tracer_provider, exception_events=False,
+    ender = SpanEnder(memory.tracer_provider, exception_events=False,
                           logger_provider=RefusingLoggerProvider())
     event = TaskEvent(names.EXCEPTION_EVENT, 2_000, {names.EXCEPTION_TYPE: "ValueError"})
     tasks = [TaskSpanFields("inc", i + 1, 1_000, 3_000, {}, [event], "ValueError")
              for i in range(2)]
-    tracer = emitter._tracer
+    tracer = ender._tracer
     with caplog.at_level("ERROR", logger="dask_otel_spans"):
-        emitter._task_spans(tracer, tasks, Context())
+        ender._task_spans(tracer, tasks, Context())
     assert len(memory.spans()) == 2
     assert all([e.name for e in s.events] == [names.EXCEPTION_EVENT] for s in memory.spans())
     assert len([r for r in caplog.records if "exception log events" in r.message]) == 1

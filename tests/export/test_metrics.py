@@ -195,21 +195,21 @@ class CountingPump(MetricsPump):
 
 
 def test_spans_emitted_together_reach_the_pump_in_one_queue_operation(memory, instruments):
-    from dask_otel_spans.export.emitter import EmitRequest, SpanEmitter
+    from dask_otel_spans.export.ender import HandOver, SpanEnder
 
     pump = CountingPump(instruments, max_queue_size=100)
     pump.handed = []
-    emitter = SpanEmitter(memory.tracer_provider, pump)
+    ender = SpanEnder(memory.tracer_provider, pump)
     pump.start()
-    emitter.start()
+    ender.start()
     try:
-        emitter.emit_many([
-            EmitRequest((f"step-{i}",), (f"id-{i}",), {}, None, 10.0, True, "closed",
+        ender.end_many([
+            HandOver((f"step-{i}",), (f"id-{i}",), {}, None, 10.0, True, "closed",
                         enter=8.0, exit=10.0)
             for i in range(5)])
-        assert emitter.flush(5) and pump.flush(5)
+        assert ender.flush(5) and pump.flush(5)
     finally:
-        emitter.stop()
+        ender.stop()
         pump.stop()
     assert pump.handed == [5]
     # every span's duration recorded (2 s each; past the name cap of 3, under one name)

@@ -30,7 +30,7 @@ class Feed:
         self.tracker = ReadinessTracker(
             self.tree.spans, self.tree.chain_of, config, on_handed_over=self.tree.forget
         )
-        self.emitted: list = []
+        self.handed_over: list = []
         self.metric_calls: list = []
         self._groups = 0
 
@@ -63,11 +63,11 @@ class Feed:
         })
 
     def run(self, now: float) -> list[str]:
-        """A pass at ``now``; the ids of the spans it emitted."""
+        """A pass at ``now``; the ids of the spans it handed over."""
         self.tracker.run_pass(now)
         calls, requests = self.tracker.take()
         self.metric_calls += calls
-        self.emitted += requests
+        self.handed_over += requests
         return [request.ids[-1] for request in requests]
 
 
@@ -76,25 +76,25 @@ def feed() -> Feed:
     return Feed()
 
 
-def test_a_closed_span_is_emitted_a_grace_period_after_its_last_task(feed):
+def test_a_closed_span_is_handed_over_a_grace_period_after_its_last_task(feed):
     feed.span("s", at=0.0)
     feed.group("s", stop=2.0)
     feed.close("s", at=2.5)
     assert feed.run(3.4) == []
     assert feed.run(3.6) == ["s"]
-    [request] = feed.emitted
+    [request] = feed.handed_over
     assert request.complete and request.close_reason == names.CLOSE_REASON_CLIENT
     assert (request.enter, request.exit) == (1.5, 2.5)
     assert request.snapshot.groups[0].stop == 2.0
 
 
-def test_a_span_without_the_client_helper_is_emitted_once_idle(feed):
+def test_a_span_without_the_client_helper_is_handed_over_once_idle(feed):
     feed.span("plain", at=0.0)
     feed.group("plain", stop=1.0)
     assert feed.run(1.0) == []
     assert feed.run(5.9) == []  # idle-timeout from its last task's finish
     assert feed.run(6.1) == ["plain"]
-    assert feed.emitted[0].close_reason == names.CLOSE_REASON_IDLE
+    assert feed.handed_over[0].close_reason == names.CLOSE_REASON_IDLE
 
 
 def test_a_span_of_the_client_helper_waits_for_its_close_notice(feed):
@@ -106,7 +106,7 @@ def test_a_span_of_the_client_helper_waits_for_its_close_notice(feed):
     assert feed.run(101.1) == ["s"]
 
 
-def test_a_running_span_is_not_emitted(feed):
+def test_a_running_span_is_not_handed_over(feed):
     feed.span("s", at=0.0)
     feed.group("s")
     feed.close("s", at=1.0)
@@ -114,19 +114,19 @@ def test_a_running_span_is_not_emitted(feed):
     assert feed.tracker.open_count == 1
 
 
-def test_a_parent_is_emitted_after_its_children_and_ends_with_their_last_task(feed):
+def test_a_parent_is_handed_over_after_its_children_and_ends_with_their_last_task(feed):
     # (the parent has no task group of its own: done with its children)
     feed.span("p", at=0.0)
     feed.span("p", "c", at=0.0)
     feed.group("c", stop=3.0)
     feed.close("p", "c", at=3.0, opened=2)
     assert feed.run(4.1) == ["c", "p"]
-    parent = feed.emitted[1]
-    assert parent.snapshot.children == ("c",)  # (its summary is with the emitter)
-    assert feed.emitted[0].keep_summary and not parent.keep_summary
+    parent = feed.handed_over[1]
+    assert parent.snapshot.children == ("c",)  # (its summary is with the ender)
+    assert feed.handed_over[0].keep_summary and not parent.keep_summary
 
 
-def test_an_emitted_span_leaves_the_tree_and_is_never_emitted_again(feed):
+def test_an_handed_over_span_leaves_the_tree_and_is_never_handed_over_again(feed):
     feed.span("s", at=0.0)
     feed.group("s", stop=1.0)
     feed.close("s", at=1.0)
@@ -143,7 +143,7 @@ def test_a_lazy_span_waits_for_its_graph_until_lazy_timeout(feed):
     feed.close("lazy", at=0.0, lazy=True)
     assert feed.run(59.0) == []
     assert feed.run(60.1) == ["lazy"]
-    assert feed.emitted[0].snapshot is None  # the client's times
+    assert feed.handed_over[0].snapshot is None  # the client's times
 
 
 def test_the_graph_of_a_lazy_span_ends_its_wait(feed):
@@ -154,7 +154,7 @@ def test_the_graph_of_a_lazy_span_ends_its_wait(feed):
     feed.group("lazy", stop=2.0)
     assert feed.tracker.pending_wake_ups() == [3.0]  # (its grace, not lazy-timeout)
     assert feed.run(3.1) == ["lazy"]
-    assert feed.emitted[0].snapshot is not None
+    assert feed.handed_over[0].snapshot is not None
 
 
 def test_a_span_whose_tasks_went_to_another_spans_group_waits_only_a_grace_period(feed):
@@ -172,10 +172,10 @@ def test_the_client_leaving_ends_the_wait_for_its_blocks(feed):
     feed.tracker.client_gone(2.0, "client-1")
     assert feed.run(6.9) == []
     assert feed.run(7.1) == ["s"]  # idle-timeout after the client left
-    assert feed.emitted[0].close_reason == names.CLOSE_REASON_CLIENT_GONE
+    assert feed.handed_over[0].close_reason == names.CLOSE_REASON_CLIENT_GONE
 
 
-def test_close_emits_open_spans_as_incomplete(feed):
+def test_close_hands_over_open_spans_as_incomplete(feed):
     feed.span("running", at=0.0)
     feed.group("running")
     feed.tracker.close(10.0)
@@ -191,7 +191,7 @@ def test_a_span_opened_is_counted_once_before_it_is_handed_over(feed):
     feed.close("s", at=1.0)
     feed.run(2.1)
     assert feed.metric_calls == [(DaskInstruments.span_opened, (("s",),))]
-    assert feed.emitted[0].counted
+    assert feed.handed_over[0].counted
 
 
 def test_a_task_settling_again_in_a_span_judged_done_restarts_its_wait(feed):
@@ -288,7 +288,7 @@ def test_checking_a_parent_of_a_running_child_looks_at_that_child_first(feed):
     assert Verdicts(records).is_done(parent)
 
 
-def test_a_failing_check_is_logged_once_and_the_span_still_emitted(feed, caplog):
+def test_a_failing_check_is_logged_once_and_the_span_still_handed_over(feed, caplog):
     class FailsThrice(CountedGroup):
         @property
         def states(self):
@@ -304,10 +304,10 @@ def test_a_failing_check_is_logged_once_and_the_span_still_emitted(feed, caplog)
         emitted = [feed.run(t) for t in (1.0, 2.1, 3.2, 4.3, 5.4)]
     assert ["s"] in emitted
     assert caplog.text.count("unexpected error in readiness") == 1
-    assert feed.emitted[0].snapshot.groups[0].prefix == "counted"
+    assert feed.handed_over[0].snapshot.groups[0].prefix == "counted"
 
 
-def test_a_span_that_cannot_be_copied_is_emitted_without_its_figures(feed, caplog):
+def test_a_span_that_cannot_be_copied_is_handed_over_without_its_figures(feed, caplog):
     class Unreadable(CountedGroup):
         @property
         def prefix(self):
@@ -323,7 +323,7 @@ def test_a_span_that_cannot_be_copied_is_emitted_without_its_figures(feed, caplo
     with caplog.at_level(logging.ERROR, logger="dask_otel_spans"):
         assert feed.run(2.1) == ["s"]
     assert "cannot copy span" in caplog.text
-    [request] = feed.emitted
+    [request] = feed.handed_over
     assert request.snapshot is None and request.exit == 1.0
 
 
@@ -348,7 +348,7 @@ def test_carried_headers_are_kept_as_sent_and_parsed_only_by_the_translation(
     assert all(rec.submitted for rec in records)
     assert [dict(rec.carried) for rec in records] == [chain, chain]
     assert feed.run(2.1) == ["leaf-id", "root-id"]
-    assert feed.emitted[1].carried == {"root-id": chain["root-id"]}
+    assert feed.handed_over[1].carried == {"root-id": chain["root-id"]}
 
 
 def test_a_malformed_notice_or_annotation_is_logged_once_and_ignored(feed, caplog):
@@ -369,4 +369,4 @@ def test_a_span_whose_task_group_has_not_come_yet_is_not_done(feed):
     assert feed.run(10.0) == []
     feed.group("s", stop=10.0)
     assert feed.run(11.1) == ["s"]
-    assert feed.emitted[0].snapshot.groups[0].task_count == 1
+    assert feed.handed_over[0].snapshot.groups[0].task_count == 1

@@ -378,7 +378,7 @@ async def test_close_undoes_heartbeat_wrapping(c, s, a, b):
     assert "heartbeat" not in ext.__dict__
     assert s.handlers["heartbeat_worker"] is original_handler
     assert plugin.transport is None
-    assert not session.thread.running and not session.pipeline.emitter.thread.running
+    assert not session.thread.running and not session.pipeline.ender.thread.running
 
 
 @gen_cluster(client=True)

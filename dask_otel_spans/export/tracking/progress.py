@@ -4,8 +4,8 @@ events and a clock.
 
 Pure policy: no OTel, no threads, no clock of its own. The export session feeds it
 (:meth:`LiveProgress.learned`, :meth:`LiveProgress.ids_final`,
-:meth:`LiveProgress.ended`), asks it at each pass (:meth:`LiveProgress.look`) and emits
-what it says (:mod:`dask_otel_spans.export.live`).
+:meth:`LiveProgress.ended`), asks it at each pass (:meth:`LiveProgress.look`) and
+makes what it says (:mod:`dask_otel_spans.export.live`).
 
 What is counted (:func:`task_counts`): the export side knows a task group's task
 count when the group settles (the forwarder's ``done`` message) and that a group runs

@@ -16,7 +16,7 @@ from distributed.metrics import time
 from dask_otel_spans import names
 from dask_otel_spans.config import PluginConfig
 from dask_otel_spans.export.bounded import BoundedMemory
-from dask_otel_spans.export.emitter import EmitRequest
+from dask_otel_spans.export.ender import HandOver
 from dask_otel_spans.export.metrics import DaskInstruments, MetricCall
 from dask_otel_spans.export.tracking.records import OpenSpan, carried_for_translation
 from dask_otel_spans.export.tracking.schedule import CheckSchedule
@@ -63,7 +63,7 @@ class ReadinessTracker:
     :meth:`close` hands over every open span. What was handed over is taken with
     :meth:`take`: the metric updates (``(method, args)`` of
     :class:`~dask_otel_spans.export.metrics.DaskInstruments`) and the
-    :class:`~dask_otel_spans.export.emitter.EmitRequest` objects, in order.
+    :class:`~dask_otel_spans.export.ender.HandOver` objects, in order.
     """
 
     def __init__(
@@ -81,13 +81,13 @@ class ReadinessTracker:
         self.n_workers = n_workers
         self.on_handed_over = on_handed_over
         self._open: dict[str, OpenSpan] = {}
-        #: handed over spans whose parent is still open: the emitter holds their summary
+        #: handed over spans whose parent is still open: the ender holds their summary
         self._summarized: set[str] = set()
         self._unseen_handed_over = BoundedMemory(MAX_REMEMBERED)
         self._submitted_unknown = BoundedMemory(MAX_REMEMBERED)
         self._schedule = CheckSchedule()
         self._metric_calls: list[MetricCall] = []
-        self._requests: list[EmitRequest] = []
+        self._requests: list[HandOver] = []
         self._log_once = OnceLogger(logger)
         #: spans handed over for export so far
         self.handed_over = 0
@@ -115,7 +115,7 @@ class ReadinessTracker:
         """The grace period now (:func:`grace_period`)."""
         return grace_period(self.config.export_delay, self.n_workers())
 
-    def take(self) -> tuple[list[MetricCall], list[EmitRequest]]:
+    def take(self) -> tuple[list[MetricCall], list[HandOver]]:
         """The metric updates and the requests handed over since the last call."""
         calls, self._metric_calls = self._metric_calls, []
         requests, self._requests = self._requests, []
@@ -223,7 +223,7 @@ class ReadinessTracker:
                 self._schedule.wake_up_at(rec, ready_at)
 
     def close(self, now: float | None = None) -> None:
-        """Emit every open span, complete or not (the scheduler is closing)."""
+        """Hand over every open span, complete or not (the scheduler is closing)."""
         now = time() if now is None else now
         verdicts = Verdicts(self._open)
         for rec in sorted(self._open.values(), key=_minus_depth):
@@ -488,7 +488,7 @@ class ReadinessTracker:
                     self._summarized.add(span.id)
             self._unseen_handed_over.remember(rec.id)
         self.handed_over += 1
-        self._requests.append(EmitRequest(
+        self._requests.append(HandOver(
             rec.tags, rec.ids, carried_for_translation(rec, self._open.get(rec.ids[0])),
             snapshot, now, complete,
             rec.close_reason, rec.enter, rec.exit, keep_summary, rec.counted,

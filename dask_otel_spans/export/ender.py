@@ -1,4 +1,4 @@
-"""``SpanEmitter``: translates the readiness tracker's requests (span snapshots) into
+"""``SpanEnder``: translates the readiness tracker's requests (span snapshots) into
 OTel spans and hands them to the tracer provider, on a thread of its own."""
 from __future__ import annotations
 
@@ -70,14 +70,14 @@ def attribute_length_limit(provider: Any) -> int | None:
     return limits.max_span_attribute_length
 
 
-class EmitRequest(NamedTuple):
-    """One dask span to emit, as the readiness tracker saw it."""
+class HandOver(NamedTuple):
+    """One dask span handed over, as the readiness tracker saw it."""
 
     tags: tuple[str, ...]
     #: chain of dask span ids, root first
     ids: tuple[str, ...]
     #: W3C headers carried from the client per dask span id, as sent (parsed
-    #: by :meth:`SpanEmitter.translate`); only the root's and the span's own
+    #: by :meth:`SpanEnder.translate`); only the root's and the span's own
     carried: Mapping[str, Any]
     #: None for a span the scheduler never saw (no tasks): client times are used
     snapshot: SpanSnapshot | None
@@ -97,8 +97,8 @@ class EmitRequest(NamedTuple):
     links_dropped: int = 0
 
 
-class SpanEmitter(ThreadWorker):
-    """Emit :class:`EmitRequest` objects, in order, on a daemon thread.
+class SpanEnder(ThreadWorker):
+    """End the OTel spans of each :class:`HandOver`, in order, on a daemon thread.
 
     Parameters
     ----------
@@ -116,14 +116,14 @@ class SpanEmitter(ThreadWorker):
         Record erred tasks' exceptions as ``exception`` span events (the default;
         ``OTEL_SEMCONV_EXCEPTION_SIGNAL_OPT_IN=logs`` turns them off)
     logger_provider:
-        Where to emit erred tasks' exceptions as log events named ``exception``, in
+        Where erred tasks' exceptions go as log events named ``exception``, in
         their task span's context (``OTEL_SEMCONV_EXCEPTION_SIGNAL_OPT_IN`` ``logs``
         or ``logs/dup``); None: no log events
 
     Notes
     -----
     Subtree summaries of spans whose parent is still open are kept in ``summaries``
-    until the parent is emitted, so that a parent never walks its emitted children
+    until the parent is ended, so that a parent never walks its ended children
     again; memory follows the open spans.
     """
 
@@ -143,10 +143,10 @@ class SpanEmitter(ThreadWorker):
             logger_provider.get_logger(names.INSTRUMENTATION_SCOPE, names.VERSION)
             if logger_provider is not None else None
         )
-        #: exception log events emitted
+        #: exception log events made
         self.exception_logs = 0
-        self.thread = QueueThread("dask-otel-spans-emitter", self._end, what="spans",
-                                  counted_in="SpanEmitter.dropped",
+        self.thread = QueueThread("dask-otel-spans-ender", self._end, what="spans",
+                                  counted_in="SpanEnder.dropped",
                                   due=self._hand_metrics, due_in=self._metrics_in)
         self.pump = pump
         #: the metric updates of the spans ended since the pump was last handed
@@ -185,15 +185,15 @@ class SpanEmitter(ThreadWorker):
             )
         return tracer
 
-    def emit(self, request: EmitRequest) -> None:
+    def end(self, request: HandOver) -> None:
         self.thread.put(request)
 
-    def emit_many(self, requests: list[EmitRequest]) -> None:
-        """:meth:`emit` each of ``requests``, in one queue operation."""
+    def end_many(self, requests: list[HandOver]) -> None:
+        """:meth:`end` each of ``requests``, in one queue operation."""
         self.thread.put_many(requests)
 
-    def _end(self, request: EmitRequest | Callable[[], None]) -> None:
-        if not isinstance(request, EmitRequest):
+    def _end(self, request: HandOver | Callable[[], None]) -> None:
+        if not isinstance(request, HandOver):
             # (a live record or pending span, in order with the spans:
             # dask_otel_spans/export/live.py)
             request()
@@ -215,13 +215,13 @@ class SpanEmitter(ThreadWorker):
 
     def _hand_metrics(self) -> None:
         """Hand the pump the metric updates of the spans ended so far (when the
-        emitter's queue runs empty, every :data:`METRIC_CALLS_PER_HAND_OVER` spans,
+        ender's queue runs empty, every :data:`METRIC_CALLS_PER_HAND_OVER` spans,
         and before a flush or a stop completes)."""
         calls, self._metric_calls = self._metric_calls, []
         if calls and self.pump is not None:
             self.pump.submit_many(calls)
 
-    def translate(self, request: EmitRequest) -> tuple[SpanFields, float]:
+    def translate(self, request: HandOver) -> tuple[SpanFields, float]:
         """OTel fields of the (named) request, and its ``idle or other spans``
         seconds."""
         ids = resolve_chain(request.ids, parse_carried(request.carried) or {})
@@ -252,7 +252,7 @@ class SpanEmitter(ThreadWorker):
                 float(fields.attributes.get(_IDLE_ATTRIBUTE, 0.0)))
 
     @staticmethod
-    def _linked(fields: SpanFields, request: EmitRequest) -> SpanFields:
+    def _linked(fields: SpanFields, request: HandOver) -> SpanFields:
         """``fields`` with the links to the request's callers (and the count of
         those past the cap)."""
         for headers in request.links:
