@@ -1,0 +1,381 @@
+"""Into a real Jaeger v2 and back: ``deploy/jaeger/config.yaml`` runs in the binary that
+``deploy/jaeger/build.sh`` builds (Jaeger v1.76.0 from the Go module proxy); real ``dask
+scheduler --preload dask_otel_spans`` and ``dask worker --preload dask_otel_spans``
+processes export traces over OTLP/gRPC and metrics over OTLP/HTTP, a client exports its
+own span over OTLP/HTTP. The trace is read back through Jaeger's query API (``/api/v3``,
+OTLP/JSON, and ``/api/traces``, what the UI shows) and checked against
+``docs/data-contract.md``; the metrics go through the same binary's ``prometheus``
+exporter to Debian's Prometheus (PromQL, exemplars). Also zero-code
+(``opentelemetry-instrument``) into Jaeger, and that every Collector config of
+``deploy/`` passes the binary's ``validate``.
+
+The binary is built once per machine (``.ci/run`` builds it before the tests); missing,
+the fixture builds it, and fails if it cannot."""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from distributed import Client
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from support.jaeger import Jaeger, jaeger_binary, wait_for_spans
+from support.paths import DEPLOY
+from support.polling import wait_for
+from support.processes import DaskProcesses, free_port, opentelemetry_instrument
+from support.prometheus import prometheus_binary, promql, query_exemplars
+
+from dask_otel_spans import names, span, wait_for_export
+from dask_otel_spans.instrumentation import DaskInstrumentor
+from dask_otel_spans.protocol.propagation import otel_span_id, prefix_span_id, task_span_id
+
+CLIENT_SERVICE = "test-client"
+N_LOADED, N_CHECKED, BAD_RECORD = 4, 6, 3
+
+
+def traced_task(x: int) -> int:
+    """Task code that makes a span of its own (the worker's global tracer)."""
+    from opentelemetry import trace
+
+    with trace.get_tracer("task code").start_as_current_span("in task") as own:
+        own.set_attribute("record", x)
+        time.sleep(0.05)
+    return x
+
+
+def check(x: int) -> int:
+    """Task code with a span of its own; record 3 raises inside it."""
+    from opentelemetry import trace
+
+    with trace.get_tracer("task code").start_as_current_span("check record"):
+        if x == BAD_RECORD:
+            raise ValueError(f"record {x}: negative amount")
+    return x
+
+
+def client_tracer(jaeger: Jaeger) -> TracerProvider:
+    """A client-side provider exporting over OTLP/HTTP into ``jaeger`` (not the global
+    one: the test process stays as it was)."""
+    provider = TracerProvider(resource=Resource.create({"service.name": CLIENT_SERVICE}))
+    provider.add_span_processor(SimpleSpanProcessor(
+        OTLPSpanExporter(endpoint=f"{jaeger.otlp_http}/v1/traces")))
+    return provider
+
+
+def export_env(jaeger: Jaeger) -> dict[str, str]:
+    """Traces over OTLP/gRPC, metrics over OTLP/HTTP, both into ``jaeger``."""
+    return {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_METRICS_EXPORTER": "otlp",
+        "OTEL_LOGS_EXPORTER": "none",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": jaeger.otlp_grpc,
+        "OTEL_EXPORTER_OTLP_INSECURE": "true",
+        "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/protobuf",
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": f"{jaeger.otlp_http}/v1/metrics",
+    }
+
+
+@pytest.fixture(scope="module")
+def jaeger(tmp_path_factory) -> Iterator[Jaeger]:
+    """``deploy/jaeger/config.yaml`` in the real binary, started once."""
+    tmp = tmp_path_factory.mktemp("jaeger")
+    server = Jaeger(DEPLOY / "jaeger" / "config.yaml", tmp / "jaeger.log",
+                    prometheus_exporter=True)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def prometheus(jaeger: Jaeger, tmp_path_factory) -> Iterator[str]:
+    """Debian's Prometheus with exemplar storage, scraping Jaeger's ``prometheus``
+    exporter every second (OpenMetrics, so exemplars pass); its base URL."""
+    tmp = tmp_path_factory.mktemp("prometheus")
+    port = free_port()
+    config = tmp / "prometheus.yml"
+    config.write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "1s"},
+        "scrape_configs": [{
+            "job_name": "jaeger-collector",
+            "static_configs": [{"targets": [f"127.0.0.1:{jaeger.metrics_port}"]}],
+        }],
+    }))
+    prom = subprocess.Popen(
+        [prometheus_binary("prometheus"), f"--config.file={config}",
+         f"--storage.tsdb.path={tmp / 'data'}", "--enable-feature=exemplar-storage",
+         f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        prom.terminate()
+        prom.wait(30)
+
+
+@pytest.fixture(scope="module")
+def workflow(jaeger: Jaeger, prometheus: str, tmp_path_factory) -> Iterator[dict[str, Any]]:
+    """One workflow, run once: a client span around ``span("jaeger etl")`` with a step
+    whose tasks make spans of their own and a step where one task raises; its ids, and
+    what the scheduler recorded for the load step's fine performance metrics."""
+    procs = DaskProcesses(export_env(jaeger), cwd=str(tmp_path_factory.mktemp("dask")),
+                          worker_preload=True)
+    provider = client_tracer(jaeger)
+    try:
+        with Client(procs.address, timeout=60) as client:
+            client.wait_for_workers(1, timeout=60)
+            tracer = provider.get_tracer("client-app")
+            with tracer.start_as_current_span("client request") as request:
+                with span("jaeger etl") as etl_id:
+                    with span("load") as load_id:
+                        client.gather(client.map(traced_task, range(N_LOADED)))
+                    with span("validate") as validate_id:
+                        futures = client.map(check, range(N_CHECKED))
+                        client.gather(futures, errors="skip")
+                        bad_key = str(futures[BAD_RECORD].key)
+            del futures
+            state = wait_for_export(client)
+            assert state.flushed, state
+
+            def scheduler_metrics(dask_scheduler, span_id):
+                spans = dask_scheduler.extensions["spans"].spans
+                return list(spans[span_id].cumulative_worker_metrics.items())
+
+            recorded = client.run_on_scheduler(scheduler_metrics, span_id=load_id)
+            yield {
+                "trace": f"{request.get_span_context().trace_id:032x}",
+                "request": f"{request.get_span_context().span_id:016x}",
+                "etl": etl_id, "load": load_id, "validate": validate_id,
+                "bad_key": bad_key, "recorded": recorded, "scheduler": procs.address,
+            }
+    finally:
+        provider.shutdown()
+        procs.stop()
+
+
+def hex16(span_id: int) -> str:
+    return f"{span_id:016x}"
+
+
+def whole_trace(jaeger: Jaeger, workflow: dict[str, Any]) -> list[dict[str, Any]]:
+    """The workflow's trace from Jaeger once every span the contract promises is in."""
+    wanted = {"client request": 1, "jaeger etl": 1, "load": 1, "validate": 1,
+              "traced_task": 1, "check": 2, "in task": N_LOADED,
+              "check record": N_CHECKED}
+
+    def complete(spans):
+        counts = {n: sum(s["name"] == n for s in spans) for n in wanted}
+        return spans if counts == wanted else None
+
+    return wait_for_spans(jaeger, workflow["trace"], complete)
+
+
+def test_jaeger_has_the_tree_from_client_span_to_spans_made_in_tasks(jaeger, workflow):
+    spans = whole_trace(jaeger, workflow)
+    by_id = {s["spanId"]: s for s in spans}
+    etl, load, validate = (hex16(otel_span_id(workflow[k])) for k in ("etl", "load", "validate"))
+    loaded, checked = (hex16(prefix_span_id(workflow["load"], "traced_task")),
+                       hex16(prefix_span_id(workflow["validate"], "check")))
+    task = hex16(task_span_id(workflow["validate"], workflow["bad_key"]))
+    # client span -> dask spans -> prefix spans -> task span; spans made in tasks
+    # below their prefix span
+    assert by_id[etl]["parentSpanId"] == workflow["request"]
+    assert by_id[load]["parentSpanId"] == by_id[validate]["parentSpanId"] == etl
+    assert by_id[loaded]["parentSpanId"] == load
+    assert by_id[checked]["parentSpanId"] == validate
+    assert by_id[task]["parentSpanId"] == checked
+    assert {s["parentSpanId"] for s in spans if s["name"] == "in task"} == {loaded}
+    assert {s["parentSpanId"] for s in spans if s["name"] == "check record"} == {checked}
+    # who exported what
+    services = {s["name"]: s["resource"]["service.name"] for s in spans}
+    assert services["client request"] == CLIENT_SERVICE
+    assert services["jaeger etl"] == services["check"] == names.DEFAULT_SERVICE_NAME
+    assert services["in task"] == services["check record"] == names.DEFAULT_WORKER_SERVICE_NAME
+    assert by_id[load]["resource"][names.SCHEDULER_ADDRESS] == workflow["scheduler"]
+    # key attributes, with their types
+    assert by_id[load]["attrs"][names.SPAN_NAME] == ["jaeger etl", "load"]
+    assert by_id[load]["attrs"][names.SPAN_ID] == workflow["load"]
+    assert by_id[etl]["attrs"][names.SPAN_TASK_COUNT] == N_LOADED + N_CHECKED
+    assert by_id[loaded]["attrs"][names.TASK_GROUP_TASK_COUNT] == N_LOADED
+    assert by_id[loaded]["attrs"][names.TASK_PREFIX] == "traced_task"
+    assert by_id[task]["attrs"][names.TASK_KEY] == workflow["bad_key"]
+    assert by_id[task]["attrs"][names.CODE_FUNCTION_NAME] == "check"
+
+
+def test_an_erred_task_shows_in_jaeger_with_status_error_type_and_exception(
+        jaeger, workflow):
+    spans = whole_trace(jaeger, workflow)
+    by_id = {s["spanId"]: s for s in spans}
+    task = by_id[hex16(task_span_id(workflow["validate"], workflow["bad_key"]))]
+    prefix = by_id[hex16(prefix_span_id(workflow["validate"], "check"))]
+    validate, etl, load = (by_id[hex16(otel_span_id(workflow[k]))]
+                           for k in ("validate", "etl", "load"))
+    for erred in (task, prefix, validate, etl):
+        assert erred["status"]["code"] == 2, erred  # STATUS_CODE_ERROR
+        assert erred["attrs"][names.ERROR_TYPE] == "ValueError"
+    assert prefix["status"]["message"] == "1 tasks erred: 1 ValueError"
+    assert load.get("status", {}).get("code", 0) == 0 and names.ERROR_TYPE not in load["attrs"]
+    (event,) = task["events"]
+    assert event["name"] == names.EXCEPTION_EVENT
+    exception = {a["key"]: a["value"]["stringValue"] for a in event["attributes"]}
+    assert exception[names.EXCEPTION_TYPE] == "ValueError"
+    assert exception[names.EXCEPTION_MESSAGE] == "record 3: negative amount"
+    assert 'raise ValueError(f"record {x}: negative amount")' in exception[
+        names.EXCEPTION_STACKTRACE]
+    # what the UI shows (/api/traces): the status as tags, the event as a log
+    view = wait_for(lambda: jaeger.trace_v1(workflow["trace"]), timeout=10)
+    (ui_task,) = [s for s in view["spans"] if s["spanID"] == task["spanId"]]
+    tags = {t["key"]: t["value"] for t in ui_task["tags"]}
+    assert tags["otel.status_code"] == "ERROR" and tags["error"] is True
+    assert tags[names.ERROR_TYPE] == "ValueError"
+    (log,) = ui_task["logs"]
+    fields = {f["key"]: f["value"] for f in log["fields"]}
+    assert fields["event"] == names.EXCEPTION_EVENT
+    assert fields[names.EXCEPTION_TYPE] == "ValueError"
+    assert view["processes"][ui_task["processID"]]["serviceName"] == names.DEFAULT_SERVICE_NAME
+
+
+LOAD_SERIES = 'dask_span_activity_time_seconds_total{dask_span_name="jaeger etl/load"}'
+
+
+def test_promql_through_the_collector_returns_what_the_scheduler_recorded(
+        workflow, prometheus):
+    recorded = {(context, prefix, activity): value
+                for (context, prefix, activity, unit), value in workflow["recorded"]
+                if unit == "seconds"}
+    assert ("execute", "traced_task", "thread-noncpu") in recorded
+
+    def scraped():
+        got = {(s["metric"]["dask_context"], s["metric"]["dask_task_prefix"],
+                s["metric"]["dask_activity"]): float(s["value"][1])
+               for s in promql(prometheus, LOAD_SERIES)}
+        return got if set(got) == set(recorded) and all(
+            got[k] == pytest.approx(v, rel=1e-6, abs=1e-9) for k, v in recorded.items()
+        ) else None
+
+    try:
+        wait_for(scraped, timeout=30, interval=0.5)
+    except AssertionError:
+        got = promql(prometheus, LOAD_SERIES)
+        raise AssertionError(f"recorded {recorded}, PromQL {got}") from None
+    # the other names the contract promises, with their labels
+    families = {s["metric"]["__name__"] for s in promql(
+        prometheus, 'group by (__name__) ({__name__=~"dask_.*"})')}
+    assert {"dask_span_activity_time_seconds_total", "dask_span_duration_seconds_bucket",
+            "dask_span_duration_seconds_count", "dask_span_active"} <= families, families
+    (series, *_) = promql(prometheus, LOAD_SERIES)
+    assert {"dask_span_name", "dask_context", "dask_task_prefix", "dask_activity",
+            "dask_unit"} <= set(series["metric"])
+
+
+def test_exemplars_in_prometheus_point_at_traces_jaeger_has(workflow, prometheus, jaeger):
+    def exemplars():
+        found = [(series["seriesLabels"].get("dask_task_prefix"), e["labels"])
+                 for series in query_exemplars(prometheus, LOAD_SERIES)
+                 for e in series["exemplars"]]
+        return found if any(p == "traced_task" for p, _ in found) else None
+
+    try:
+        found = wait_for(exemplars, timeout=30, interval=0.5)
+    except AssertionError:
+        raise AssertionError(
+            "no exemplar for the load step's series in Prometheus; raw: "
+            f"{query_exemplars(prometheus, LOAD_SERIES)}") from None
+    prefix_hex = hex16(prefix_span_id(workflow["load"], "traced_task"))
+    for prefix, labels in found:
+        assert labels["trace_id"] == workflow["trace"]
+        if prefix == "traced_task":
+            assert labels["span_id"] == prefix_hex
+    by_id = {s["spanId"]: s for s in jaeger.trace_v3(workflow["trace"])}
+    assert by_id[prefix_hex]["name"] == "traced_task"
+
+
+def default_span_id(dask_scheduler) -> str:
+    """run_on_scheduler: the id of the scheduler's "default" dask span."""
+    (found,) = [s.id for s in dask_scheduler.extensions["spans"].spans.values()
+                if s.name == (names.DEFAULT_SPAN_TAG,)]
+    return found
+
+
+def test_zero_code_bare_submission_runs_in_the_callers_trace_and_links_in_jaeger(
+        jaeger, tmp_path):
+    """``opentelemetry-instrument dask scheduler`` / ``dask worker``, no
+    ``--preload``; a client instrumented as the launcher would."""
+    env = {**export_env(jaeger), "OTEL_METRICS_EXPORTER": "none",
+           "OTEL_SERVICE_NAME": "zero-code-dask", "DASK_OTEL_SPANS__IDLE_TIMEOUT": "1s"}
+    procs = DaskProcesses(env, cwd=str(tmp_path), scheduler_preload=False,
+                          launcher=(opentelemetry_instrument(),))
+    provider = client_tracer(jaeger)
+    instrumentor = DaskInstrumentor()
+    try:
+        with Client(procs.address, timeout=60) as client:
+            client.wait_for_workers(1, timeout=60)
+            instrumentor.instrument()
+            with provider.get_tracer("web-app").start_as_current_span("web request") as request:
+                client.submit(traced_task, 7, key="bare-7").result()
+            assert wait_for_export(client).flushed
+            default_id = client.run_on_scheduler(default_span_id)
+    finally:
+        instrumentor.uninstrument()
+        provider.shutdown()
+        procs.stop()
+    trace_hex = f"{request.get_span_context().trace_id:032x}"
+    request_hex = hex16(request.get_span_context().span_id)
+    spans = wait_for_spans(jaeger, trace_hex, lambda spans: spans if {
+        "web request", "in task"} <= {s["name"] for s in spans} else None)
+    (in_task,) = [s for s in spans if s["name"] == "in task"]
+    assert in_task["parentSpanId"] == request_hex
+    assert in_task["resource"]["service.name"] == "zero-code-dask"
+    # the default span: a root of its own trace (its UUID), linked to the caller
+    default_trace = default_id.replace("-", "")
+    (default,) = wait_for_spans(jaeger, default_trace, lambda spans: [
+        s for s in spans if s["name"] == names.DEFAULT_SPAN_TAG] or None)
+    assert default["spanId"] == hex16(otel_span_id(default_id))
+    assert [(link["traceId"], link["spanId"]) for link in default["links"]] == [
+        (trace_hex, request_hex)]
+    # what the UI shows: the link as a FOLLOWS_FROM reference
+    view = wait_for(lambda: jaeger.trace_v1(default_trace), timeout=10)
+    (ui_default,) = [s for s in view["spans"] if s["spanID"] == default["spanId"]]
+    assert {"refType": "FOLLOWS_FROM", "traceID": trace_hex, "spanID": request_hex} in \
+        ui_default["references"]
+
+
+def collector_configs() -> list[Path]:
+    """Every YAML file of ``deploy/`` that is a Collector config (top-level
+    ``receivers`` and ``service``)."""
+    found = []
+    for path in sorted(DEPLOY.rglob("*.y*ml")):
+        documents = list(yaml.safe_load_all(path.read_text()))
+        if any(isinstance(d, dict) and {"receivers", "service"} <= set(d) for d in documents):
+            found.append(path)
+    return found
+
+
+def test_every_collector_config_of_deploy_passes_the_binarys_validate(tmp_path):
+    binary = jaeger_binary()
+    configs = collector_configs()
+    assert {DEPLOY / "compose" / "otel-collector.yaml", DEPLOY / "jaeger" / "config.yaml",
+            DEPLOY / "jaeger" / "tail-sampling.yaml"} <= set(configs)
+    for config in configs:
+        done = subprocess.run([binary, "validate", f"--config={config}"],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, f"{config}: {done.stdout}{done.stderr}"
+    # (validate does check: a component outside this build is refused)
+    bogus = tmp_path / "bogus.yaml"
+    bogus.write_text((DEPLOY / "jaeger" / "config.yaml").read_text().replace(
+        "\nexporters:\n", "\nexporters:\n  prometheusremotewrite:\n    endpoint: http://x\n"))
+    done = subprocess.run([binary, "validate", f"--config={bogus}"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "prometheusremotewrite" in done.stdout + done.stderr

@@ -1,0 +1,192 @@
+"""Jaeger v2 (``github.com/jaegertracing/jaeger`` v1.76.0, ``cmd/jaeger``), built from
+the Go module proxy by ``deploy/jaeger/build.sh``: start a config of ``deploy/`` on free
+ports, and read traces back through its query API (port 16686 by default)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from support.paths import DEPLOY
+from support.polling import wait_for
+from support.processes import free_port
+
+BUILD = DEPLOY / "jaeger" / "build.sh"
+
+
+def jaeger_binary() -> str:
+    """The Jaeger binary: ``deploy/jaeger/build.sh`` prints its path (building it first
+    if it is not in the cache: minutes). Fails, never skips, when it cannot.
+
+    Returns
+    -------
+    str
+        The path of the executable.
+    """
+    try:
+        done = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True,
+                              timeout=3600)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"{BUILD} did not finish within an hour") from None
+    path = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+    assert done.returncode == 0 and os.access(path, os.X_OK), (
+        f"no Jaeger binary: {BUILD} failed (rc {done.returncode}); .ci/run builds it "
+        f"before the tests (Go and the Go module proxy needed).\n{done.stderr[-3000:]}")
+    return path
+
+
+def otel_attributes(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """OTLP/JSON ``attributes`` (as the v3 API returns them) as a plain dict.
+
+    Parameters
+    ----------
+    items
+        ``[{"key": ..., "value": {"stringValue": ...}}, ...]``.
+
+    Returns
+    -------
+    dict
+        Key to value: strings, ints (``intValue`` is a JSON string), floats,
+        bools, lists for ``arrayValue``.
+    """
+    def value(v: dict[str, Any]) -> Any:
+        if "intValue" in v:
+            return int(v["intValue"])
+        if "arrayValue" in v:
+            return [value(x) for x in v["arrayValue"].get("values", [])]
+        for kind in ("stringValue", "doubleValue", "boolValue"):
+            if kind in v:
+                return v[kind]
+        return None
+
+    return {item["key"]: value(item["value"]) for item in items}
+
+
+class Jaeger:
+    """A running ``jaeger --config CONFIG``, its OTLP receivers, query service and (if
+    the config has one) Prometheus exporter moved to free ports with ``--set``.
+
+    Parameters
+    ----------
+    config
+        A Collector/Jaeger YAML file (of ``deploy/``).
+    log
+        Where its output goes.
+    env
+        Variables added to its environment (what the config reads with ``${env:...}``).
+    prometheus_exporter
+        Whether the config has an ``exporters.prometheus`` to move.
+    """
+
+    def __init__(self, config: Path, log: Path, env: dict[str, str] | None = None,
+                 prometheus_exporter: bool = False):
+        self.grpc_port, self.http_port = free_port(), free_port()
+        self.query_port, self.query_grpc_port = free_port(), free_port()
+        self.metrics_port = free_port() if prometheus_exporter else None
+        sets = {
+            "receivers.otlp.protocols.grpc.endpoint": f"127.0.0.1:{self.grpc_port}",
+            "receivers.otlp.protocols.http.endpoint": f"127.0.0.1:{self.http_port}",
+            "extensions.jaeger_query.http.endpoint": f"127.0.0.1:{self.query_port}",
+            "extensions.jaeger_query.grpc.endpoint": f"127.0.0.1:{self.query_grpc_port}",
+        }
+        if self.metrics_port:
+            sets["exporters.prometheus.endpoint"] = f"127.0.0.1:{self.metrics_port}"
+        self.log = log
+        self._log_file = open(log, "w")  # noqa: SIM115 (closed by stop)
+        self.process = subprocess.Popen(
+            [jaeger_binary(), f"--config={config}",
+             *(f"--set={key}={value}" for key, value in sets.items())],
+            env={**os.environ, **(env or {})}, stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_for(self._ready, timeout=60, interval=0.2)
+        except AssertionError:
+            self.stop()
+            raise AssertionError(f"Jaeger did not start:\n{log.read_text()[-3000:]}") from None
+
+    @property
+    def otlp_grpc(self) -> str:
+        """The OTLP/gRPC endpoint (``OTEL_EXPORTER_OTLP_ENDPOINT`` for ``grpc``)."""
+        return f"http://127.0.0.1:{self.grpc_port}"
+
+    @property
+    def otlp_http(self) -> str:
+        """The OTLP/HTTP base address (``/v1/traces``, ``/v1/metrics`` below it)."""
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def query(self) -> str:
+        """The query service's base address (UI and HTTP APIs)."""
+        return f"http://127.0.0.1:{self.query_port}"
+
+    def _ready(self) -> bool:
+        assert self.process.poll() is None, (
+            f"Jaeger exited with {self.process.returncode}:\n{self.log.read_text()[-3000:]}")
+        return self.get("/api/services") is not None
+
+    def get(self, path: str, **params: str) -> Any | None:
+        """GET a query API path as JSON; ``None`` on 404 or no answer (yet)."""
+        url = self.query + path + ("?" + urllib.parse.urlencode(params) if params else "")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as reply:
+                return json.load(reply)
+        except urllib.error.HTTPError as e:
+            if e.code == 404:
+                return None
+            raise
+        except OSError:
+            return None
+
+    def trace_v3(self, trace_id: str) -> list[dict[str, Any]]:
+        """The spans of a trace from ``/api/v3/traces/{id}`` (OTLP/JSON), flattened:
+        each span dict gets ``resource`` and ``attrs`` (plain dicts); [] if none."""
+        reply = self.get(f"/api/v3/traces/{trace_id}")
+        spans = []
+        for rs in (reply or {}).get("result", {}).get("resourceSpans", []):
+            resource = otel_attributes(rs.get("resource", {}).get("attributes", []))
+            for ss in rs.get("scopeSpans", []):
+                for s in ss.get("spans", []):
+                    spans.append({**s, "resource": resource,
+                                  "attrs": otel_attributes(s.get("attributes", []))})
+        return spans
+
+    def trace_v1(self, trace_id: str) -> dict[str, Any] | None:
+        """The trace as the UI reads it: ``/api/traces/{id}`` (Jaeger's model: spans
+        with ``references``, ``tags``, ``logs``, and ``processes``)."""
+        reply = self.get(f"/api/traces/{trace_id}")
+        data = (reply or {}).get("data") or []
+        return data[0] if data else None
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 10 s."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        self._log_file.close()
+
+
+def wait_for_spans(jaeger: Jaeger, trace_id: str, predicate, timeout: float = 30):
+    """Poll ``trace_v3`` until ``predicate(spans)`` is truthy; its value."""
+    def got():
+        spans = jaeger.trace_v3(trace_id)
+        return predicate(spans) if spans else None
+
+    start = time.monotonic()
+    try:
+        return wait_for(got, timeout=timeout, interval=0.3)
+    except AssertionError:
+        names = sorted(s["name"] for s in jaeger.trace_v3(trace_id))
+        raise AssertionError(
+            f"trace {trace_id} not as expected in Jaeger after "
+            f"{time.monotonic() - start:.0f}s; its spans: {names}") from None
