@@ -13,11 +13,7 @@ The binary is built once per machine (``.ci/run`` builds it before the tests); m
 the fixture builds it, and fails if it cannot."""
 from __future__ import annotations
 
-import json
 import subprocess
-import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,11 +21,17 @@ from typing import Any
 import pytest
 import yaml
 from distributed import Client
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from support.jaeger import Jaeger, jaeger_binary, wait_for_spans
+from support.jaeger import (
+    BAD_RECORD,
+    CLIENT_SERVICE,
+    Jaeger,
+    check,
+    client_tracer,
+    export_env,
+    jaeger_binary,
+    traced_task,
+    wait_for_spans,
+)
 from support.paths import DEPLOY
 from support.polling import wait_for
 from support.processes import DaskProcesses, free_port, opentelemetry_instrument
@@ -39,51 +41,7 @@ from dask_otel_spans import names, span, wait_for_export
 from dask_otel_spans.instrumentation import DaskInstrumentor
 from dask_otel_spans.protocol.propagation import otel_span_id, prefix_span_id, task_span_id
 
-CLIENT_SERVICE = "test-client"
-N_LOADED, N_CHECKED, BAD_RECORD = 4, 6, 3
-
-
-def traced_task(x: int) -> int:
-    """Task code that makes a span of its own (the worker's global tracer)."""
-    from opentelemetry import trace
-
-    with trace.get_tracer("task code").start_as_current_span("in task") as own:
-        own.set_attribute("record", x)
-        time.sleep(0.05)
-    return x
-
-
-def check(x: int) -> int:
-    """Task code with a span of its own; record 3 raises inside it."""
-    from opentelemetry import trace
-
-    with trace.get_tracer("task code").start_as_current_span("check record"):
-        if x == BAD_RECORD:
-            raise ValueError(f"record {x}: negative amount")
-    return x
-
-
-def client_tracer(jaeger: Jaeger) -> TracerProvider:
-    """A client-side provider exporting over OTLP/HTTP into ``jaeger`` (not the global
-    one: the test process stays as it was)."""
-    provider = TracerProvider(resource=Resource.create({"service.name": CLIENT_SERVICE}))
-    provider.add_span_processor(SimpleSpanProcessor(
-        OTLPSpanExporter(endpoint=f"{jaeger.otlp_http}/v1/traces")))
-    return provider
-
-
-def export_env(jaeger: Jaeger) -> dict[str, str]:
-    """Traces over OTLP/gRPC, metrics over OTLP/HTTP, both into ``jaeger``."""
-    return {
-        "OTEL_TRACES_EXPORTER": "otlp",
-        "OTEL_METRICS_EXPORTER": "otlp",
-        "OTEL_LOGS_EXPORTER": "none",
-        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": jaeger.otlp_grpc,
-        "OTEL_EXPORTER_OTLP_INSECURE": "true",
-        "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/protobuf",
-        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": f"{jaeger.otlp_http}/v1/metrics",
-    }
+N_LOADED, N_CHECKED = 4, 6
 
 
 @pytest.fixture(scope="module")

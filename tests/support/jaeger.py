@@ -13,11 +13,16 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from support.paths import DEPLOY
 from support.polling import wait_for
 from support.processes import free_port
 
 BUILD = DEPLOY / "jaeger" / "build.sh"
+#: ``service.name`` of the test client's spans
 
 
 def jaeger_binary() -> str:
@@ -190,3 +195,52 @@ def wait_for_spans(jaeger: Jaeger, trace_id: str, predicate, timeout: float = 30
         raise AssertionError(
             f"trace {trace_id} not as expected in Jaeger after "
             f"{time.monotonic() - start:.0f}s; its spans: {names}") from None
+
+
+# A workflow's pieces: task code and the client's exporter
+
+CLIENT_SERVICE = "test-client"
+BAD_RECORD = 3
+
+
+def traced_task(x: int) -> int:
+    """Task code that makes a span of its own (the worker's global tracer)."""
+    from opentelemetry import trace
+
+    with trace.get_tracer("task code").start_as_current_span("in task") as own:
+        own.set_attribute("record", x)
+        time.sleep(0.05)
+    return x
+
+
+def check(x: int) -> int:
+    """Task code with a span of its own; record 3 raises inside it."""
+    from opentelemetry import trace
+
+    with trace.get_tracer("task code").start_as_current_span("check record"):
+        if x == BAD_RECORD:
+            raise ValueError(f"record {x}: negative amount")
+    return x
+
+
+def client_tracer(jaeger: Jaeger) -> TracerProvider:
+    """A client-side provider exporting over OTLP/HTTP into ``jaeger`` (not the global
+    one: the test process stays as it was)."""
+    provider = TracerProvider(resource=Resource.create({"service.name": CLIENT_SERVICE}))
+    provider.add_span_processor(SimpleSpanProcessor(
+        OTLPSpanExporter(endpoint=f"{jaeger.otlp_http}/v1/traces")))
+    return provider
+
+
+def export_env(jaeger: Jaeger) -> dict[str, str]:
+    """Traces over OTLP/gRPC, metrics over OTLP/HTTP, both into ``jaeger``."""
+    return {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_METRICS_EXPORTER": "otlp",
+        "OTEL_LOGS_EXPORTER": "none",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": jaeger.otlp_grpc,
+        "OTEL_EXPORTER_OTLP_INSECURE": "true",
+        "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/protobuf",
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": f"{jaeger.otlp_http}/v1/metrics",
+    }
