@@ -31,7 +31,7 @@ echo "building jaeger ${version} into ${out} (first build takes minutes)" >&2
     cd "$here"
     # -mod=mod: the tool's dependencies come from go.sum via the module
     # proxy; there is no vendor directory.
-    GOFLAGS=-mod=mod nice -n 10 "$go_bin" build -trimpath -ldflags='-s -w' \
+    GOFLAGS=-mod=mod nice -n 10 "$go_bin" build -trimpath -buildvcs=false -ldflags='-s -w' \
         -o "$out.tmp.$$" github.com/jaegertracing/jaeger/cmd/jaeger
 )
 mv -f "$out.tmp.$$" "$out"

@@ -183,7 +183,7 @@ def test_an_erred_task_shows_in_jaeger_with_status_error_type_and_exception(
     for erred in (task, prefix, validate, etl):
         assert erred["status"]["code"] == 2, erred  # STATUS_CODE_ERROR
         assert erred["attrs"][names.ERROR_TYPE] == "ValueError"
-    assert prefix["status"]["message"] == "1 tasks erred: 1 ValueError"
+    assert prefix["status"]["message"] == "1 task erred: 1 ValueError"
     assert load.get("status", {}).get("code", 0) == 0 and names.ERROR_TYPE not in load["attrs"]
     (event,) = task["events"]
     assert event["name"] == names.EXCEPTION_EVENT

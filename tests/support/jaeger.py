@@ -22,6 +22,10 @@ from support.polling import wait_for
 from support.processes import free_port
 
 BUILD = DEPLOY / "jaeger" / "build.sh"
+#: the environment build.sh runs in, as it was when the tests were collected: a fixture
+#: that moves ``XDG_CACHE_HOME`` (or ``HOME``) for a test must not send it to build
+#: Jaeger again in an empty cache (minutes, and Go's build cache moves with it)
+_BUILD_ENV = dict(os.environ)
 #: ``service.name`` of the test client's spans
 
 
@@ -36,7 +40,7 @@ def jaeger_binary() -> str:
     """
     try:
         done = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True,
-                              timeout=3600)
+                              timeout=3600, env=_BUILD_ENV)
     except subprocess.TimeoutExpired:
         raise AssertionError(f"{BUILD} did not finish within an hour") from None
     path = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
