@@ -3,6 +3,7 @@
     python benchmarks/bench_hooks.py            # 5 x 300,000 calls per transition
     python benchmarks/bench_hooks.py --calls 20000 --repeat 3   # quicker
     python benchmarks/bench_hooks.py --task-spans none,erred,slowest,all
+    python benchmarks/bench_hooks.py --bytecodes   # Python bytecodes per call instead
 
 distributed calls ``transition`` on every scheduler plugin for every transition of every
 task, as ``plugin.transition(key, start, finish, stimulus_id=..., **kwargs)`` (the
@@ -116,6 +117,44 @@ def cost_per_call(hook: Any, start: str, finish: str, kwargs: dict, calls: int,
     return timed({"p": hook}) - timed({})
 
 
+def bytecodes_per_call(hook: Any, start: str, finish: str, kwargs: dict) -> int:
+    """The Python bytecode instructions one call of ``hook`` executes, in the steady
+    state (the second call): a count that does not move with the machine's load, of
+    the Python the hook runs (built-ins such as ``set.add`` count as the one
+    instruction that calls them)."""
+    count = 0
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        nonlocal count
+        if event == "opcode":
+            count += 1
+        return local
+
+    def call(frame: Any, event: str, arg: Any) -> Any:
+        frame.f_trace_opcodes = True
+        frame.f_trace_lines = False
+        return local
+
+    hook.transition("key", start, finish, stimulus_id="s", **kwargs)
+    sys.settrace(call)
+    try:
+        hook.transition("key", start, finish, stimulus_id="s", **kwargs)
+    finally:
+        sys.settrace(None)
+    return count
+
+
+def report_bytecodes(name: str, hook: Any) -> None:
+    print(f"{name}, Python bytecodes per call:")
+    total = 0
+    for start, finish, kwargs in [*TRANSITIONS, ("processing", "erred", _erred_kwargs())]:
+        n = bytecodes_per_call(hook, start, finish, kwargs)
+        if finish != "erred":
+            total += n
+        print(f"   {start} -> {finish}: {n}")
+    print(f"   per task ({len(TRANSITIONS)} transitions, not erred): {total}")
+
+
 def report(name: str, hook: Any, calls: int, repeat: int) -> None:
     total = 0.0
     print(f"{name}, per call (best of {repeat} x {calls}):")
@@ -130,12 +169,16 @@ def report(name: str, hook: Any, calls: int, repeat: int) -> None:
           f"its exception class counted): {seconds * 1e6:.3f} µs")
 
 
-async def measure(calls: int, repeat: int, modes: list[str]) -> None:
+async def measure(calls: int, repeat: int, modes: list[str], bytecodes: bool) -> None:
     for mode in modes:
         async with started_plugin(mode) as plugin:
-            report(f"OTelSpansPlugin.transition, task-spans: {mode}", plugin, calls,
-                   repeat)
-    report("a no-op hook", NoOpHook(), calls, repeat)
+            name = f"OTelSpansPlugin.transition, task-spans: {mode}"
+            if bytecodes:
+                report_bytecodes(name, plugin)
+            else:
+                report(name, plugin, calls, repeat)
+    if not bytecodes:
+        report("a no-op hook", NoOpHook(), calls, repeat)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,8 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--task-spans", default="erred",
                         help="task-spans settings to measure, comma-separated")
+    parser.add_argument("--bytecodes", action="store_true",
+                        help="count the Python bytecodes of one call instead of timing")
     args = parser.parse_args(argv)
-    asyncio.run(measure(args.calls, args.repeat, args.task_spans.split(",")))
+    asyncio.run(measure(args.calls, args.repeat, args.task_spans.split(","),
+                        args.bytecodes))
     return 0
 
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dask_otel_spans import names
+from dask_otel_spans.reports.model import IN_TASK, kind_of
 from dask_otel_spans.sdk.otlpjson import (
     TRACES_FILE,
     exception_logs,
@@ -31,7 +32,7 @@ def _top_activities(attributes: dict[str, Any], n: int = 3) -> str:
     for key, value in attributes.items():
         if key.startswith(prefix) and key.endswith(".seconds"):
             activity = key[len(prefix) : -len(".seconds")]
-            if activity != names.IDLE_ACTIVITY and isinstance(value, (int, float)):
+            if isinstance(value, (int, float)) and value > 0:
                 seconds.append((value, activity))
     seconds.sort(reverse=True)
     return ", ".join(f"{a} {v:.3g}s" for v, a in seconds[:n])
@@ -101,8 +102,9 @@ def render_tree(spans: Sequence[dict[str, Any]],
 
     lines: list[str] = []
 
-    def walk(s: dict, depth: int) -> None:
+    def walk(s: dict, depth: int, parent_kind: str | None = None) -> None:
         attrs = s["attributes"]
+        kind = kind_of(s, parent_kind)
         duration = (int(s.get("endTimeUnixNano", 0)) - start(s)) / 1e9
         indent = "  " * depth
         if names.SPAN_ID in attrs:
@@ -130,8 +132,7 @@ def render_tree(spans: Sequence[dict[str, Any]],
                 + (f"  (+{_count(left_out, 'task span')} left out)" if left_out else "")
             )
         else:
-            where = ("in a task" if s.get("resource", {}).get(names.WORKER_ADDRESS)
-                     else "client span")
+            where = "in a task" if kind == IN_TASK else "client span"
             line = f"{s['name']}  {duration:.3f}s  ({where})"
             fields = _exception_of(s, logged)
             lines.append(f"{indent}{line}" if fields is None
@@ -141,7 +142,7 @@ def render_tree(spans: Sequence[dict[str, Any]],
         kids.sort(key=lambda k: (names.TASK_PREFIX in k["attributes"]
                                  and names.TASK_KEY not in k["attributes"], start(k)))
         for k in kids:
-            walk(k, depth + 1)
+            walk(k, depth + 1, kind)
 
     traces: dict[str, list[dict]] = defaultdict(list)
     for r in roots:
@@ -151,7 +152,11 @@ def render_tree(spans: Sequence[dict[str, Any]],
     ):
         lines.append(f"trace {trace_id}")
         for r in sorted(trace_roots, key=start):
+            at = len(lines)
             walk(r, 1)
+            if r.get("parentSpanId"):  # not in these files: e.g. the application's own
+                lines[at] += f"  (parent {r['parentSpanId']} elsewhere)"
+
     return "\n".join(lines)
 
 

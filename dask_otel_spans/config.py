@@ -1,6 +1,7 @@
 """Package settings: the ``otel-spans`` dask config namespace and its typed view."""
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import re
@@ -97,20 +98,36 @@ def _duration(value: Any) -> float:
     return seconds
 
 
-def _count(minimum: int) -> Callable[[Any], int]:
-    def parse(value: Any) -> int:
-        if isinstance(value, bool):
-            raise SettingError(value)
-        if isinstance(value, str):
+def _whole_number(value: Any) -> int:
+    """``value`` as a whole number, in the spellings an operator writes for a count:
+    ``1000``, ``"1000"``, ``"1_000"``, ``"1e3"`` (and ``1000.0``, which is what
+    dask's config makes of ``DASK_...=1e3``)."""
+    if isinstance(value, bool):
+        raise SettingError(value)
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = int(text)
+        except ValueError:
             try:
-                value = int(value.strip())
+                value = float(text)
             except ValueError:
                 raise SettingError(value) from None
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if not isinstance(value, int) or value < minimum:
+    if isinstance(value, float):
+        if not value.is_integer():  # (a fraction, inf or NaN)
             raise SettingError(value)
-        return value
+        value = int(value)
+    if not isinstance(value, int):
+        raise SettingError(value)
+    return value
+
+
+def _count(minimum: int) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        count = _whole_number(value)
+        if count < minimum:
+            raise SettingError(value)
+        return count
 
     return parse
 
@@ -246,6 +263,13 @@ def _unknown_keys(node: Any, known: Any, prefix: str = "") -> list[str]:
     return out
 
 
+def _did_you_mean(key: str) -> str:
+    """``"; did you mean otel-spans.<closest setting>?"``, or nothing when no
+    setting's name is close to ``key``."""
+    close = difflib.get_close_matches(key, _BY_KEY, n=1, cutoff=0.6)
+    return f"; did you mean otel-spans.{close[0]}?" if close else ""
+
+
 #: Seconds between two ticks: the scheduler forwards what changed, and the export
 #: session looks at the spans that changed or whose wait ran out. A tick costs what
 #: changed, so a short interval is cheap; it bounds how long a ready span waits.
@@ -291,8 +315,9 @@ class PluginConfig:
             raise TypeError(f"Unknown otel-spans settings: {sorted(unknown)}")
         for key in _unknown_keys(dask.config.get(NAMESPACE, default={}),
                                  DEFAULTS[NAMESPACE]):
-            logger.error("dask_otel_spans: otel-spans.%s is not a setting; ignored "
-                         "(the settings: %s)", key, ", ".join(_BY_KEY))
+            logger.error("dask_otel_spans: otel-spans.%s is not a setting; ignored%s "
+                         "(the settings: %s)", key, _did_you_mean(key),
+                         ", ".join(_BY_KEY))
         return cls(**{
             s.field: s.read(overrides[s.field]) if s.field in overrides
             else setting(s.key)

@@ -161,14 +161,16 @@ def _preloading_servers(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _carrying_callers(original: Callable[..., Any]) -> Callable[..., Any]:
     """``Client._graph_to_futures`` (every submission goes through it) that annotates
-    a bare submission with the caller's context."""
+    a bare submission with the caller's context (and, once per client, checks that
+    the scheduler runs the plugin)."""
     import dask
 
     from dask_otel_spans import names
-    from dask_otel_spans.client import caller_carrier
+    from dask_otel_spans.client import caller_carrier, check_plugin_soon
 
     @functools.wraps(original)
     def _graph_to_futures(self: Any, *args: Any, **kwargs: Any) -> Any:
+        check_plugin_soon(self)
         try:
             carrier = caller_carrier()
         except Exception as e:  # never what keeps work from being submitted

@@ -1,6 +1,6 @@
 """Every attribute, metric and wire name this package exports or reads, in one place.
 
-These names are API (see DESIGN.md): dashboards, trace queries and tests depend on them.
+These names are API (see docs/data-contract.md): dashboards, trace queries and tests depend on them.
 """
 from __future__ import annotations
 
@@ -21,6 +21,9 @@ ANNOTATION_KEY = "otel"
 CALLER_ANNOTATION_KEY = "otel-caller"
 #: ``Client.log_event`` topic on which the client helper says that a block closed
 EVENT_TOPIC = "otel-spans"
+#: Scheduler metadata (``Scheduler.set_metadata`` keys) that a running plugin sets to
+#: the package's version: a client asks for it once, off its submissions' path
+PLUGIN_METADATA_KEYS = ("dask_otel_spans", "plugin")
 #: Instrumentation scope of the tracer and meter
 INSTRUMENTATION_SCOPE = "dask_otel_spans"
 try:

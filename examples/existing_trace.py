@@ -3,9 +3,11 @@ the parent of the dask spans, and client-side work inside a dask span lands insi
 
     python examples/existing_trace.py [ADDRESS]
 
-The application configures its own tracer provider as usual (here: the SDK with the
-OTEL_* variables, console when nothing is set); the scheduler exports the dask spans into
-the same trace.
+The application configures its own tracer provider as usual (here: the SDK, OTLP when
+OTEL_EXPORTER_OTLP_ENDPOINT is set, else one line per span on the console); the
+scheduler exports the dask spans into the same trace. With nothing set, the console
+shows the application's spans ("handle request", and "store result" whose parent is
+the dask span) and the embedded default's files hold the dask spans of that trace.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import sys
 import dask.array as da
 from _cluster import connect
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
 from dask_otel_spans import span
@@ -30,8 +32,16 @@ def app_tracer_provider() -> TracerProvider:
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     else:
-        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter(out=open(os.devnull, "w"))))
+        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter(
+            formatter=one_line)))
     return provider
+
+
+def one_line(span: ReadableSpan) -> str:
+    """A span of the application's, as the console shows it."""
+    parent = f"{span.parent.span_id:016x}" if span.parent else "none"
+    return (f"application span {span.name!r}: trace {span.context.trace_id:032x} "
+            f"span {span.context.span_id:016x} parent {parent}\n")
 
 
 def main(address: str | None = None) -> None:

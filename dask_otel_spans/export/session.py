@@ -26,7 +26,7 @@ from dask_otel_spans.export.tracking.readiness import ReadinessTracker
 from dask_otel_spans.export.tracking.records import carried_for_translation
 from dask_otel_spans.export.tracking.tree import SpanTree
 from dask_otel_spans.logonce import OnceLogger
-from dask_otel_spans.protocol.events import UnknownMessage, dispatch
+from dask_otel_spans.protocol.events import Dispatcher, Message, UnknownMessage
 from dask_otel_spans.protocol.exceptions import OTHER, exception_type
 from dask_otel_spans.protocol.propagation import parse_carried, resolve_chain
 from dask_otel_spans.protocol.tasks import SLOWEST
@@ -87,6 +87,7 @@ class ExportSession:
         self._log_once = OnceLogger(logger)
         #: messages that were not of the protocol (skipped)
         self.unreadable = 0
+        self._dispatch = Dispatcher(self)
 
     # -- the transport's side ----------------------------------------------------------
 
@@ -98,7 +99,7 @@ class ExportSession:
     def start(self) -> None:
         self.thread.start()
 
-    def send(self, messages: list[tuple[Any, ...]]) -> None:
+    def send(self, messages: list[Message]) -> None:
         """Queue ``messages`` (in order, one queue operation); never blocks."""
         if messages:
             self.thread.put(messages)
@@ -140,10 +141,11 @@ class ExportSession:
 
     # -- the thread ----------------------------------------------------------------------
 
-    def _apply(self, messages: list[tuple[Any, ...]]) -> None:
+    def _apply(self, messages: list[Message]) -> None:
+        dispatch = self._dispatch
         for message in messages:
             try:
-                dispatch(self, message)
+                dispatch(message)
             except UnknownMessage as e:
                 self.unreadable += 1
                 self._log_once("unknown", "skipping a message it cannot read (%s; "
@@ -195,8 +197,8 @@ class ExportSession:
 
     # -- the protocol's handlers ----------------------------------------------------------
 
-    def on_span(self, ids: Any, name: Any, enqueued: float, nthreads_offset: int,
-                position: int) -> None:
+    def on_span_added(self, ids: tuple[str, ...], name: tuple[str, ...],
+                      enqueued: float, nthreads_offset: int, position: int) -> None:
         span = self.tree.add_span(ids, name, enqueued, nthreads_offset, position)
         if span is not None:
             self.tracker.add_span(span)
@@ -207,7 +209,7 @@ class ExportSession:
     def on_group_done(self, span_id: str, group: int, figures: tuple[Any, ...]) -> None:
         tg = self.tree.group(span_id, group, figures[0], figures)
         if tg is not None:
-            self.tracker.group_settled(span_id, tg.stop)
+            self.tracker.group_done(span_id, tg.stop)
 
     def on_group_erred(self, span_id: str, group: int, count: int,
                        classes: list[tuple[Any, str, int]]) -> None:
@@ -215,8 +217,9 @@ class ExportSession:
             (exception_type(name, origin) if origin is not None or name else OTHER, n)
             for origin, name, n in classes])
 
-    def on_group_tasks(self, span_id: str, group: int, prefix: str, records: Any,
-                       erred_seen: int, others_seen: int) -> None:
+    def on_group_tasks(self, span_id: str, group: int, prefix: str,
+                       records: list[tuple[Any, ...]], erred_seen: int,
+                       others_seen: int) -> None:
         self.tree.add_tasks(span_id, prefix, records, erred_seen, others_seen)
 
     def on_span_metrics(self, span_id: str, metrics: Mapping[Hashable, float]) -> None:
@@ -228,7 +231,7 @@ class ExportSession:
     def on_worker_count(self, n: int) -> None:
         self.tree.n_workers = int(n)
 
-    def on_graph(self, time: float, client: str | None, span_ids: list[str],
+    def on_graph_submitted(self, time: float, client: str | None, span_ids: list[str],
                  chains: Any, collisions: list[tuple[str, str, str]],
                  links: list[tuple[str, dict[str, str]]]) -> None:
         self.tracker.graph(time, client, span_ids, chains, links)
@@ -273,7 +276,8 @@ class ExportSession:
         if pump is not None:
             pump.submit(DaskInstruments.add_worker_deltas, deltas)
 
-    def on_nthreads_history(self, start: int, entries: Any) -> None:
+    def on_nthreads_history(self, start: int,
+                            entries: Sequence[tuple[float, int]]) -> None:
         """Entries of the scheduler's ``total_nthreads_history`` from ``start`` on (a
         message sent again after a failed write changes nothing)."""
         del self.history[start:]

@@ -6,6 +6,11 @@ from __future__ import annotations
 from collections.abc import Container, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Union
 
+from dask_otel_spans.protocol.dask_private import (
+    cumulative_metrics,
+    nthreads_history,
+    nthreads_offset,
+)
 from dask_otel_spans.protocol.tasks import TaskRecord
 
 if TYPE_CHECKING:
@@ -108,11 +113,11 @@ def snapshot_span(
         tuple(span.name),
         span.enqueued,
         groups,
-        dict(getattr(span, "_cumulative_worker_metrics", None) or {}),
+        dict(cumulative_metrics(span)),
         children,
         tuple(span.code) if with_code else (),
-        getattr(span, "_total_nthreads_history", ()),
-        getattr(span, "_total_nthreads_offset", 0),
+        nthreads_history(span),
+        nthreads_offset(span),
         {
             prefix: (sample.chosen(), sample.left_out)
             for prefix, sample in (getattr(span, "task_samples", None) or {}).items()

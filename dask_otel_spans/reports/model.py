@@ -27,17 +27,20 @@ DASK, PREFIX, TASK, CLIENT, IN_TASK, FOLDED = (
     "dask", "prefix", "task", "client", "in-task", "folded")
 
 
-def kind_of(span: Mapping[str, Any]) -> str:
+def kind_of(span: Mapping[str, Any], parent_kind: str | None = None) -> str:
     """What a span is: a dask span, a task prefix span, a task span, a span made in
-    a task on a worker, or a span of client code."""
+    a task on a worker (its resource names a worker, or its parent is a prefix,
+    task or in-task span: the launcher's providers on a worker name none), or a
+    span of client code."""
     attrs = span.get("attributes") or {}
     if names.SPAN_ID in attrs:
         return DASK
     if names.TASK_KEY in attrs:
         return TASK
-    if names.TASK_GROUP_COUNT in attrs:
+    if names.TASK_GROUP_COUNT in attrs or names.TASK_PREFIX in attrs:
         return PREFIX
-    if (span.get("resource") or {}).get(names.WORKER_ADDRESS):
+    if (span.get("resource") or {}).get(names.WORKER_ADDRESS) or parent_kind in (
+            PREFIX, TASK, IN_TASK):
         return IN_TASK
     return CLIENT
 
@@ -114,11 +117,15 @@ def _trace(trace_id: str, spans: Sequence[Mapping[str, Any]],
     end = max(_ns(s, "endTimeUnixNano") for s in spans)
     rows: list[dict[str, Any]] = []
 
-    def add(span: Mapping[str, Any], depth: int) -> None:
-        kind = kind_of(span)
+    def add(span: Mapping[str, Any], depth: int, parent_kind: str | None) -> None:
+        kind = kind_of(span, parent_kind)
         attrs = span.get("attributes") or {}
+        parent = span.get("parentSpanId") or ""
         rows.append({
-            "id": span.get("spanId"), "parent": span.get("parentSpanId") or "",
+            "id": span.get("spanId"), "parent": parent,
+            # (a root whose parent is elsewhere: e.g. the application's own span,
+            # exported by another process to another backend)
+            "parent_elsewhere": parent if parent and parent not in ids else "",
             "name": str(span.get("name", "")), "kind": kind, "depth": depth,
             "start": (_ns(span, "startTimeUnixNano") - start) / 1e6,
             "duration": max(0, _ns(span, "endTimeUnixNano")
@@ -136,18 +143,22 @@ def _trace(trace_id: str, spans: Sequence[Mapping[str, Any]],
         shown = {id(k) for k in tasks[:max_task_rows]}
         for k in kids:
             if kind_of(k) != TASK or id(k) in shown:
-                add(k, depth + 1)
+                add(k, depth + 1, kind)
         if len(tasks) > max_task_rows:
             rows.append({"id": f"{span.get('spanId')}-folded", "parent": span.get("spanId"),
+                         "parent_elsewhere": "",
                          "name": f"{len(tasks) - max_task_rows} more task spans",
                          "kind": FOLDED, "depth": depth + 1, "start": 0.0,
                          "duration": 0.0, "attrs": {}, "error": None, "breakdown": [],
                          "folded": len(tasks) - max_task_rows})
 
     for root in sorted(roots, key=lambda r: _ns(r, "startTimeUnixNano")):
-        add(root, 0)
+        add(root, 0, None)
     return {"trace_id": trace_id, "start_ns": start, "duration": (end - start) / 1e6,
-            "name": str(roots[0].get("name", "")) if roots else "", "rows": rows}
+            "name": str(roots[0].get("name", "")) if roots else "", "rows": rows,
+            # the activity bars' common scale: the most activity seconds of a row
+            "activity_scale": max((sum(v for _, v in r["breakdown"]) for r in rows),
+                                  default=0.0)}
 
 
 def _summary(traces: Iterable[dict[str, Any]], n_spans: int) -> dict[str, Any]:

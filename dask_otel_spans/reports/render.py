@@ -61,6 +61,8 @@ main{display:flex;align-items:flex-start}#traces{flex:1;padding:0 18px 40px;min-
  border:1px solid #ddd;padding:6px}table{border-collapse:collapse;width:100%}
 td{border-bottom:1px solid #eee;padding:2px 4px;vertical-align:top;word-break:break-all}
 .legend i{display:inline-block;width:10px;height:10px;margin:0 4px 0 10px}
+.tag{font-size:11px;color:#666;background:#eee;border-radius:3px;padding:0 4px}
+.elsewhere{background:#fff3cd}
 """
 
 _SCRIPT = r"""
@@ -74,6 +76,8 @@ var colours = JSON.parse(document.getElementById("report-colours").textContent);
 function esc(s){return String(s).replace(/[&<>"']/g,function(c){return {"&":"&amp;",
  "<":"&lt;",">":"&gt;",'"':"&quot;","'":"&#39;"}[c];});}
 function ms(x){return x>=1000?(x/1000).toFixed(3)+" s":x.toFixed(1)+" ms";}
+function secs(x){return x.toPrecision(3)+" s";}
+var TAGS = {"in-task": "in a task", "client": "client"};
 var s = data.summary, parts = [];
 parts.push('<div class="summary"><span><b>'+s.traces+'</b> traces</span><span><b>'+s.spans+
  '</b> spans</span><span><b>'+s.tasks+'</b> tasks</span><span><b>'+s.erred+
@@ -83,12 +87,14 @@ if (s.slowest.length){parts.push('<div>Slowest dask spans: '+s.slowest.map(funct
 }).join(", ")+'</div>');}
 document.getElementById("summary").innerHTML = parts.join("");
 var legend = []; for (var a in colours){legend.push('<i style="background:'+colours[a]+'"></i>'+esc(a));}
-document.getElementById("legend").innerHTML = legend.join("");
+document.getElementById("legend").innerHTML = legend.length ?
+ 'Activities (bars in seconds, one scale per trace; hover a segment for its figures):'+
+ legend.join("") : "";
 var byId = {}, out = [];
 data.traces.forEach(function(trace, ti){
   out.push('<section class="trace"><h2>'+esc(trace.name||"trace")+' <small>trace '+
    esc(trace.trace_id)+', '+ms(trace.duration)+'</small></h2><div class="rows">');
-  var total = trace.duration || 1, rows = trace.rows;
+  var total = trace.duration || 1, rows = trace.rows, scale = trace.activity_scale || 1;
   rows.forEach(function(r, i){
     byId[r.id] = r;
     var next = rows[i+1], parent = next && next.depth > r.depth;
@@ -97,18 +103,28 @@ data.traces.forEach(function(trace, ti){
     var width = Math.max(0.05, Math.min(100-left, r.duration/total*100));
     var mix = '<span class="mix none"></span>';  // (every row keeps the column)
     if (r.breakdown.length){
+      // one scale per trace: a bar's length is its row's activity seconds
       var sum = r.breakdown.reduce(function(a, b){return a+b[1];}, 0);
-      mix = '<span class="mix" title="activity breakdown">'+r.breakdown.map(function(b){
-        return '<i data-activity="'+esc(b[0])+'" data-seconds="'+b[1]+'" style="width:'+
-         (b[1]/sum*100).toFixed(4)+'%;background:'+(colours[b[0]]||"#999")+'"></i>';
+      mix = '<span class="mix" title="activity seconds, on one scale per trace">'+
+       r.breakdown.map(function(b){
+        return '<i data-activity="'+esc(b[0])+'" data-seconds="'+b[1]+'" title="'+
+         esc(b[0])+': '+secs(b[1])+' ('+(b[1]/sum*100).toFixed(1)+' % of this span\'s '+
+         secs(sum)+')" style="width:'+(b[1]/scale*100).toFixed(4)+'%;background:'+
+         (colours[b[0]]||"#999")+'"></i>';
       }).join("")+'</span>';
+    }
+    var tag = TAGS[r.kind] ? ' <span class="tag">'+TAGS[r.kind]+'</span>' : '';
+    if (r.parent_elsewhere){
+      tag += ' <span class="tag elsewhere" title="its parent span is not in these files: '+
+       'another process exported it (e.g. the application\'s own trace)">↑ parent '+
+       esc(r.parent_elsewhere)+' elsewhere</span>';
     }
     var exc = r.error ? '<span class="exception">'+esc(r.error.type)+': '+
       esc(r.error.message)+'</span>' : '';
     out.push('<div id="row-'+esc(r.id)+'" class="'+cls+'" data-id="'+esc(r.id)+
      '" data-depth="'+r.depth+'" data-trace="'+ti+'"><span class="label" style="padding-left:'+
      (r.depth*14)+'px"><span class="toggle">'+(parent?"▾":"")+'</span>'+esc(r.name)+
-     (r.error?' ✗ '+esc(r.error.type):'')+'</span><span class="lane"><span class="bar" style="left:'+
+     (r.error?' ✗ '+esc(r.error.type):'')+tag+'</span><span class="lane"><span class="bar" style="left:'+
      left.toFixed(4)+'%;width:'+width.toFixed(4)+'%"></span></span><span class="dur">'+
      (r.kind==="folded"?"":ms(r.duration))+'</span>'+mix+exc+'</div>');
   });
@@ -117,7 +133,10 @@ data.traces.forEach(function(trace, ti){
 var traces = document.getElementById("traces");
 traces.innerHTML = out.join("");
 function details(r){
-  var h = '<h2>'+esc(r.name)+'</h2><div>'+esc(r.kind)+' span, '+ms(r.duration)+'</div>';
+  var h = '<h2>'+esc(r.name)+'</h2><div>'+esc(TAGS[r.kind]||r.kind)+' span, '+
+   ms(r.duration)+'</div>';
+  if (r.parent_elsewhere){h += '<div>Parent span '+esc(r.parent_elsewhere)+
+   ', not in these files (exported by another process)</div>';}
   if (r.error){h += '<h2>✗ '+esc(r.error.type)+'</h2><div>'+esc(r.error.message)+'</div>'+
     (r.error.stacktrace?'<pre>'+esc(r.error.stacktrace)+'</pre>':'');}
   if (r.breakdown.length){h += '<h2>Activities</h2><table>'+r.breakdown.map(function(b){

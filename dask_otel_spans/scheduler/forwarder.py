@@ -8,15 +8,23 @@ slices of the plugin's tick budget.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+from distributed.metrics import time
 from distributed.utils import key_split_group
 
 from dask_otel_spans import names
 from dask_otel_spans.protocol import events
+from dask_otel_spans.protocol.events import Message
 from dask_otel_spans.protocol.dask_facts import group_done
+from dask_otel_spans.protocol.dask_private import (
+    code_snippets,
+    cumulative_metrics,
+    nthreads_offset,
+)
 from dask_otel_spans.protocol.propagation import w3c_headers
 from dask_otel_spans.protocol.snapshots import done_figures
 from dask_otel_spans.protocol.tasks import NONE
@@ -25,10 +33,16 @@ from dask_otel_spans.scheduler.sampler import TaskSampler
 if TYPE_CHECKING:
     from distributed.spans import Span
 
-#: Kinds of the hooks' queued events
-GRAPH, NOTICE, CLIENT_GONE = events.GRAPH, events.NOTICE, events.CLIENT_GONE
 #: Spans, keys or task groups handled between two pauses (~1 µs each)
 SPANS_PER_STEP = 256
+
+
+class Sink(Protocol):
+    """Where the forwarder sends messages: the transport
+    (:class:`~dask_otel_spans.transport.choice.Transport`)."""
+
+    def send(self, messages: list[Message]) -> None:
+        """Queue ``messages`` in order; never blocks."""
 
 
 def chain_ids(span: Span) -> tuple[str, ...]:
@@ -153,16 +167,78 @@ def _note_collision(key: Any, ann: Any, chain: Any, tasks: Mapping[Any, Any],
     collisions.add((str(asked), str(ids[-1]), group))
 
 
-def span_message(span: Span, position: int) -> tuple[Any, ...]:
-    """The ``span`` message of a span at ``position`` in the extension's dict."""
-    return (
-        events.SPAN, chain_ids(span), tuple(span.name), span.enqueued,
-        getattr(span, "_total_nthreads_offset", 0), position,
-    )
+def span_message(span: Span, position: int) -> Message:
+    """The message of a span at ``position`` in the extension's dict."""
+    return events.span_added(chain_ids(span), tuple(span.name), span.enqueued,
+                             nthreads_offset(span), position)
+
+
+class QueuedGraph(NamedTuple):
+    """A graph the ``update_graph`` hook queued, read at the next tick: its keys and
+    the annotations the scheduler passed (``otel``, ``span``, ``otel-caller``), and
+    the default span's id when it came (for bare submissions)."""
+
+    time: float
+    client: str | None
+    keys: Any
+    otel: Any
+    span_of_key: Any
+    callers: Any
+    default_id: str | None
+
+
+@dataclass
+class Changes:
+    """What the hooks noted since the last tick; a tick takes it whole, so what
+    comes while it runs waits for the next one."""
+
+    #: hook events in the order they came: queued graphs, and close notices and
+    #: departed clients as the messages they become
+    pending: deque[QueuedGraph | Message] = field(default_factory=deque)
+    #: task groups whose tasks started or settled
+    touched: set[Any] = field(default_factory=set)
+    #: task group -> tasks of it that erred
+    erred: dict[Any, int] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.pending or self.touched or self.erred)
+
+
+@dataclass
+class Forwarded:
+    """What the export side was told so far."""
+
+    #: spans of the extension's dict (in insertion order) forwarded so far
+    n_known: int
+    #: the number of workers last forwarded (-1: none yet)
+    workers: int = -1
+    #: task groups forwarded as running and not as done since (as many as the
+    #: groups running now): not told again while they run
+    running: set[Any] = field(default_factory=set)
+    #: span id -> code snippets forwarded (``include-code``)
+    code: dict[str, int] = field(default_factory=dict)
+    #: spans forwarded (adopted ones too)
+    spans: int = 0
+    #: ``spans`` when the last adoption started: the spans forwarded to the export
+    #: process running now are those counted since
+    spans_before_adoption: int = 0
+
+    def for_a_new_copy(self) -> None:
+        """The export side starts a new copy (at start, or a new export process):
+        it knows no worker count, no running group, no code."""
+        self.workers = -1
+        self.running.clear()
+        self.code.clear()
+        self.spans_before_adoption = self.spans
 
 
 class SpanForwarder:
     """Forward the scheduler's span events to the transport.
+
+    The plugin's hooks tell it what happened (:meth:`graph_submitted`,
+    :meth:`close_notice`, :meth:`client_gone`, :meth:`task_moved`), each O(1); the
+    plugin's tick runs :meth:`tick_steps`, which forwards what came since, and
+    :meth:`adopt` at start and for a new export process.
 
     Parameters
     ----------
@@ -176,51 +252,77 @@ class SpanForwarder:
     include_code:
         Forward the source code snippets the client sent for each span
     sampler:
-        Keeps the tasks that get task spans (the plugin's ``transition`` hook feeds
-        it); default: none
+        Keeps the tasks that get task spans (:meth:`task_moved` feeds it); default:
+        none
     by_name:
         The extension's spans by name (``spans_search_by_name``): where the default
         span is
+    clock:
+        The time of the hooks' events (default: distributed's ``time``)
     """
 
     def __init__(
         self,
         spans: Mapping[str, Span],
         tasks: Mapping[Any, Any],
-        sink: Any,
+        sink: Sink,
         include_code: bool = False,
         sampler: TaskSampler | None = None,
         by_name: Mapping[tuple[str, ...], list[Span]] | None = None,
+        clock: Callable[[], float] = time,
     ):
         self.spans = spans
+        self.clock = clock
         self.by_name = by_name if by_name is not None else {}
         self.tasks = tasks
         self.sink = sink
         self.include_code = include_code
         self.sampler = sampler if sampler is not None else TaskSampler(NONE, 0)
-        #: the hooks' events not forwarded yet: ``(GRAPH, time, client, keys, otel,
-        #: span_of_key, callers, default span id)``, ``(NOTICE, time, msg)``, ``(CLIENT_GONE, time, client)``
-        self.pending: deque[tuple[Any, ...]] = deque()
-        #: spans of ``spans`` (in insertion order) forwarded so far
-        self.n_known = len(spans)
-        #: task groups whose tasks started or settled since the last tick (the
-        #: plugin's ``transition`` hook adds them)
-        self.touched: set[Any] = set()
-        #: task group -> tasks of it that erred since the last tick (the plugin's
-        #: ``transition`` hook counts them)
-        self.erred: dict[Any, int] = {}
-        #: task groups forwarded as running and not as done since (as many as the
-        #: groups running now): not told again while they run
-        self.running_forwarded: set[Any] = set()
-        #: span id -> code snippets forwarded (``include-code``)
-        self.code_sent: dict[str, int] = {}
-        self.workers = -1
-        #: spans forwarded (adopted ones too)
-        self.forwarded_spans = 0
-        #: ``forwarded_spans`` when the last adoption started: the spans forwarded
-        #: to the export process running now are those counted since
-        self.forwarded_before_adoption = 0
-        self.forwarded_groups = 0
+        self.changes = Changes()
+        self.forwarded = Forwarded(n_known=len(spans))
+
+    # -- what the hooks tell it (O(1) each) ----------------------------------------------
+
+    def graph_submitted(self, client: str | None, keys: Any,
+                        annotations: Mapping[str, Any] | None) -> None:
+        """A graph reached the scheduler (``update_graph``): queued as it is."""
+        otel = span_of_key = callers = default_id = None
+        if annotations:
+            otel = annotations.get(names.ANNOTATION_KEY)
+            span_of_key = annotations.get("span")
+            callers = annotations.get(names.CALLER_ANNOTATION_KEY)
+            if callers:
+                # (where dask put tasks of no span block: their group tells only
+                # while they are not forgotten, which may be by the tick)
+                default_id = self.default_span_id()
+        self.changes.pending.append(QueuedGraph(self.clock(), client, keys, otel, span_of_key,
+                                                callers, default_id))
+
+    def close_notice(self, msg: Any) -> None:
+        """The client helper's block exited (``log_event`` on its topic)."""
+        self.changes.pending.append(events.close_notice(self.clock(), msg))
+
+    def client_gone(self, client: str) -> None:
+        """A client left the scheduler."""
+        self.changes.pending.append(events.client_gone(self.clock(), client))
+
+    def task_moved(self, ts: Any, key: Any, start: str, finish: str,
+                   kwargs: Mapping[str, Any]) -> None:
+        """Task ``ts`` started or settled (the ``transition`` hook, which skips the
+        others): its group is noted for the next tick; a task that erred is counted
+        and, like one that finished under ``task-spans: slowest`` or ``all``, goes
+        to the task sampler (from the worker's report in ``kwargs``)."""
+        tg = ts.group
+        changes = self.changes
+        changes.touched.add(tg)
+        if finish == "erred":
+            erred = changes.erred
+            erred[tg] = erred.get(tg, 0) + 1
+            if start == "processing":  # (it ran: not erred by a dependency)
+                self.sampler.erred(tg, key, kwargs, ts.run_spec)
+        elif (self.sampler.finished is not None and finish == "memory"
+              and start == "processing"):
+            self.sampler.finished(tg, key, kwargs, ts.run_spec)
 
     def default_span_id(self) -> str | None:
         """The id of dask's current default span (O(1)); None when there is none."""
@@ -230,39 +332,41 @@ class SpanForwarder:
     def take_over(self, previous: SpanForwarder) -> None:
         """Go on from where ``previous`` (the instance registered before, whose
         transport this one keeps) was: nothing is forwarded twice or left out."""
-        self.pending.extend(previous.pending)
-        previous.pending.clear()
-        self.sampler.groups.update(previous.sampler.groups)
-        self.sampler.erred_windows.update(previous.sampler.erred_windows)
-        self.sampler.erred_classes.update(previous.sampler.erred_classes)
-        for name in ("n_known", "touched", "erred", "running_forwarded", "code_sent",
-                     "workers", "forwarded_spans", "forwarded_before_adoption",
-                     "forwarded_groups"):
-            setattr(self, name, getattr(previous, name))
+        self.changes, previous.changes = previous.changes, Changes()
+        self.forwarded = previous.forwarded
+        self.sampler.take_over(previous.sampler)
+
+    @property
+    def forwarded_to_this_copy(self) -> int:
+        """Spans forwarded to the export side's current copy (since the last
+        adoption)."""
+        return self.forwarded.spans - self.forwarded.spans_before_adoption
+
+    # -- forwarding --------------------------------------------------------------------
 
     def forward_deltas(self, deltas: Mapping[Any, float]) -> None:
         """A heartbeat's span metric deltas, after the spans created since the last
         call (O(new)): the export side knows every span they name."""
-        out: list[tuple[Any, ...]] = []
+        out: list[Message] = []
         self._new_spans(out)
-        out.append((events.DELTAS, deltas))
+        out.append(events.span_deltas(deltas))
         self.sink.send(out)
 
-    def _new_spans(self, out: list[tuple[Any, ...]]) -> None:
+    def _new_spans(self, out: list[Message]) -> None:
         spans = self.spans
         n = len(spans)
-        start = self.n_known
+        start = self.forwarded.n_known
         if n <= start:
             return
         fresh = list(islice(reversed(spans.values()), 0, n - start))
-        self.n_known = n
+        self.forwarded.n_known = n
         out.extend(map(span_message, reversed(fresh), range(start, n)))
-        self.forwarded_spans += len(fresh)
+        self.forwarded.spans += len(fresh)
 
-    def _send(self, out: list[tuple[Any, ...]]) -> None:
+    def _send(self, out: list[Message]) -> None:
         """Send ``out``, the spans created meanwhile first: what the messages name
         is known where they arrive."""
-        spans: list[tuple[Any, ...]] = []
+        spans: list[Message] = []
         self._new_spans(spans)
         if spans or out:
             self.sink.send(spans + out)
@@ -270,8 +374,8 @@ class SpanForwarder:
     def idle(self, n_workers: int) -> bool:
         """Whether a tick would forward nothing: no span, hook event, task group or
         worker count came since the last one (O(1))."""
-        return (n_workers == self.workers and len(self.spans) <= self.n_known
-                and not self.pending and not self.touched and not self.erred)
+        return (n_workers == self.forwarded.workers
+                and len(self.spans) <= self.forwarded.n_known and not self.changes)
 
     def tick(self, n_workers: int) -> None:
         """Forward what came since the last tick, in one go (:meth:`tick_steps`)."""
@@ -279,70 +383,85 @@ class SpanForwarder:
             pass
 
     def tick_steps(self, n_workers: int) -> Iterator[None]:
-        """Forward what came since the last tick: the new spans, the queued hook
-        events in the order they came, then the task groups touched. Pauses
-        (yields) every ``SPANS_PER_STEP`` spans, keys or groups, each time after
-        sending what it has."""
-        if n_workers != self.workers:
-            self.workers = n_workers
-            self.sink.send([(events.WORKERS, n_workers)])
-        # the new spans, read from the dict's end once (O(new)), in steps; spans
-        # created meanwhile go with the next messages (_send) or the next tick
-        spans = self.spans
-        start, n = self.n_known, len(spans)
+        """Forward what came since the last tick: the worker count, the new spans,
+        the hooks' events in the order they came, then the task groups touched.
+        Pauses (yields) every ``SPANS_PER_STEP`` spans, keys or groups, each time
+        after sending what it has."""
+        changes, self.changes = self.changes, Changes()
+        self._forward_workers(n_workers)
+        yield from self._forward_new_spans()
+        yield from self._forward_hook_events(changes.pending)
+        # (after the graphs: the groups of their tasks are known there by then)
+        yield from self._forward_groups(changes.touched, changes.erred)
+
+    def _forward_workers(self, n_workers: int) -> None:
+        if n_workers != self.forwarded.workers:
+            self.forwarded.workers = n_workers
+            self.sink.send([events.worker_count(n_workers)])
+
+    def _forward_new_spans(self) -> Iterator[None]:
+        """The new spans, read from the dict's end once (O(new)), in steps; spans
+        created meanwhile go with the next messages (:meth:`_send`) or the next
+        tick."""
+        spans, forwarded = self.spans, self.forwarded
+        start, n = forwarded.n_known, len(spans)
         fresh = list(islice(reversed(spans.values()), 0, max(0, n - start)))
         fresh.reverse()
         at = start
         while at < n:
             # (a heartbeat may have forwarded some of them meanwhile)
-            at = max(at, self.n_known)
+            at = max(at, forwarded.n_known)
             if at >= n:
                 break
             upto = min(n, at + SPANS_PER_STEP)
-            self.n_known = max(self.n_known, upto)
+            forwarded.n_known = max(forwarded.n_known, upto)
             self.sink.send(list(map(
                 span_message, fresh[at - start:upto - start], range(at, upto)
             )))
-            self.forwarded_spans += upto - at
+            forwarded.spans += upto - at
             at = upto
             yield
-        out = []
-        pending = self.pending
-        for _ in range(len(pending)):  # (those that come meanwhile: the next tick)
-            event = pending.popleft()
-            kind = event[0]
-            if kind == GRAPH:
-                _, now, client, keys, otel, span_of_key, callers, default_id = event
-                span_ids: set[str] = set()
-                collisions: set[tuple[str, str, str]] = set()
-                if out and _large(keys):
-                    self._send(out)  # (what came before it, first)
-                    out = []
-                yield from collect_span_ids(keys, span_of_key, self.tasks, span_ids,
-                                            otel=otel, collisions=collisions)
-                links: dict[tuple[str, str], dict[str, str]] = {}
-                if callers:
-                    yield from collect_links(keys, callers, otel, span_of_key,
-                                             self.tasks, links, default_id)
-                ids = [s for s in span_ids if type(s) is str]
-                if self.include_code:
-                    self._code_of(ids, out)
-                out.append((events.GRAPH, now, client, ids, _chains(otel),
-                            sorted(collisions),
-                            [(span_id, headers) for (span_id, _), headers
-                             in links.items()]))
-            elif kind == NOTICE:
-                out.append((events.NOTICE, event[1], event[2]))
-            elif kind == CLIENT_GONE:
-                out.append((events.CLIENT_GONE, event[1], event[2]))
+
+    def _forward_hook_events(self, pending: deque[QueuedGraph | Message]
+                             ) -> Iterator[None]:
+        """The hooks' events in the order they came: a queued graph becomes its
+        ``graph`` message (read in steps), the others are messages already."""
+        out: list[Message] = []
+        for event in pending:
+            if not isinstance(event, QueuedGraph):
+                out.append(event)
+                continue
+            if out and _large(event.keys):
+                self._send(out)  # (what came before it, first)
+                out = []
+            yield from self._graph_message(event, out)
         self._send(out)
-        # (after the graphs: their new tasks' groups are touched by then); a group
-        # goes when it is done, or when it runs and was not running there
-        touched, self.touched = self.touched, set()
-        erred, self.erred = self.erred, {}
-        running_forwarded = self.running_forwarded
+
+    def _graph_message(self, graph: QueuedGraph, out: list[Message]) -> Iterator[None]:
+        """Append the ``graph`` message of a queued graph to ``out`` (and its spans'
+        code, with ``include-code``), reading its keys in steps."""
+        span_ids: set[str] = set()
+        collisions: set[tuple[str, str, str]] = set()
+        yield from collect_span_ids(graph.keys, graph.span_of_key, self.tasks, span_ids,
+                                    otel=graph.otel, collisions=collisions)
+        links: dict[tuple[str, str], dict[str, str]] = {}
+        if graph.callers:
+            yield from collect_links(graph.keys, graph.callers, graph.otel,
+                                     graph.span_of_key, self.tasks, links,
+                                     graph.default_id)
+        ids = [s for s in span_ids if type(s) is str]
+        if self.include_code:
+            self._code_of(ids, out)
+        out.append(events.graph_submitted(
+            graph.time, graph.client, ids, _chains(graph.otel), sorted(collisions),
+            [(span_id, headers) for (span_id, _), headers in links.items()]))
+
+    def _forward_groups(self, touched: set[Any], erred: dict[Any, int]
+                        ) -> Iterator[None]:
+        """The groups' errors, then each touched group when it is done, or when it
+        runs and was not running there."""
         take_classes = self.sampler.take_erred_classes
-        out = [(events.ERRED, tg.span_id, id(tg), n, classes)
+        out = [events.group_erred(tg.span_id, id(tg), n, classes)
                for tg, n in erred.items()
                # (taken for every group: none is left behind)
                for classes in (take_classes(tg),) if tg.span_id is not None]
@@ -351,53 +470,52 @@ class SpanForwarder:
                 self._send(out)
                 out = []
                 yield
-            span_id = tg.span_id
-            if span_id is None:
-                if group_done(tg):
-                    self.sampler.take_erred_window(tg)  # (no span to tell)
-                continue
-            if group_done(tg):
-                running_forwarded.discard(tg)
-                out.append((events.DONE, span_id, id(tg),
-                            done_figures(tg, self.sampler.take_erred_window(tg))))
-                self._tasks_of(tg, span_id, out)
-            elif tg not in running_forwarded:
-                running_forwarded.add(tg)
-                out.append((events.RUN, span_id, id(tg), str(tg.prefix.name)))
-            else:
-                continue
-            self.forwarded_groups += 1
+            self._group_message(tg, out)
         self._send(out)
 
-    def _tasks_of(self, tg: Any, span_id: str, out: list[tuple[Any, ...]]) -> None:
+    def _group_message(self, tg: Any, out: list[Message]) -> None:
+        running = self.forwarded.running
+        span_id = tg.span_id
+        if span_id is None:
+            if group_done(tg):
+                self.sampler.take_erred_window(tg)  # (no span to tell)
+        elif group_done(tg):
+            running.discard(tg)
+            out.append(events.group_done(
+                span_id, id(tg), done_figures(tg, self.sampler.take_erred_window(tg))))
+            self._tasks_of(tg, span_id, out)
+        elif tg not in running:
+            running.add(tg)
+            out.append(events.group_running(span_id, id(tg), str(tg.prefix.name)))
+
+    def _tasks_of(self, tg: Any, span_id: str, out: list[Message]) -> None:
         """The ``tasks`` message of a group, when the sampler kept some."""
         tasks = self.sampler.take(tg)
         if tasks is not None:
-            out.append((events.TASKS, span_id, id(tg), str(tg.prefix.name),
-                        *tasks.message_fields()))
+            out.append(events.group_tasks(span_id, id(tg), str(tg.prefix.name),
+                                          *tasks.message_fields()))
 
     def forward_tasks_left(self) -> None:
         """Forward the tasks kept of groups not done (the scheduler is closing)."""
-        out: list[tuple[Any, ...]] = []
+        out: list[Message] = []
         for tg in list(self.sampler.groups):
             if tg.span_id is not None:
                 self._tasks_of(tg, tg.span_id, out)
-        self.sampler.groups.clear()
-        self.sampler.erred_windows.clear()
-        self.sampler.erred_classes.clear()
+        self.sampler.forget()
         self._send(out)
 
-    def _code_of(self, span_ids: list[str], out: list[tuple[Any, ...]]) -> None:
+    def _code_of(self, span_ids: list[str], out: list[Message]) -> None:
         """The code snippets of these spans not forwarded yet (``include-code``)."""
+        code_forwarded = self.forwarded.code
         for span_id in span_ids:
             span = self.spans.get(span_id)
-            code = getattr(span, "_code", None)
+            code = code_snippets(span) if span is not None else None
             if not code:
                 continue
-            sent = self.code_sent.get(span_id, 0)
+            sent = code_forwarded.get(span_id, 0)
             if len(code) > sent:
-                self.code_sent[span_id] = len(code)
-                out.append((events.CODE, span_id, tuple(islice(code, sent, None))))
+                code_forwarded[span_id] = len(code)
+                out.append(events.span_code(span_id, tuple(islice(code, sent, None))))
 
     def adopt(self, resend_from: int | None = None) -> Iterator[None]:
         """Forward the spans that exist already and still run (a task group not
@@ -411,13 +529,10 @@ class SpanForwarder:
         of them can have been emitted there: a span is emitted a grace period after
         its last task, and the process reports what it has every half second.
         """
-        upto = self.n_known
-        self.workers = -1  # (the next tick tells the new copy the number)
-        self.running_forwarded.clear()  # (a new copy has none of them running)
-        self.code_sent.clear()
-        self.forwarded_before_adoption = self.forwarded_spans
+        upto = self.forwarded.n_known
+        self.forwarded.for_a_new_copy()  # (the next tick tells it the workers)
         positions: dict[str, int] = {}  # span id -> position, of the spans sent
-        out: list[tuple[Any, ...]] = []
+        out: list[Message] = []
         for i, span in enumerate(islice(list(self.spans.values()), upto)):
             if i and i % SPANS_PER_STEP == 0:
                 if out:
@@ -444,20 +559,21 @@ class SpanForwarder:
         if out:
             self.sink.send(out)
 
-    def _adopted(self, span: Span, position: int, out: list[tuple[Any, ...]]) -> None:
+    def _adopted(self, span: Span, position: int, out: list[Message]) -> None:
         """The messages of an adopted span: itself, its groups, its metrics."""
         out.append(span_message(span, position))
-        self.forwarded_spans += 1
+        self.forwarded.spans += 1
         for tg in list(span.groups):
             if group_done(tg):
-                out.append((events.DONE, span.id, id(tg),
-                            done_figures(tg, self.sampler.take_erred_window(tg))))
+                out.append(events.group_done(
+                    span.id, id(tg),
+                    done_figures(tg, self.sampler.take_erred_window(tg))))
             else:  # (the ticks need not send it again)
-                self.running_forwarded.add(tg)
-                out.append((events.RUN, span.id, id(tg), str(tg.prefix.name)))
-        metrics = getattr(span, "_cumulative_worker_metrics", None)
+                self.forwarded.running.add(tg)
+                out.append(events.group_running(span.id, id(tg), str(tg.prefix.name)))
+        metrics = cumulative_metrics(span)
         if metrics:
-            out.append((events.METRICS, span.id, dict(metrics)))
+            out.append(events.span_metrics(span.id, dict(metrics)))
         if self.include_code:
             self._code_of([span.id], out)
 

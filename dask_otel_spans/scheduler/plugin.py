@@ -21,7 +21,6 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
-from distributed.metrics import time
 from tornado.ioloop import IOLoop, PeriodicCallback
 
 from dask_otel_spans import names
@@ -146,8 +145,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         forwarder = self.forwarder
         if forwarder is None:
             return 0
-        to_it = forwarder.forwarded_spans - forwarder.forwarded_before_adoption
-        on_the_way = to_it - int(stats.get("received", 0))
+        on_the_way = forwarder.forwarded_to_this_copy - int(stats.get("received", 0))
         return int(stats.get("open", 0)) + max(0, on_the_way)
 
     @property
@@ -223,6 +221,8 @@ class OTelSpansPlugin(SchedulerPlugin):
                 else "exporting on a thread of the scheduler process",
             )
         self._tasks = scheduler.tasks
+        # (clients ask for it once, to warn when a scheduler runs no plugin)
+        scheduler.set_metadata(keys=list(names.PLUGIN_METADATA_KEYS), value=names.VERSION)
         self.forwarder = SpanForwarder(
             ext.spans, scheduler.tasks, self.transport, self.config.include_code,
             TaskSampler(self.config.task_spans, self.config.max_task_spans),
@@ -285,6 +285,9 @@ class OTelSpansPlugin(SchedulerPlugin):
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, transport.stop, self.config.shutdown_timeout)
         _LOCAL_PLUGINS.pop(self._token, None)
+        if self.scheduler is not None and self.scheduler.plugins.get(self.name) in (
+                None, self):
+            self.scheduler.set_metadata(keys=list(names.PLUGIN_METADATA_KEYS), value=None)
 
     async def flush(self, timeout: float = 10.0) -> bool:
         """Forward what happened so far, let the export session emit what is ready
@@ -309,7 +312,7 @@ class OTelSpansPlugin(SchedulerPlugin):
             with self._guard("worker-heartbeat"):
                 deltas = worker_wide_deltas(result, metrics)
                 if deltas:
-                    self.transport.send([(events.WORKER_DELTAS, deltas)])
+                    self.transport.send([events.worker_deltas(deltas)])
 
     # -- hooks: O(1) each; the forwarder sends what they queued at the next tick -----
     # (not timed: the clock reads would cost more than the work)
@@ -321,17 +324,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         if forwarder is None or self._closed:
             return
         try:
-            otel = span_of_key = callers = default_id = None
-            if annotations:
-                otel = annotations.get(names.ANNOTATION_KEY)
-                span_of_key = annotations.get("span")
-                callers = annotations.get(names.CALLER_ANNOTATION_KEY)
-                if callers:
-                    # (where dask put tasks of no span block: their group tells
-                    # only while they are not forgotten, which may be by the tick)
-                    default_id = forwarder.default_span_id()
-            forwarder.pending.append((events.GRAPH, time(), client, tasks, otel,
-                                      span_of_key, callers, default_id))
+            forwarder.graph_submitted(client, tasks, annotations)
         except Exception:
             self._log_failure("update_graph")
 
@@ -339,21 +332,20 @@ class OTelSpansPlugin(SchedulerPlugin):
         forwarder = self.forwarder
         if topic != names.EVENT_TOPIC or forwarder is None or self._closed:
             return
-        forwarder.pending.append((events.NOTICE, time(), msg))
+        forwarder.close_notice(msg)
 
     def remove_client(self, scheduler: Scheduler, client: str, **kwargs: Any) -> None:
         forwarder = self.forwarder
         if forwarder is None or self._closed:
             return
-        forwarder.pending.append((events.CLIENT_GONE, time(), client))
+        forwarder.client_gone(client)
 
     def transition(self, key: Any, start: str, finish: str, *args: Any,
                    **kwargs: Any) -> None:
-        # Called for every transition of every task: the group of a task that
-        # settles or starts (again) is noted, once per tick. From one settled state
-        # to another (memory -> released -> forgotten) its ``done`` cannot change.
-        # Tasks that err, and under task-spans slowest or all those that finish,
-        # go to the task sampler (from the worker's report in ``kwargs``).
+        # Called for every transition of every task: only a task that settles or
+        # starts (again) goes to the forwarder (its group is noted, once per tick).
+        # From one settled state to another (memory -> released -> forgotten) its
+        # group's ``done`` cannot change.
         if (finish in SETTLED_STATES) is (start in SETTLED_STATES):
             return
         tasks = self._tasks
@@ -362,17 +354,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         try:
             ts = tasks.get(key)
             if ts is not None:
-                tg = ts.group
-                forwarder = self.forwarder
-                forwarder.touched.add(tg)
-                if finish == "erred":
-                    erred = forwarder.erred
-                    erred[tg] = erred.get(tg, 0) + 1
-                    if start == "processing":  # (it ran: not erred by a dependency)
-                        forwarder.sampler.erred(tg, key, kwargs, ts.run_spec)
-                elif (forwarder.sampler.finished is not None and finish == "memory"
-                      and start == "processing"):
-                    forwarder.sampler.finished(tg, key, kwargs, ts.run_spec)
+                self.forwarder.task_moved(ts, key, start, finish, kwargs)
         except Exception:
             self._log_failure("transition")
 

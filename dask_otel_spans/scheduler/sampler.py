@@ -218,6 +218,19 @@ class TaskSampler:
         if len(tasks.others) < self.cap:
             tasks.others.append((0.0, 0, task_record(key, kwargs, False, run_spec)))
 
+    def take_over(self, previous: TaskSampler) -> None:
+        """Go on with what ``previous`` (the sampler of the plugin registered before,
+        with the same settings) kept."""
+        self.groups.update(previous.groups)
+        self.erred_windows.update(previous.erred_windows)
+        self.erred_classes.update(previous.erred_classes)
+
+    def forget(self) -> None:
+        """Forget everything kept (the scheduler is closing: it was all taken)."""
+        self.groups.clear()
+        self.erred_windows.clear()
+        self.erred_classes.clear()
+
     def take(self, group: Any) -> GroupTasks | None:
         """The tasks kept of ``group`` since it was last taken, forgotten here."""
         return self.groups.pop(group, None)

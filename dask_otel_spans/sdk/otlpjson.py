@@ -8,6 +8,8 @@ import glob
 import json
 import logging
 import os
+import re
+import sys
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -15,6 +17,7 @@ from typing import Any
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     MetricExporter,
@@ -26,12 +29,25 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from dask_otel_spans import names
 
+# The SDK's log API is still underscored: its exporter base and result were named
+# LogExporter and LogExportResult before opentelemetry-sdk 1.39
+try:
+    from opentelemetry.sdk._logs.export import LogRecordExporter as _LogRecordExporter
+    from opentelemetry.sdk._logs.export import LogRecordExportResult as _LogExportResult
+except ImportError:  # pragma: no cover (opentelemetry-sdk < 1.39)
+    from opentelemetry.sdk._logs.export import LogExporter as _LogRecordExporter
+    from opentelemetry.sdk._logs.export import LogExportResult as _LogExportResult
+
 logger = logging.getLogger(__name__)
 
 TRACES_FILE = "traces.jsonl"
 METRICS_FILE = "metrics.jsonl"
 #: Exception log events (``OTEL_SEMCONV_EXCEPTION_SIGNAL_OPT_IN``)
 LOGS_FILE = "logs.jsonl"
+#: Below the output directory: the directories of worker processes, and of other
+#: processes whose file exporters the SDK's configurator built (clients, launchers)
+WORKERS_DIR = "workers"
+PROCESSES_DIR = "processes"
 #: Value of OTEL_{TRACES,METRICS,LOGS}_EXPORTER selecting the embedded file exporter
 FILE_EXPORTER = "otlp_json_file"
 #: Variables whose presence means "the user configured an exporter"
@@ -73,16 +89,61 @@ def to_otlp_json(message: Any) -> dict[str, Any]:
     return _hex_ids(MessageToDict(message, use_integers_for_enums=True))
 
 
+#: This process's directory for the files of exporters built without a path (by
+#: the SDK's configurator under ``opentelemetry-instrument``); None until placed
+_process_place: str | None = None
+
+
+def place_process_files(directory: str) -> None:
+    """Where this process's file exporters built without a path write from now on
+    (a worker's directory of its own below ``otel-spans.output-dir``). Files they
+    have written already stay where they are."""
+    global _process_place
+    _process_place = directory
+
+
+def process_files_dir() -> str:
+    """The directory of this process's files from exporters built without a path:
+    the place :func:`place_process_files` gave, else
+    ``<otel-spans.output-dir>/processes/<program>-<pid>`` (no two processes append
+    to one file)."""
+    if _process_place is not None:
+        return _process_place
+    from dask_otel_spans.config import setting
+
+    program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return os.path.join(setting("output-dir"), PROCESSES_DIR,
+                        f"{file_label(program, 'python')}-{os.getpid()}")
+
+
+def file_label(text: Any, fallback: str) -> str:
+    """``text`` as a file name's part: letters, digits, ``_.-``, at most 64 of them
+    (``fallback`` when nothing is left)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(text))[:64] or fallback
+
+
 class _JsonLinesWriter:
-    def __init__(self, path: str):
-        self.path = os.path.abspath(path)
+    """Appends lines to ``path``; with ``path`` None, to ``file_name`` in
+    :func:`process_files_dir` as it is at the first write."""
+
+    def __init__(self, path: str | None, file_name: str = ""):
+        self._path = None if path is None else os.path.abspath(path)
+        self._file_name = file_name
         self._lock = threading.Lock()
         self._failed = False
+
+    @property
+    def path(self) -> str:
+        if self._path is None:
+            return os.path.abspath(os.path.join(process_files_dir(), self._file_name))
+        return self._path
 
     def write(self, record: dict[str, Any]) -> bool:
         line = json.dumps(record, separators=(",", ":")) + "\n"
         try:
             with self._lock:
+                if self._path is None:
+                    self._path = self.path
                 os.makedirs(os.path.dirname(self.path), exist_ok=True)
                 with open(self.path, "a", encoding="utf-8") as f:
                     f.write(line)
@@ -95,10 +156,12 @@ class _JsonLinesWriter:
 
 
 class OTLPJsonLinesSpanExporter(SpanExporter):
-    """Span exporter appending one OTLP/JSON ``ExportTraceServiceRequest`` per line."""
+    """Span exporter appending one OTLP/JSON ``ExportTraceServiceRequest`` per line
+    to ``path`` (default: ``traces.jsonl`` in :func:`process_files_dir`; the SDK's
+    configurator builds it so for ``OTEL_TRACES_EXPORTER=otlp_json_file``)."""
 
-    def __init__(self, path: str):
-        self._writer = _JsonLinesWriter(path)
+    def __init__(self, path: str | None = None):
+        self._writer = _JsonLinesWriter(path, TRACES_FILE)
 
     @property
     def path(self) -> str:
@@ -115,27 +178,20 @@ class OTLPJsonLinesSpanExporter(SpanExporter):
         return True
 
 
-class OTLPJsonLinesLogExporter:
+class OTLPJsonLinesLogExporter(_LogRecordExporter):
     """Log record exporter appending one OTLP/JSON ``ExportLogsServiceRequest`` per
-    line (a ``LogRecordExporter``: the SDK's log API is still underscored, so it is
-    imported where this is built)."""
+    line to ``path`` (default: ``logs.jsonl`` in :func:`process_files_dir`)."""
 
-    def __init__(self, path: str):
-        self._writer = _JsonLinesWriter(path)
+    def __init__(self, path: str | None = None):
+        self._writer = _JsonLinesWriter(path, LOGS_FILE)
 
     @property
     def path(self) -> str:
         return self._writer.path
 
     def export(self, batch: Sequence[Any]) -> Any:
-        from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
-        from opentelemetry.sdk._logs import export as logs_export
-
-        # (named LogExportResult before opentelemetry-sdk 1.39)
-        result = getattr(logs_export, "LogRecordExportResult", None) or getattr(
-            logs_export, "LogExportResult")
         ok = self._writer.write(to_otlp_json(encode_logs(batch)))
-        return result.SUCCESS if ok else result.FAILURE
+        return _LogExportResult.SUCCESS if ok else _LogExportResult.FAILURE
 
     def shutdown(self) -> None:
         pass
@@ -146,16 +202,17 @@ class OTLPJsonLinesLogExporter:
 
 class OTLPJsonLinesMetricExporter(MetricExporter):
     """Metric exporter appending one OTLP/JSON ``ExportMetricsServiceRequest`` per line
-    (cumulative temporality)."""
+    (cumulative temporality) to ``path`` (default: ``metrics.jsonl`` in
+    :func:`process_files_dir`)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str | None = None):
         super().__init__(
             preferred_temporality={
                 cls: AggregationTemporality.CUMULATIVE
                 for cls in _instrument_classes()
             }
         )
-        self._writer = _JsonLinesWriter(path)
+        self._writer = _JsonLinesWriter(path, METRICS_FILE)
 
     @property
     def path(self) -> str:
@@ -311,11 +368,14 @@ def read_log_records(path: str) -> list[dict[str, Any]]:
 
 def traces_files(path: str) -> list[str]:
     """The traces files of ``path``: the file itself, or in a directory the
-    scheduler's and those of the worker processes below it (``workers/*/``)."""
+    scheduler's and those of the processes below it (worker processes'
+    ``workers/*/``, and ``processes/*/`` of those whose file exporters the SDK's
+    configurator built)."""
     if not os.path.isdir(path):
         return [path]
     return [os.path.join(path, TRACES_FILE),
-            *sorted(glob.glob(os.path.join(path, "workers", "*", TRACES_FILE)))]
+            *(f for below in (WORKERS_DIR, PROCESSES_DIR)
+              for f in sorted(glob.glob(os.path.join(path, below, "*", TRACES_FILE))))]
 
 
 def read_all_spans(paths: Sequence[str]) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from dask_otel_spans.background import QueueThread
-from dask_otel_spans.protocol.events import HISTORY
+from dask_otel_spans.protocol import events
 from dask_otel_spans.protocol.wire import FLUSH, encode_batch
 from dask_otel_spans.transport.budget import ForwardBudget
 from dask_otel_spans.transport.supervisor import ChildSupervisor
@@ -163,7 +163,7 @@ class ChildSender:
         return encode_batch(kept)
 
     def _new_history(self) -> tuple[list[tuple[Any, ...]], int]:
-        """The ``HISTORY`` message with the entries of ``nthreads_history`` the
+        """The ``history`` message with the entries of ``nthreads_history`` the
         running child has not had yet (none when it has them all), and the length
         it will then have. O(new entries), not O(history)."""
         if self._history_launch != self.supervisor.launches:  # a new child: none
@@ -175,7 +175,7 @@ class ChildSender:
         n = len(history)
         if n <= sent:
             return [], sent
-        return [(HISTORY, sent, tuple(history[sent:n]))], n
+        return [events.nthreads_history(sent, history[sent:n])], n
 
     def _write(self, batch: list[tuple[Any, ...]]) -> None:
         for _ in range(2):  # the running child, or else a new one

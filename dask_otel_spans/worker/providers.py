@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +27,12 @@ from dask_otel_spans.sdk.otlp import (
     check_otlp_settings,
     not_one_of,
 )
-from dask_otel_spans.sdk.otlpjson import is_unconfigured
+from dask_otel_spans.sdk.otlpjson import (
+    WORKERS_DIR,
+    file_label,
+    is_unconfigured,
+    place_process_files,
+)
 from dask_otel_spans.sdk.providers import (
     METRIC_EXPORTERS,
     TRACE_EXPORTERS,
@@ -65,8 +69,8 @@ class WorkerProviders:
 def process_output_dir(output_dir: str, worker_name: Any) -> str:
     """The embedded default's directory of one worker process: a directory of its
     own below ``output_dir`` (no two processes append to one file)."""
-    label = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(worker_name))[:64] or "worker"
-    return os.path.join(output_dir, "workers", f"{label}-{os.getpid()}")
+    return os.path.join(output_dir, WORKERS_DIR,
+                        f"{file_label(worker_name, 'worker')}-{os.getpid()}")
 
 
 def worker_resource_attributes(address: str, name: Any) -> dict[str, str]:
@@ -228,6 +232,9 @@ def worker_providers(
     :func:`build_worker_providers` (a signal that cannot be built is one ERROR line
     and goes nowhere; the others are installed)."""
     out = build_worker_providers(address, name, environ=environ, output_dir=output_dir)
+    # (the file exporters that the launcher's configurator built in this process
+    # write into the worker's directory too)
+    place_process_files(process_output_dir(output_dir, name))
     if out.tracer_provider in out.built:
         trace_api.set_tracer_provider(out.tracer_provider)
     if out.meter_provider in out.built:

@@ -150,6 +150,37 @@ def test_render_tree_shows_task_spans_and_spans_made_in_tasks():
     ]
 
 
+def test_render_tree_counts_idle_time_among_the_top_activities():
+    spans = [{"traceId": "t", "spanId": "1", "name": "wf", "startTimeUnixNano": "0",
+              "endTimeUnixNano": "2000000000",
+              "attributes": {"dask.span.id": "x", "dask.span.task_count": 1,
+                             "dask.metrics.thread-cpu.seconds": 0.5,
+                             "dask.metrics.idle or other spans.seconds": 1.5}}]
+    assert render_tree(spans).splitlines()[1].endswith(
+        "| idle or other spans 1.5s, thread-cpu 0.5s")
+
+
+def test_render_tree_says_where_a_roots_parent_is_and_what_runs_in_tasks():
+    """A dask span whose parent is the application's own span (in another file or
+    backend); a span below a prefix span is made in a task whatever its resource."""
+    spans = [
+        {"traceId": "t", "spanId": "1", "parentSpanId": "00f067aa0ba902b7", "name": "wf",
+         "startTimeUnixNano": "0", "endTimeUnixNano": "2000000000",
+         "attributes": {"dask.span.id": "x", "dask.span.task_count": 1}},
+        {"traceId": "t", "spanId": "2", "parentSpanId": "1", "name": "inc",
+         "startTimeUnixNano": "0", "endTimeUnixNano": "1000000000",
+         "attributes": {"dask.task.prefix": "inc", "dask.task_group.task_count": 1}},
+        {"traceId": "t", "spanId": "3", "parentSpanId": "2", "name": "GET",
+         "startTimeUnixNano": "0", "endTimeUnixNano": "100000000", "attributes": {}},
+    ]
+    assert render_tree(spans).splitlines() == [
+        "trace t",
+        "  wf  2.000s  1 task  (parent 00f067aa0ba902b7 elsewhere)",
+        "    · inc  1.000s  1 task",
+        "      GET  0.100s  (in a task)",
+    ]
+
+
 def test_render_tree_says_1_task_not_1_tasks():
     spans = [
         {"traceId": "t", "spanId": "1", "name": "wf", "startTimeUnixNano": "0",
@@ -282,6 +313,14 @@ def test_the_breakdown_bars_are_as_wide_as_the_metrics_say(demo_run, report_in_b
     cwd, _ = demo_run
     spans = {s["spanId"]: s for s in read_spans(str(cwd / "dask-otel-spans" / "traces.jsonl"))}
     rows = rows_of(report_in_browser)
+
+    def activity_seconds(span) -> float:
+        return sum(v for k, v in span["attributes"].items() if k.startswith(
+            "dask.metrics.") and k.endswith(".seconds") and v > 0)
+
+    shown = [spans[i] for i, r in rows.items() if i in spans
+             and {"dask", "prefix"} & set(r["class"].split())]
+    scale = max(activity_seconds(s) for s in shown)  # (the demo's run is one trace)
     checked = 0
     for span_id, row in rows.items():
         if "dask" not in row["class"].split():
@@ -290,11 +329,13 @@ def test_the_breakdown_bars_are_as_wide_as_the_metrics_say(demo_run, report_in_b
         seconds = {k[len("dask.metrics."):-len(".seconds")]: v for k, v in attrs.items()
                    if k.startswith("dask.metrics.") and k.endswith(".seconds") and v > 0}
         bars = re.findall(r'<i data-activity="([^"]+)" data-seconds="[^"]+" '
-                          r'style="width: ?([\d.]+)%', row["html"])
-        assert {activity for activity, _ in bars} == set(seconds)
-        total = sum(seconds.values())
-        for activity, width in bars:
-            assert float(width) == pytest.approx(seconds[activity] / total * 100, abs=1e-3)
+                          r'title="([^"]+)" style="width: ?([\d.]+)%', row["html"])
+        assert {activity for activity, _, _ in bars} == set(seconds)
+        for activity, title, width in bars:
+            # one scale for the trace: the bar's length is its seconds
+            assert float(width) == pytest.approx(seconds[activity] / scale * 100, abs=1e-3)
+            assert title.startswith(f"{activity}: {seconds[activity]:.3g}"[:len(activity) + 4])
+            assert " % of this span" in title.replace("&#39;", "'")
         checked += 1
     assert checked >= 6
 
@@ -318,6 +359,14 @@ def test_render_tree_marks_a_span_made_in_a_task_that_erred():
     ]
     assert render_tree(spans).splitlines() == [
         "trace t", "  ✗ check record  0.100s  (in a task)  ValueError: record 3"]
+
+
+@pytest.mark.cluster  # (the demo; a browser)
+def test_rows_of_spans_made_in_tasks_say_so(report_in_browser):
+    in_task = [r for r in rows_of(report_in_browser).values()
+               if "in-task" in r["class"].split()]
+    assert in_task and all('<span class="tag">in a task</span>' in r["html"]
+                           for r in in_task)
 
 
 @pytest.mark.cluster  # (the demo; a browser)

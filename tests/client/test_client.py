@@ -3,13 +3,18 @@ left lazy collections behind, and which client closed it; and the OTel context i
 carries for each level of a chain."""
 from __future__ import annotations
 
+import logging
+
 import dask
 import dask.array as da
 from distributed.utils_test import gen_cluster, inc
 from opentelemetry.sdk.trace import TracerProvider
+from support.plugin import install
 from support.polling import async_wait_for
+from support.providers import MemoryProviders
 
 from dask_otel_spans import names, span
+from dask_otel_spans.client import plugin_running
 from dask_otel_spans.protocol.propagation import otel_span_id
 
 
@@ -112,3 +117,29 @@ async def test_a_block_inside_a_plain_dask_span_carries_the_outer_blocks_span(c,
             with span("inner") as inner_id:
                 carried = carried_inside()
     assert carried[inner_id]["traceparent"].split("-")[2] == f"{otel_span_id(outer_id):016x}"
+
+
+def plugin_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "dask_otel_spans.client" and "runs no dask_otel_spans plugin"
+            in r.getMessage()]
+
+
+@gen_cluster(client=True, nthreads=[])
+async def test_a_scheduler_without_the_plugin_is_one_warning_per_client(c, s, caplog):
+    caplog.set_level(logging.WARNING, logger="dask_otel_spans.client")
+    for name in ("first", "second"):
+        with span(name):
+            pass
+    warned = await async_wait_for(lambda: plugin_warnings(caplog))
+    await c.scheduler.get_metadata(keys=["anything"], default=None)  # (a round trip)
+    assert len(plugin_warnings(caplog)) == 1
+    assert s.address in warned[0] and "--preload dask_otel_spans" in warned[0]
+    assert "register_plugin" in warned[0]
+
+
+@gen_cluster(client=True, nthreads=[])
+async def test_a_scheduler_running_the_plugin_says_so_to_a_client(c, s):
+    assert await plugin_running(c) is False
+    await install(c, MemoryProviders())
+    assert await plugin_running(c) is True

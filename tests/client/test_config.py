@@ -196,3 +196,42 @@ def test_export_process_cpu_policy_comes_from_dask_config():
     assert PluginConfig.from_dask_config().export_process_cpu_policy == "idle"
     with dask.config.set({"otel-spans.export-process-cpu-policy": "Batch"}):
         assert PluginConfig.from_dask_config().export_process_cpu_policy == "batch"
+
+
+COUNT_SPELLINGS = ["1000", "1_000", "1e3", "1E3", " 1.0e3 "]
+
+
+@pytest.mark.parametrize("spelling", COUNT_SPELLINGS)
+def test_a_count_is_read_in_the_spellings_an_operator_writes(spelling, caplog):
+    """From the environment (as dask parses it), from dask config or a YAML file (a
+    string), and given to the plugin: the same count, and no line."""
+    from dask_otel_spans import OTelSpansPlugin
+
+    from_env = dask.config.collect_env({"DASK_OTEL_SPANS__METRICS__MAX_SERIES": spelling})
+    with caplog.at_level(logging.WARNING, logger="dask_otel_spans"):
+        with dask.config.set(from_env):
+            assert PluginConfig.from_dask_config().max_series == 1000
+        with dask.config.set({"otel-spans.metrics.max-series": spelling}):
+            assert PluginConfig.from_dask_config().max_series == 1000
+        assert OTelSpansPlugin(max_series=spelling).config.max_series == 1000
+    assert caplog.records == []
+
+
+@pytest.mark.parametrize("spelling", ["1.5", "1e-3", "inf", "10k"])
+def test_a_count_that_is_no_whole_number_is_one_error_line(spelling, caplog):
+    from_env = dask.config.collect_env({"DASK_OTEL_SPANS__METRICS__MAX_SERIES": spelling})
+    with dask.config.set(from_env):
+        with caplog.at_level(logging.WARNING, logger="dask_otel_spans"):
+            assert PluginConfig.from_dask_config().max_series == 2000
+    [line] = [r for r in caplog.records]
+    assert line.levelno == logging.ERROR and "it accepts" in line.getMessage()
+
+
+def test_a_misspelt_key_names_the_closest_setting(caplog):
+    with dask.config.set({"otel-spans.metrics.max-serie": 10, "otel-spans.xyzzy": 1}):
+        with caplog.at_level(logging.WARNING, logger="dask_otel_spans"):
+            PluginConfig.from_dask_config()
+    lines = sorted(r.getMessage() for r in caplog.records)
+    assert "did you mean otel-spans.metrics.max-series?" in lines[0]
+    assert "otel-spans.xyzzy is not a setting" in lines[1]
+    assert "did you mean" not in lines[1]

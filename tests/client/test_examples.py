@@ -21,13 +21,18 @@ pytestmark = pytest.mark.cluster
 
 
 def run_example(name: str, *args: str, cwd) -> str:
+    """What the example printed (it must exit 0)."""
+    return example_run(name, *args, cwd=cwd).stdout
+
+
+def example_run(name: str, *args: str, cwd) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     proc = subprocess.run(
         [sys.executable, str(EXAMPLES / name), *args],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=180,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout
+    return proc
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +116,19 @@ def test_remote_scheduler_with_preload(remote, tmp_path):
         assert spans[child]["parentSpanId"] == root["spanId"]
 
 
+def test_remote_scheduler_without_the_plugin_says_so_once(tmp_path):
+    procs = DaskProcesses({}, cwd=str(tmp_path), scheduler_preload=False)
+    try:
+        run = example_run("remote_scheduler.py", procs.address, cwd=tmp_path)
+    finally:
+        procs.stop()
+    assert run.stdout.startswith("done: nightly report")
+    warnings = [line for line in run.stderr.splitlines()
+                if "runs no dask_otel_spans plugin" in line]
+    assert len(warnings) == 1, run.stderr
+    assert procs.address in warnings[0] and "--preload dask_otel_spans" in warnings[0]
+
+
 def test_multi_tenant_tags_filter_metrics(remote, tmp_path):
     procs, receiver = remote
     run_example("multi_tenant.py", procs.address, cwd=tmp_path)
@@ -154,3 +172,9 @@ def test_workflow_inside_an_existing_application_trace(remote, tmp_path):
     dask_span = spans["request analytics"]
     assert dask_span["traceId"] == m.group(1)
     assert dask_span["parentSpanId"] == m.group(2)
+    # the application's own spans, on its console: one trace with the dask span
+    app = dict(re.findall(r"application span '([^']+)': (trace \w+ span \w+ parent \w+)",
+                          out))
+    assert app["handle request"] == f"trace {m.group(1)} span {m.group(2)} parent none"
+    assert app["store result"].startswith(f"trace {m.group(1)} ")
+    assert app["store result"].endswith(f" parent {dask_span['spanId']}")

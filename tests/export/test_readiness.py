@@ -52,7 +52,7 @@ class Feed:
         else:
             figures = ("inc", start, stop, 8, stop - start, 1, erred)
             self.tree.group(span_id, key, "inc", figures)
-            self.tracker.group_settled(span_id, stop)
+            self.tracker.group_done(span_id, stop)
         return key
 
     def close(self, *ids: str, at: float, opened: int = 1, **extra) -> None:

@@ -25,6 +25,7 @@ from support.processes import DaskProcesses, opentelemetry_instrument, otlp_grpc
 from dask_otel_spans import names, wait_for_export
 from dask_otel_spans.instrumentation import DaskInstrumentor
 from dask_otel_spans.protocol.propagation import otel_span_id
+from dask_otel_spans.sdk.otlpjson import read_spans
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -208,3 +209,35 @@ def test_the_disable_variable_turns_it_off(disabled, expected, tmp_path):
         cwd=str(tmp_path), capture_output=True, text=True, timeout=60, check=True,
     ).stdout
     assert json.loads(out.strip().splitlines()[-1]) == expected
+
+
+FILE_EXPORTER_ENV = {"OTEL_TRACES_EXPORTER": "otlp_json_file",
+                     "OTEL_METRICS_EXPORTER": "otlp_json_file",
+                     "OTEL_LOGS_EXPORTER": "otlp_json_file",
+                     "DASK_OTEL_SPANS__IDLE_TIMEOUT": "1s"}
+
+
+def test_the_file_exporter_value_works_under_the_launcher(tmp_path):
+    """``OTEL_*_EXPORTER=otlp_json_file`` under ``opentelemetry-instrument``: the
+    launcher's configurator finds the package's exporters by their entry points, the
+    plugins load, and each process writes its own files below the output directory
+    (the scheduler's export process at its top, each worker in ``workers/*/``)."""
+    procs = DaskProcesses(FILE_EXPORTER_ENV, cwd=str(tmp_path), nanny=True,
+                          scheduler_preload=False, launcher=(opentelemetry_instrument(),))
+    try:
+        with Client(procs.address, timeout=60) as client:
+            client.wait_for_workers(1, timeout=60)
+            assert client.run_on_scheduler(plugins_of) == [names.PLUGIN_NAME]
+            with distributed.span("launched with files"):
+                client.submit(traced_task, "in file task", key="file-1").result()
+            state = wait_for_export(client)
+    finally:
+        log = procs.stop()
+    assert "Failed to auto initialize" not in log and "Traceback" not in log, log
+    out = tmp_path / "dask-otel-spans"
+    assert state.traces_to == str(out / "traces.jsonl")
+    assert "launched with files" in {s["name"] for s in read_spans(str(out / "traces.jsonl"))}
+    in_task = [s["name"] for path in (out / "workers").glob("*/traces.jsonl")
+               for s in read_spans(str(path))]
+    assert in_task == ["in file task"]
+    assert (out / "metrics.jsonl").stat().st_size > 0

@@ -14,3 +14,13 @@ def test_the_group_verdict_is_taskgroup_done(state):
         tg.states["memory"] = others
         tg.states[state] += 1
         assert group_done(tg) is tg.done
+
+
+def test_the_installed_distributed_has_every_private_name_the_package_uses():
+    """A distributed release that renames one fails here, naming it."""
+    from dask_otel_spans.protocol.dask_private import missing_private_names
+
+    missing = missing_private_names()
+    assert not missing, (
+        f"the installed distributed lacks {', '.join(missing)}, which dask_otel_spans "
+        "reads (dask_otel_spans/protocol/dask_private.py)")

@@ -122,3 +122,23 @@ def test_the_activity_colours_are_dasks_viridis_spread_over_the_activities_shown
              "dask.metrics.zzz.seconds": 0.5}
     colours = activity_colours(build([dask_span("d", attributes=attrs)]))
     assert colours == {"thread-cpu": "#440154", "transfer": "#208F8C", "zzz": "#FDE724"}
+
+
+def test_a_span_below_a_prefix_span_is_made_in_a_task_whatever_its_resource():
+    """(the launcher's providers on a worker put no worker address in the resource)"""
+    spans = [prefix_span("p1", ""), span("w1", "p1", 3, 4), span("w2", "w1", 3, 4)]
+    assert rows(build(spans)) == [("p1", PREFIX, 0), ("w1", IN_TASK, 1),
+                                  ("w2", IN_TASK, 2)]
+
+
+def test_a_root_whose_parent_is_elsewhere_names_it():
+    data = build([dask_span("d1", "00f067aa0ba902b7"), prefix_span("p1", "d1")])
+    assert [r["parent_elsewhere"] for r in data["traces"][0]["rows"]] == [
+        "00f067aa0ba902b7", ""]
+
+
+def test_the_activity_bars_share_one_scale_per_trace():
+    seconds = names.METRICS_ATTRIBUTE_PREFIX + "thread-cpu.seconds"
+    data = build([dask_span("d1", attributes={seconds: 4.0}),
+                  dask_span("d2", "d1", attributes={seconds: 1.0})])
+    assert data["traces"][0]["activity_scale"] == 4.0

@@ -9,13 +9,9 @@ import pytest
 from distributed.spans import Span
 from support.stand_ins import Prefix, Recorder, Task, TaskGroup
 
-from dask_otel_spans.protocol.events import dispatch
-from dask_otel_spans.scheduler.forwarder import (
-    CLIENT_GONE,
-    GRAPH,
-    NOTICE,
-    SpanForwarder,
-)
+from dask_otel_spans.protocol.dask_private import code_snippets, cumulative_metrics
+from dask_otel_spans.protocol.events import CLIENT_GONE, GRAPH, NOTICE, Dispatcher
+from dask_otel_spans.scheduler.forwarder import SpanForwarder
 
 
 def task_group(name: str, span_id: str, running: int = 1, memory: int = 0) -> TaskGroup:
@@ -57,10 +53,33 @@ def sink() -> Sink:
     return Sink()
 
 
-def forwarder_of(spans: dict, sink: Sink, tasks: dict | None = None) -> SpanForwarder:
-    forwarder = SpanForwarder(spans, tasks or {}, sink)
-    forwarder.n_known = 0
+def forwarder_of(spans: dict, sink: Sink, tasks: dict | None = None,
+                 **kwargs: Any) -> SpanForwarder:
+    """A forwarder that knows none of ``spans`` yet (as if they were made after it
+    started); the hooks' events happen at time 10.0."""
+    known = dict(spans)
+    spans.clear()
+    forwarder = SpanForwarder(spans, tasks or {}, sink, clock=lambda: 10.0, **kwargs)
+    spans.update(known)
     return forwarder
+
+
+def annotations(otel: Any, callers: Any) -> dict[str, Any]:
+    """The graph annotations the scheduler passes ``update_graph``: the client
+    helper's chains (``otel``) and the callers of bare submissions."""
+    out = {}
+    if otel is not None:
+        out["otel"] = otel
+    if callers is not None:
+        out["otel-caller"] = callers
+    return out
+
+
+def touch(forwarder: SpanForwarder, group: TaskGroup, finish: str = "processing",
+          start: str = "waiting", **kwargs: Any) -> None:
+    """What the ``transition`` hook tells the forwarder of a task of ``group`` that
+    started (or, with ``finish``, settled)."""
+    forwarder.task_moved(Task(group), f"{group.name}-0", start, finish, kwargs)
 
 
 def test_new_spans_are_forwarded_once_with_their_chain_in_creation_order(tree, sink):
@@ -88,11 +107,10 @@ def test_a_graph_is_forwarded_as_the_ids_of_its_spans_and_its_distinct_chains(tr
     forwarder = forwarder_of(tree, sink, tasks)
     chain = {"r": {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}, "c": {}}
     otel = {("inc-1", 0): chain, ("inc-1", 1): chain}
-    forwarder.pending.append(
-        (GRAPH, 10.0, "client-1", list(tasks), otel, None, None, None))
+    forwarder.graph_submitted("client-1", list(tasks), annotations(otel, None))
     forwarder.tick(2)
     assert sink.events == [("graph", 10.0, "client-1", ["c"], [chain], [], [])]
-    assert not forwarder.pending
+    assert forwarder.idle(2)
 
 
 CALLER = {"traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01", "baggage": "k=v"}
@@ -103,7 +121,7 @@ def test_a_bare_submission_links_the_span_its_tasks_landed_in_to_its_caller(tree
     tasks = {("inc-1", i): Task(group) for i in range(600)}
     forwarder = forwarder_of(tree, sink, tasks)
     callers = dict.fromkeys(tasks, CALLER)  # (dask shares the global annotation)
-    forwarder.pending.append((GRAPH, 1.0, None, list(tasks), None, None, callers, None))
+    forwarder.graph_submitted(None, list(tasks), annotations(None, callers))
     forwarder.tick(2)
     (graph,) = sink.events
     # once, W3C headers only: baggage goes to the workers, not into the link
@@ -111,9 +129,10 @@ def test_a_bare_submission_links_the_span_its_tasks_landed_in_to_its_caller(tree
 
 
 def test_tasks_forgotten_by_the_tick_link_the_default_span_of_their_graph(tree, sink):
-    forwarder = forwarder_of(tree, sink, {})
+    default = Span(("default",), "d", None, HISTORY)
+    forwarder = forwarder_of(tree, sink, {}, by_name={("default",): [default]})
     callers = {("inc-1", 0): CALLER}
-    forwarder.pending.append((GRAPH, 1.0, None, list(callers), None, None, callers, "d"))
+    forwarder.graph_submitted(None, list(callers), annotations(None, callers))
     forwarder.tick(2)
     assert sink.events[0][-1] == [("d", {"traceparent": CALLER["traceparent"]})]
 
@@ -124,7 +143,7 @@ def test_tasks_of_a_span_block_link_to_no_caller(tree, sink):
     forwarder = forwarder_of(tree, sink, tasks)
     otel = {("inc-1", 0): {"c": {}}}
     callers = {("inc-1", 0): CALLER}  # (the block's baggage)
-    forwarder.pending.append((GRAPH, 1.0, None, list(tasks), otel, None, callers, None))
+    forwarder.graph_submitted(None, list(tasks), annotations(otel, callers))
     forwarder.tick(2)
     assert sink.events[0][-1] == []
 
@@ -134,7 +153,7 @@ def test_a_malformed_caller_links_to_nothing(tree, sink):
     tasks = {("inc-1", 0): Task(group), ("inc-1", 1): Task(group)}
     forwarder = forwarder_of(tree, sink, tasks)
     callers = {("inc-1", 0): "not a carrier", ("inc-1", 1): {"traceparent": 7}}
-    forwarder.pending.append((GRAPH, 1.0, None, list(tasks), None, None, callers, None))
+    forwarder.graph_submitted(None, list(tasks), annotations(None, callers))
     forwarder.tick(2)
     assert sink.events[0][-1] == []
 
@@ -156,11 +175,11 @@ def test_a_forwarder_is_not_idle_while_a_tick_would_send_something(tree, sink, c
     if change == "span":
         tree["d"] = Span(("root", "d"), "d", tree["r"], HISTORY)
     elif change == "event":
-        forwarder.pending.append((CLIENT_GONE, 6.0, "client-1"))
+        forwarder.client_gone("client-1")
     elif change == "group":
-        forwarder.touched.add(task_group("inc-1", "c"))
+        touch(forwarder, task_group("inc-1", "c"))
     elif change == "error":
-        forwarder.erred[task_group("inc-1", "c")] = 1
+        touch(forwarder, task_group("inc-1", "c"), "erred")
     else:
         n_workers = 3
     sent = len(sink.items)
@@ -173,18 +192,19 @@ def test_a_forwarder_is_not_idle_while_a_tick_would_send_something(tree, sink, c
 def test_notices_and_departed_clients_are_forwarded_as_they_came(tree, sink):
     forwarder = forwarder_of(tree, sink)
     notice = {"ids": ["r"], "name": ["root"], "opened": 1, "enter": 1, "exit": 2}
-    forwarder.pending.extend([(NOTICE, 5.0, notice), (CLIENT_GONE, 6.0, "client-1")])
+    forwarder.close_notice(notice)
+    forwarder.client_gone("client-1")
     forwarder.tick(2)
-    assert sink.events == [("notice", 5.0, notice), ("client-gone", 6.0, "client-1")]
+    assert sink.events == [("notice", 10.0, notice), ("client-gone", 10.0, "client-1")]
 
 
 def test_a_touched_group_is_forwarded_running_then_done_with_its_figures(tree, sink):
     group = task_group("inc-1", "c")
     forwarder = forwarder_of(tree, sink)
-    forwarder.touched.add(group)
+    touch(forwarder, group)
     forwarder.tick(2)
     group.states.update(processing=0, memory=1)
-    forwarder.touched.add(group)
+    touch(forwarder, group)
     forwarder.tick(2)
     groups = [item for item in sink.items if item[0] in ("run", "done")]
     assert groups == [
@@ -199,12 +219,9 @@ def test_a_done_group_carries_the_compute_times_of_its_erred_tasks(tree, sink):
     group = task_group("div-1", "c", running=0, memory=0)
     group.start = group.stop = 0.0  # (no task of it finished)
     forwarder = forwarder_of(tree, sink)  # (its sampler keeps no task)
-    for key, start, stop in [("div-1-0", 3.0, 3.5), ("div-1-1", 2.5, 3.2)]:
-        forwarder.sampler.erred(group, key, {"startstops": [
-            {"action": "compute", "start": start, "stop": stop}
-        ]})
-    forwarder.erred[group] = 2
-    forwarder.touched.add(group)
+    for start, stop in [(3.0, 3.5), (2.5, 3.2)]:
+        touch(forwarder, group, "erred", "processing", startstops=[
+            {"action": "compute", "start": start, "stop": stop}])
     forwarder.tick(2)
     (done,) = [item for item in sink.items if item[0] == "done"]
     assert done[3][1:3] == (0.0, 0.0) and done[3][-2:] == (2.5, 3.5)
@@ -215,7 +232,7 @@ def test_a_group_touched_many_times_in_a_tick_is_forwarded_once(tree, sink):
     group = task_group("inc-1", "c", running=0, memory=3)
     forwarder = forwarder_of(tree, sink)
     for _ in range(3):
-        forwarder.touched.add(group)
+        touch(forwarder, group, "memory", "processing")
     forwarder.tick(2)
     assert [item[0] for item in sink.items if item[0] in ("run", "done")] == ["done"]
 
@@ -226,7 +243,7 @@ def test_adoption_forwards_running_spans_with_ancestors_groups_and_metrics(sink)
     finished = Span(("old",), "o", None, HISTORY)
     running.groups.add(task_group("inc-1", "a"))
     finished.groups.add(task_group("inc-2", "o", running=0, memory=1))
-    running._cumulative_worker_metrics[("execute", "inc", "thread-cpu", "seconds")] = 2.0
+    cumulative_metrics(running)[("execute", "inc", "thread-cpu", "seconds")] = 2.0
     spans = {"r": root, "a": running, "o": finished}
     forwarder = SpanForwarder(spans, {}, sink)
     for _ in forwarder.adopt():
@@ -304,9 +321,10 @@ def test_a_span_made_during_a_pause_is_forwarded_before_its_group(sink):
     late = Span(("late",), "late", None, HISTORY)
     spans["late"] = late
     group = task_group("inc-9", "late", running=0, memory=1)
-    forwarder.touched.add(group)
+    touch(forwarder, group)
     for _ in steps:
         pass
+    forwarder.tick(2)  # (what the hooks told it during the tick: the next tick's)
     kinds = [(item[0], item[1]) for item in sink.items if item[0] in ("span", "done")]
     assert kinds.index(("span", ("late",))) < kinds.index(("done", "late"))
 
@@ -326,15 +344,15 @@ def test_a_group_still_running_is_not_forwarded_again_at_each_tick(tree, sink):
     group = task_group("inc-1", "c")
     forwarder = forwarder_of(tree, sink)
     for _ in range(3):  # tasks of the group start and settle, tick after tick
-        forwarder.touched.add(group)
+        touch(forwarder, group)
         forwarder.tick(2)
     group.states.update(processing=0, memory=5)
-    forwarder.touched.add(group)
+    touch(forwarder, group)
     forwarder.tick(2)
     assert [item[0] for item in sink.items if item[0] in ("run", "done")] == [
         "run", "done"
     ]
-    assert forwarder.running_forwarded == set()
+    assert forwarder.forwarded.running == set()
 
 
 def test_a_group_that_runs_again_after_it_was_done_is_forwarded_running_again(
@@ -344,7 +362,7 @@ def test_a_group_that_runs_again_after_it_was_done_is_forwarded_running_again(
     forwarder = forwarder_of(tree, sink)
     for running, memory in ((1, 0), (0, 1), (1, 1), (0, 2)):
         group.states.update(processing=running, memory=memory)
-        forwarder.touched.add(group)
+        touch(forwarder, group)
         forwarder.tick(2)
     assert [item[0] for item in sink.items if item[0] in ("run", "done")] == [
         "run", "done", "run", "done"
@@ -354,12 +372,12 @@ def test_a_group_that_runs_again_after_it_was_done_is_forwarded_running_again(
 def test_after_an_adoption_a_running_group_is_forwarded_running_again(tree, sink):
     group = task_group("inc-1", "c")
     forwarder = forwarder_of(tree, sink)
-    forwarder.touched.add(group)
+    touch(forwarder, group)
     forwarder.tick(2)
     for _ in forwarder.adopt():  # (a new export process; the group is not in the
         pass                     # span's groups here, so adoption does not send it)
     sink.items.clear()
-    forwarder.touched.add(group)
+    touch(forwarder, group)
     forwarder.tick(2)
     assert ("run", "c", id(group), "inc") in sink.items
 
@@ -368,9 +386,11 @@ def test_a_tick_pauses_among_many_groups_it_need_not_forward(sink):
     spans = {"s": Span(("s",), "s", None, HISTORY)}
     groups = [task_group(f"inc-{i}", "s") for i in range(600)]
     forwarder = forwarder_of(spans, sink)
-    forwarder.touched.update(groups)
+    for group in groups:
+        touch(forwarder, group)
     forwarder.tick(2)
-    forwarder.touched.update(groups)  # still running: nothing to forward
+    for group in groups:  # still running: nothing to forward
+        touch(forwarder, group)
     pauses = sum(1 for _ in forwarder.tick_steps(2))
     assert pauses >= 2
     assert len([item for item in sink.items if item[0] == "run"]) == 600
@@ -383,9 +403,9 @@ def test_an_adoption_counts_the_spans_it_forwards_to_the_new_process(tree, sink)
         span.groups.add(task_group(f"inc-{span.id}", span.id))  # still running
     for _ in forwarder.adopt():  # a second export process
         pass
-    assert forwarder.forwarded_spans == 4
+    assert forwarder.forwarded.spans == 4
     # what the second one was sent: the 2 running spans, again
-    assert forwarder.forwarded_spans - forwarder.forwarded_before_adoption == 2
+    assert forwarder.forwarded_to_this_copy == 2
 
 
 def test_a_running_group_an_adoption_sent_is_not_sent_again_while_it_runs(sink):
@@ -395,7 +415,7 @@ def test_a_running_group_an_adoption_sent_is_not_sent_again_while_it_runs(sink):
     forwarder = SpanForwarder({"s": span}, {}, sink)
     for _ in forwarder.adopt():
         pass
-    forwarder.touched.add(group)  # a task of it started or settled: still running
+    touch(forwarder, group)  # a task of it started or settled: still running
     forwarder.tick(2)
     assert [item[0] for item in sink.items if item[0] in ("run", "done")] == ["run"]
 
@@ -414,23 +434,23 @@ def test_two_groups_of_one_name_in_a_span_are_told_apart(tree, sink):
     first, second = task_group("inc", "c", running=0, memory=1), task_group("inc", "c")
     tree["c"].groups.update((first, second))
     forwarder = forwarder_of(tree, sink)
-    forwarder.touched.update((first, second))
+    touch(forwarder, first)
+    touch(forwarder, second)
     forwarder.tick(2)
     sent = {item[2] for item in sink.items if item[0] in ("run", "done")}
     assert sent == {id(first), id(second)}
 
 
 def test_code_is_forwarded_once_per_snippet_with_include_code(tree, sink):
-    tree["c"]._code[("snippet-1",)] = None
+    code_snippets(tree["c"])[("snippet-1",)] = None
     group = task_group("inc-1", "c")
     tasks = {"inc-1": Task(group)}
-    forwarder = SpanForwarder(tree, tasks, sink, include_code=True)
-    forwarder.n_known = 0
+    forwarder = forwarder_of(tree, sink, tasks, include_code=True)
     for _ in range(2):
-        forwarder.pending.append((GRAPH, 1.0, None, ["inc-1"], None, None, None, None))
+        forwarder.graph_submitted(None, ["inc-1"], annotations(None, None))
         forwarder.tick(2)
-    tree["c"]._code[("snippet-2",)] = None
-    forwarder.pending.append((GRAPH, 2.0, None, ["inc-1"], None, None, None, None))
+    code_snippets(tree["c"])[("snippet-2",)] = None
+    forwarder.graph_submitted(None, ["inc-1"], annotations(None, None))
     forwarder.tick(2)
     assert [item for item in sink.items if item[0] == "code"] == [
         ("code", "c", (("snippet-1",),)), ("code", "c", (("snippet-2",),)),
@@ -440,25 +460,24 @@ def test_code_is_forwarded_once_per_snippet_with_include_code(tree, sink):
 def test_every_message_the_forwarder_sends_is_of_the_protocol(tree, sink):
     group = task_group("inc-1", "c")
     tasks = {"inc-1": Task(group)}
-    forwarder = forwarder_of(tree, sink, tasks)
-    forwarder.include_code = True
-    tree["c"]._code[("snippet",)] = None
+    forwarder = forwarder_of(tree, sink, tasks, include_code=True)
+    code_snippets(tree["c"])[("snippet",)] = None
     tree["c"].groups.add(group)
-    tree["c"]._cumulative_worker_metrics[("execute", "inc", "x", "count")] = 1
-    forwarder.pending.extend([
-        (GRAPH, 1.0, "c1", ["inc-1"], {"inc-1": {"c": {}}}, None, None, None),
-        (NOTICE, 2.0, {"ids": ["c"]}), (CLIENT_GONE, 3.0, "c1"),
-    ])
-    forwarder.touched.add(group)
+    cumulative_metrics(tree["c"])[("execute", "inc", "x", "count")] = 1
+    forwarder.graph_submitted("c1", ["inc-1"], annotations({"inc-1": {"c": {}}}, None))
+    forwarder.close_notice({"ids": ["c"]})
+    forwarder.client_gone("c1")
+    touch(forwarder, group)
     forwarder.tick(2)
     forwarder.forward_deltas({("execute", "c", "inc", "x", "count"): 1})
     for _ in forwarder.adopt():
         pass
     recorder = Recorder()
+    dispatch = Dispatcher(recorder)
     for message in sink.items:
-        dispatch(recorder, message)
+        dispatch(message)
     assert {name for name, _ in recorder.calls} == {
-        "on_worker_count", "on_span", "on_graph", "on_close_notice",
+        "on_worker_count", "on_span_added", "on_graph_submitted", "on_close_notice",
         "on_client_gone", "on_group_running", "on_span_deltas", "on_span_code",
         "on_span_metrics",
     }
@@ -467,21 +486,20 @@ def test_every_message_the_forwarder_sends_is_of_the_protocol(tree, sink):
 def test_errors_are_forwarded_as_they_were_counted_before_the_groups(tree, sink):
     group = task_group("div-1", "c", running=0, memory=0)
     forwarder = forwarder_of(tree, sink)
-    forwarder.erred[group] = 3  # (the transition hook counts tasks that err)
-    forwarder.touched.add(group)
+    for _ in range(3):  # (the transition hook counts tasks that err)
+        touch(forwarder, group, "erred")
     forwarder.tick(2)
     kinds = [item[0] for item in sink.items if item[0] in ("erred", "done")]
     assert kinds == ["erred", "done"]
     assert ("erred", "c", id(group), 3, []) in sink.items
-    assert forwarder.erred == {}
+    assert forwarder.idle(2)
 
 
 def test_the_exception_classes_of_erred_tasks_go_with_their_count(tree, sink):
     group = task_group("div-1", "c", running=0, memory=0)
     forwarder = forwarder_of(tree, sink)
     for text in ("ZeroDivisionError('a')", "ZeroDivisionError('a')", "KeyError(1)"):
-        forwarder.erred[group] = forwarder.erred.get(group, 0) + 1
-        forwarder.sampler.erred(group, "div-1", {"exception_text": text})
+        touch(forwarder, group, "erred", "processing", exception_text=text)
     forwarder.tick(2)
     (erred,) = [item for item in sink.items if item[0] == "erred"]
     assert sorted(erred[4]) == [(None, "KeyError", 1), (None, "ZeroDivisionError", 2)]

@@ -40,9 +40,10 @@ class TaskGroup:
 
 @dataclass(eq=False)
 class Task:
-    """Stands in for a ``TaskState``: its group."""
+    """Stands in for a ``TaskState``: its group (and its run spec)."""
 
     group: TaskGroup
+    run_spec: object = None
 
 
 class Recorder:

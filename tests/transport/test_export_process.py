@@ -206,7 +206,7 @@ async def test_spans_sent_to_an_export_process_as_it_dies_are_sent_again(
     with span("into the pipe"):
         await c.submit(inc, 2, key="p-1")
     # forwarded and written (or, if the kill comes first, failed and sent again)
-    await async_wait_for(lambda: plugin.forwarder.forwarded_spans >= 2
+    await async_wait_for(lambda: plugin.forwarder.forwarded.spans >= 2
                          and process.waiting == 0)
     os.kill(first, signal.SIGKILL)
     await async_wait_for(lambda: f"export process (pid {first}) exited"
@@ -624,7 +624,7 @@ def run_while_stopped(c, plugin, n: int):
                 with span(name):  # (a task group of its own: "stopped<i>")
                     await c.submit(inc, i, key=f"stopped{i}-1")
             # (their spans, groups and graphs forwarded, waiting in the scheduler)
-            await async_wait_for(lambda: plugin.forwarder.forwarded_spans >= n)
+            await async_wait_for(lambda: plugin.forwarder.forwarded.spans >= n)
         finally:
             os.kill(pid, signal.SIGCONT)
 

@@ -58,7 +58,7 @@ class ReadinessTracker:
     Notes
     -----
     Events: :meth:`add_span`, :meth:`graph`, :meth:`close_notice`,
-    :meth:`client_gone`, :meth:`group_settled`. :meth:`run_pass` checks the spans
+    :meth:`client_gone`, :meth:`group_done`. :meth:`run_pass` checks the spans
     that changed or whose wait ran out, deepest first, and hands over those ready;
     :meth:`close` hands over every open span. What was handed over is taken with
     :meth:`take`: the metric updates (``(method, args)`` of
@@ -150,7 +150,7 @@ class ReadinessTracker:
             rec.counted = True
             self._metric_calls.append((DaskInstruments.span_opened, (rec.tags,)))
 
-    def group_settled(self, span_id: str, stop: float) -> None:
+    def group_done(self, span_id: str, stop: float) -> None:
         """Every task of a group of the span settled, the last at ``stop``: look
         again a grace period after that finish."""
         rec = self._open.get(span_id)

@@ -17,6 +17,11 @@ from typing import Any
 from distributed.spans import Span
 
 from dask_otel_spans.export.tracking.samples import PrefixTasks
+from dask_otel_spans.protocol.dask_private import (
+    code_snippets,
+    cumulative_metrics,
+    set_nthreads_offset,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +49,7 @@ class TreeGroup:
                  "nbytes_total", "erred_seen", "erred_start", "erred_stop", "errors")
 
     def __init__(self, key: int, prefix: str, span_id: str):
-        #: tells the span's groups apart (see :class:`~dask_otel_spans.protocol.events.GroupDone`)
+        #: tells the span's groups apart (see :func:`~dask_otel_spans.protocol.events.group_running`)
         self.key = key
         self.prefix = Prefix(prefix)
         self.span_id = span_id
@@ -152,7 +157,7 @@ class SpanTree:
         #: prefix -> the tasks of its own groups that get task spans
         span.task_samples = {}
         span.enqueued = enqueued
-        span._total_nthreads_offset = offset
+        set_nthreads_offset(span, offset)
         if parent is not None:
             parent.children.append(span)
         self.spans[span_id] = span
@@ -210,13 +215,13 @@ class SpanTree:
     def add_metrics(self, span_id: str, metrics: Mapping[Hashable, float]) -> None:
         span = self.spans.get(span_id)
         if span is not None:
-            span._cumulative_worker_metrics.update(metrics)
+            cumulative_metrics(span).update(metrics)
 
     def add_code(self, span_id: str, code: Any) -> None:
         span = self.spans.get(span_id)
         if span is not None:
             for snippets in code:
-                span._code[tuple(snippets)] = None
+                code_snippets(span)[tuple(snippets)] = None
 
     def add_deltas(self, deltas: Mapping[Any, float]) -> None:
         """Heartbeat deltas ``{(context, span_id, prefix, activity, unit): value}``,
@@ -230,7 +235,7 @@ class SpanTree:
                 continue
             span = spans.get(span_id)
             if span is not None:
-                span._cumulative_worker_metrics[(context, *other)] += value
+                cumulative_metrics(span)[(context, *other)] += value
 
     def forget(self, span: Span) -> None:
         """An handed over span leaves the copy (its parent's list of children keeps it
