@@ -13,6 +13,7 @@ The binary is built once per machine (``.ci/run`` builds it before the tests); m
 the fixture builds it, and fails if it cannot."""
 from __future__ import annotations
 
+import json
 import subprocess
 import urllib.request
 from collections.abc import Iterator
@@ -41,6 +42,7 @@ from support.prometheus import prometheus_binary, promql, query_exemplars
 from dask_otel_spans import names, span, wait_for_export
 from dask_otel_spans.instrumentation import DaskInstrumentor
 from dask_otel_spans.protocol.propagation import otel_span_id, prefix_span_id, task_span_id
+from dask_otel_spans.state import scheduler_state
 
 N_LOADED, N_CHECKED = 4, 6
 
@@ -60,12 +62,12 @@ def jaeger(tmp_path_factory) -> Iterator[Jaeger]:
 @pytest.fixture(scope="module")
 def prometheus(jaeger: Jaeger, tmp_path_factory) -> Iterator[str]:
     """Debian's Prometheus with exemplar storage, scraping Jaeger's ``prometheus``
-    exporter every 0.25 s (OpenMetrics, so exemplars pass); its base URL."""
+    exporter every 0.5 s (OpenMetrics, so exemplars pass); its base URL."""
     tmp = tmp_path_factory.mktemp("prometheus")
     port = free_port()
     config = tmp / "prometheus.yml"
     config.write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "250ms", "scrape_timeout": "250ms"},
+        "global": {"scrape_interval": "500ms", "scrape_timeout": "500ms"},
         "scrape_configs": [{
             "job_name": "jaeger-collector",
             "static_configs": [{"targets": [f"127.0.0.1:{jaeger.metrics_port}"]}],
@@ -77,8 +79,20 @@ def prometheus(jaeger: Jaeger, tmp_path_factory) -> Iterator[str]:
          f"--web.listen-address=127.0.0.1:{port}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
+    base = f"http://127.0.0.1:{port}"
+
+    def scraping() -> bool:
+        try:
+            reply = json.load(urllib.request.urlopen(f"{base}/api/v1/targets", timeout=5))
+        except OSError:
+            return False  # (still starting)
+        return any(t["health"] == "up" for t in reply["data"]["activeTargets"])
+
     try:
-        yield f"http://127.0.0.1:{port}"
+        # scraping before the workflow starts: an exemplar is in the scrape for one
+        # metric export interval only
+        wait_for(scraping, timeout=60, interval=0.2)
+        yield base
     finally:
         prom.terminate()
         prom.wait(30)
@@ -89,12 +103,14 @@ def workflow(jaeger: Jaeger, prometheus: str, tmp_path_factory) -> Iterator[dict
     """One workflow, run once: a client span around ``span("jaeger etl")`` with a step
     whose tasks make spans of their own and a step where one task raises; its ids, and
     what the scheduler recorded for the load step's fine performance metrics."""
-    # Metric exports 1 s apart, Prometheus scrapes every 0.25 s: the Collector's
-    # exporter shows a series' latest point only, and the SDK sends an exemplar with
-    # the one export after its measurement (its reservoir resets at each collection),
-    # so an exemplar is in the scrape until the series' next export
-    # (docs/data-contract.md, "In Jaeger").
-    procs = DaskProcesses({**export_env(jaeger), "OTEL_METRIC_EXPORT_INTERVAL": "1000"},
+    # Metrics exported once, by one flush after the workflow (the default interval,
+    # 60 s, is longer than the module): the Collector's exporter shows a series' latest
+    # point only, and the SDK sends an exemplar with the one export after its
+    # measurement (its reservoir resets at each collection), so an exemplar stays in
+    # the scrape until the series' next export (docs/data-contract.md, "In Jaeger").
+    # wait_for_export flushes at each of its polls (every 0.1 s while spans are
+    # open): its first call comes once the spans were handed over, so it flushes once.
+    procs = DaskProcesses({**export_env(jaeger), "OTEL_METRIC_EXPORT_INTERVAL": "60000"},
                           cwd=str(tmp_path_factory.mktemp("dask")), worker_preload=True)
     provider = client_tracer(jaeger)
     try:
@@ -110,6 +126,7 @@ def workflow(jaeger: Jaeger, prometheus: str, tmp_path_factory) -> Iterator[dict
                         client.gather(futures, errors="skip")
                         bad_key = str(futures[BAD_RECORD].key)
             del futures
+            wait_for(lambda: handed_over(client, 3), timeout=30, interval=0.2)
             state = wait_for_export(client)
             assert state.flushed, state
 
@@ -127,6 +144,13 @@ def workflow(jaeger: Jaeger, prometheus: str, tmp_path_factory) -> Iterator[dict
     finally:
         provider.shutdown()
         procs.stop()
+
+
+def handed_over(client: Client, count: int) -> bool:
+    """Whether the scheduler's plugin handed ``count`` dask spans over and holds none
+    open, asked without a flush."""
+    state = client.run_on_scheduler(scheduler_state)
+    return state.handed_over >= count and not state.open
 
 
 def hex16(span_id: int) -> str:
@@ -198,18 +222,40 @@ def test_an_erred_task_shows_in_jaeger_with_status_error_type_and_exception(
     assert exception[names.EXCEPTION_MESSAGE] == "record 3: negative amount"
     assert 'raise ValueError(f"record {x}: negative amount")' in exception[
         names.EXCEPTION_STACKTRACE]
-    # what the UI shows (/api/traces): the status as tags, the event as a log
+
+
+def test_the_ui_model_renders_the_trace_as_the_data_contract_says(jaeger, workflow):
+    """``/api/traces/{id}``, what Jaeger's UI reads (docs/data-contract.md, "In
+    Jaeger")."""
+    whole_trace(jaeger, workflow)
     view = wait_for(lambda: jaeger.trace_v1(workflow["trace"]), timeout=10)
-    (ui_task,) = [s for s in view["spans"] if s["spanID"] == task["spanId"]]
-    tags = {t["key"]: t["value"] for t in ui_task["tags"]}
-    assert tags["otel.status_code"] == "ERROR" and tags["error"] is True
-    assert tags[names.ERROR_TYPE] == "ValueError"
-    (log,) = ui_task["logs"]
+    by_id = {s["spanID"]: s for s in view["spans"]}
+    task = by_id[hex16(task_span_id(workflow["validate"], workflow["bad_key"]))]
+    validate = by_id[hex16(otel_span_id(workflow["validate"]))]
+    # the parent as a CHILD_OF reference
+    assert task["references"] == [{"refType": "CHILD_OF", "traceID": workflow["trace"],
+                                   "spanID": hex16(prefix_span_id(workflow["validate"], "check"))}]
+    # status, kind and scope as tags; a string array as one string holding its JSON;
+    # ints keep their type
+    tags = {t["key"]: (t["type"], t["value"]) for t in validate["tags"]}
+    assert tags["otel.status_code"] == ("string", "ERROR")
+    assert tags["otel.status_description"] == ("string", "1 task erred: 1 ValueError")
+    assert tags["error"] == ("bool", True)
+    assert tags[names.ERROR_TYPE] == ("string", "ValueError")
+    assert tags["span.kind"] == ("string", "internal")
+    assert tags["otel.scope.name"] == ("string", names.INSTRUMENTATION_SCOPE)
+    assert tags[names.SPAN_NAME] == ("string", '["jaeger etl","validate"]')
+    assert tags[names.SPAN_TASK_COUNT] == ("int64", N_CHECKED)
+    # the exception event as a log, its name in field "event"
+    (log,) = task["logs"]
     fields = {f["key"]: f["value"] for f in log["fields"]}
     assert fields["event"] == names.EXCEPTION_EVENT
     assert fields[names.EXCEPTION_TYPE] == "ValueError"
-    assert view["processes"][ui_task["processID"]]["serviceName"] == names.DEFAULT_SERVICE_NAME
-
+    # the resource as the span's process
+    process = view["processes"][task["processID"]]
+    assert process["serviceName"] == names.DEFAULT_SERVICE_NAME
+    assert {"key": names.SCHEDULER_ADDRESS, "type": "string",
+            "value": workflow["scheduler"]} in process["tags"]
 
 LOAD_SERIES = 'dask_span_activity_time_seconds_total{dask_span_name="jaeger etl/load"}'
 
