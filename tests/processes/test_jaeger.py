@@ -154,6 +154,7 @@ def handed_over(client: Client, count: int) -> bool:
 
 
 def hex16(span_id: int) -> str:
+    """An OTel span id as the query API writes it (16 hex digits)."""
     return f"{span_id:016x}"
 
 
