@@ -258,6 +258,7 @@ def test_the_ui_model_renders_the_trace_as_the_data_contract_says(jaeger, workfl
     assert {"key": names.SCHEDULER_ADDRESS, "type": "string",
             "value": workflow["scheduler"]} in process["tags"]
 
+
 LOAD_SERIES = 'dask_span_activity_time_seconds_total{dask_span_name="jaeger etl/load"}'
 
 
@@ -307,10 +308,11 @@ def test_exemplars_in_prometheus_point_at_traces_jaeger_has(workflow, prometheus
             f"{urllib.request.urlopen(prometheus + '/api/v1/targets').read()[:1000]}"
         ) from None
     prefix_hex = hex16(prefix_span_id(workflow["load"], "traced_task"))
+    # the prefix span of the tasks behind the point; the dask span for its idle time
+    expected = {"traced_task": prefix_hex, names.IDLE_PREFIX: hex16(otel_span_id(workflow["load"]))}
     for prefix, labels in found:
         assert labels["trace_id"] == workflow["trace"]
-        if prefix == "traced_task":
-            assert labels["span_id"] == prefix_hex
+        assert labels["span_id"] == expected[prefix]
     by_id = {s["spanId"]: s for s in jaeger.trace_v3(workflow["trace"])}
     assert by_id[prefix_hex]["name"] == "traced_task"
 
