@@ -10,6 +10,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -198,8 +199,27 @@ class Jaeger:
         self._log_file.close()
 
 
-def wait_for_spans(jaeger: Jaeger, trace_id: str, predicate, timeout: float = 30):
-    """Poll ``trace_v3`` until ``predicate(spans)`` is truthy; its value."""
+def wait_for_spans(jaeger: Jaeger, trace_id: str,
+                   predicate: Callable[[list[dict[str, Any]]], Any],
+                   timeout: float = 30) -> Any:
+    """Poll :meth:`Jaeger.trace_v3` until ``predicate(spans)`` is truthy.
+
+    Parameters
+    ----------
+    jaeger
+        The running Jaeger.
+    trace_id
+        32 hex digits.
+    predicate
+        Called with the trace's spans (never with none).
+    timeout
+        Seconds; then fails, naming the spans Jaeger has of the trace.
+
+    Returns
+    -------
+    Any
+        What ``predicate`` returned.
+    """
     def got():
         spans = jaeger.trace_v3(trace_id)
         return predicate(spans) if spans else None
