@@ -25,7 +25,7 @@ sys.path.insert(0, HERE)
 
 from bench_preload import NullSpanExporter, batch_providers  # noqa: E402
 from opentelemetry.context import Context  # noqa: E402
-from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, set_span_in_context  # noqa: E402,E501
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, set_span_in_context  # noqa: E402
 
 ACTIVITIES = ("thread-cpu", "thread-noncpu", "executor", "other", "memory-read",
               "disk-read", "transfer", "idle or other spans")

@@ -14,11 +14,12 @@ calling loop with the plugin in it and without, best of ``--repeat`` timings, fo
 five transitions of a task that runs and is released; and a hook with the same
 signature doing nothing, for what being a plugin costs apart from the hook's work.
 
-The hook adds a started or settled task's group to the span forwarder's set of
-touched groups, and hands tasks to the task sampler as ``task-spans`` asks: erred ones
+The hook tells the span forwarder of a task that started or settled, which notes its
+group for the next tick, and hands tasks to the task sampler as ``task-spans`` asks: erred ones
 (none here: the graph has no errors) and, under ``slowest`` and ``all``, finished ones
 (``slowest`` compares the compute time with the slowest kept; the task's group keeps
-``max-task-spans`` of them, so after the first ten calls this is the steady state). The plugin is a real one, started on an in-process scheduler (with
+``max-task-spans`` of them, so after the first ten calls this is the steady state).
+The plugin is a real one, started on an in-process scheduler (with
 an exporter that discards), whose task dict holds the one task the calls name.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``dask-otel-spans``: ``demo`` runs a small real workflow on a LocalCluster with the
 plugins (scheduler and workers) and prints the exported span tree; ``tree PATH`` prints
-it from saved files."""
+it from saved files; ``resend DIR`` sends what a spool directory holds."""
 from __future__ import annotations
 
 import argparse
@@ -16,6 +16,7 @@ from typing import Any
 
 from dask_otel_spans import names
 from dask_otel_spans.reports.model import IN_TASK, kind_of
+from dask_otel_spans.reports.running import is_running, running_label, with_running
 from dask_otel_spans.sdk.otlpjson import (
     TRACES_FILE,
     exception_logs,
@@ -107,7 +108,10 @@ def render_tree(spans: Sequence[dict[str, Any]],
         kind = kind_of(s, parent_kind)
         duration = (int(s.get("endTimeUnixNano", 0)) - start(s)) / 1e9
         indent = "  " * depth
-        if names.SPAN_ID in attrs:
+        if names.SPAN_ID in attrs and is_running(attrs):
+            # (started, not ended: from the records of logs.jsonl)
+            lines.append(f"{indent}{s['name']}  [{running_label(attrs)}]")
+        elif names.SPAN_ID in attrs:
             flags = []
             if attrs.get(names.SPAN_INCOMPLETE):
                 flags.append("incomplete")
@@ -180,7 +184,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
     if not os.path.exists(path):
         print(f"no such file: {path}", file=sys.stderr)
         return 1
-    spans = read_all_spans(paths)
+    spans = with_running(paths, read_all_spans(paths))
     if not spans:
         print(f"no spans in {path}", file=sys.stderr)
         return 1
@@ -272,6 +276,20 @@ def missing_demo_modules() -> list[str]:
     return missing
 
 
+def say_outcome(state: Any) -> int:
+    """Print what came of the export (an :class:`~dask_otel_spans.state.ExportState`)
+    where the demo cannot read the spans back: delivered, failed, still held, as the
+    exporters counted; 1 when not everything was delivered."""
+    print(state.outcome("traces"))
+    print(state.outcome("metrics"))
+    if state.flushed:
+        print("(the demo prints the span tree from the embedded default's files only)")
+        return 0
+    print("Not everything was delivered (ExportState.flushed is False): no span tree",
+          file=sys.stderr)
+    return 1
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     missing = missing_demo_modules()
     if missing:
@@ -311,9 +329,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     # the cluster is closed: the plugin flushed its exporters (and its export process)
     traces_to, metrics_to = state.traces_to, state.metrics_to
     if not (traces_to.endswith(TRACES_FILE) and os.path.exists(traces_to)):
-        print(f"Traces went to {traces_to}; the demo prints the span tree from the "
-              "embedded default's files")
-        return 0
+        return say_outcome(state)
     # the files collect every run in this directory: this run's scheduler and
     # workers only (the workers' files are flushed as they close)
     spans = [s for s in read_all_spans(traces_files(os.path.dirname(traces_to)))
@@ -334,6 +350,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
         os.path.join(os.path.dirname(traces_to), "report.html"))
     print(f"Report (open it in a browser): {path}")
     return 0
+
+
+def cmd_resend(args: argparse.Namespace) -> int:
+    from dask_otel_spans.sdk.delivery import resend
+    from dask_otel_spans.sdk.outcome import UNITS, describe, waiting
+
+    if not os.path.isdir(args.directory):
+        print(f"no such directory: {args.directory}", file=sys.stderr)
+        return 1
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    figures = resend(args.directory, os.environ, args.timeout)
+    found = [s for s in UNITS if f"{s}_to" in figures]
+    if not found:
+        print(f"nothing to send in {args.directory} (or only batches of running "
+              "export processes)")
+        return 0
+    for signal in found:
+        print(describe(figures, signal, figures[f"{signal}_to"]))
+    return 1 if any(waiting(figures, s) or figures.get(f"{s}_failed") for s in found) else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -367,6 +402,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     report.add_argument("-o", "--output", default="report.html",
                         help="the HTML file to write (default: %(default)s)")
     report.set_defaults(func=cmd_report)
+    resend = sub.add_parser(
+        "resend", help="send the batches a spool directory holds (otel-spans.spool."
+                       "directory) to the OTLP endpoint of the OTEL_EXPORTER_OTLP_* "
+                       "variables")
+    resend.add_argument("directory", help="the spool directory")
+    resend.add_argument("--timeout", type=float, default=60.0,
+                        help="seconds to keep trying (default: %(default)s)")
+    resend.set_defaults(func=cmd_resend)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

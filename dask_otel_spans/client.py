@@ -381,7 +381,7 @@ def wait_for_export(client: Any, timeout: float = 30.0) -> ExportState:
     -------
     :class:`~dask_otel_spans.state.ExportState`: ``flushed`` is False when the
     exporters did not finish or their last export failed (a collector that is
-    down: ``traces_failed`` counts what they could not deliver).
+    down: ``held`` and ``spooled`` count what waits to be sent again).
 
     Raises
     ------

@@ -11,7 +11,7 @@ from typing import Any, Literal, Union
 
 import dask.config
 import yaml
-from dask.utils import parse_timedelta
+from dask.utils import parse_bytes, parse_timedelta
 
 from dask_otel_spans.protocol.tasks import TASK_SPAN_MODES
 
@@ -98,6 +98,13 @@ def _duration(value: Any) -> float:
     return seconds
 
 
+def _interval(value: Any) -> float:
+    seconds = _duration(value)
+    if not seconds > 0:
+        raise SettingError(value)
+    return seconds
+
+
 def _whole_number(value: Any) -> int:
     """``value`` as a whole number, in the spellings an operator writes for a count:
     ``1000``, ``"1000"``, ``"1_000"``, ``"1e3"`` (and ``1000.0``, which is what
@@ -145,6 +152,30 @@ def _directory(value: Any) -> str:
     if not isinstance(value, str) or not value.strip() or "\x00" in value:
         raise SettingError(value)
     return value
+
+
+def _bytes(value: Any) -> int:
+    if isinstance(value, bool):
+        raise SettingError(value)
+    try:
+        n = parse_bytes(value) if isinstance(value, str) else value
+    except (ValueError, TypeError):
+        raise SettingError(value) from None
+    if isinstance(n, float) and n.is_integer():
+        n = int(n)
+    if not isinstance(n, int) or n < 0:
+        raise SettingError(value)
+    return n
+
+
+def _spool_directory(value: Any) -> str | None:
+    """A directory, ``auto`` (kept as the word: the spool resolves it), or off
+    (None: false, no, off, empty, null)."""
+    if value is None or value is False:
+        return None
+    if isinstance(value, str) and value.strip().lower() in _FALSE_WORDS | _NULL_WORDS:
+        return None
+    return _directory(value)
 
 
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -237,6 +268,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("shutdown-timeout", "shutdown_timeout", _duration, _DURATION),
     Setting("providers", "providers", _optional(_factory),
             "null or 'package.module:callable'"),
+    Setting("live.after", "live_after", _duration, _DURATION),
+    Setting("live.interval", "live_interval", _interval,
+            "a positive duration (seconds, or e.g. '500ms', '30s')"),
+    Setting("live.pending-spans", "live_pending_spans", _flag, "true or false"),
+    Setting("spool.max-memory", "spool_max_memory", _bytes,
+            "a number of bytes, 0 or more (e.g. 64 MiB)"),
+    Setting("spool.directory", "spool_directory", _spool_directory,
+            "a directory path, auto (the user's cache directory) or false (memory only)"),
+    Setting("spool.max-disk", "spool_max_disk", _bytes,
+            "a number of bytes, 0 or more (e.g. 1 GiB)"),
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
 _BY_FIELD = {s.field: s for s in SETTINGS}
@@ -303,6 +344,12 @@ class PluginConfig:
     forward_budget: int
     shutdown_timeout: float
     providers: str | None
+    live_after: float
+    live_interval: float
+    live_pending_spans: bool
+    spool_max_memory: int
+    spool_directory: str | None
+    spool_max_disk: int
 
     @classmethod
     def from_dask_config(cls, **overrides: Any) -> PluginConfig:

@@ -135,3 +135,39 @@ CONTEXTS_WITH_SPAN_ID = ("execute", "p2p")
 #: The synthetic key that ``Span.cumulative_worker_metrics`` adds
 IDLE_PREFIX = "N/A"
 IDLE_ACTIVITY = "idle or other spans"
+
+# -- while a span runs (docs/data-contract.md, "While a span runs") ---------------------------
+#: Event name of the log record made when the export side first learns of a dask span
+SPAN_STARTED_EVENT = "dask.span.started"
+#: Event name of the log record made every ``live.interval`` for a span open longer than
+#: ``live.after``
+SPAN_PROGRESS_EVENT = "dask.span.progress"
+#: ``running`` on a pending span (``live.pending-spans``), and on the running spans that
+#: ``tree`` and the report show from the records
+SPAN_STATE = "dask.span.state"
+SPAN_STATE_RUNNING = "running"
+#: The parent's dask span id (none for a root) and the OTel span id (hex) of the
+#: span's parent as it will be exported (a client's span, or the parent dask span's)
+SPAN_PARENT_ID = "dask.span.parent_id"
+SPAN_PARENT_SPAN_ID = "dask.span.parent_span_id"
+#: Seconds since the span was enqueued on the scheduler
+SPAN_ELAPSED = "dask.span.elapsed"
+#: Tasks of the span's tree in task groups that settled: finished, and erred (erred
+#: also counts tasks of groups still running that erred)
+SPAN_TASKS_DONE = "dask.span.tasks.done"
+SPAN_TASKS_ERRED = "dask.span.tasks.erred"
+#: Task groups of the span's tree with a task running now, and settled
+SPAN_GROUPS_RUNNING = "dask.span.task_groups.running"
+SPAN_GROUPS_DONE = "dask.span.task_groups.done"
+#: Activity so far, from the heartbeats: seconds (every ``seconds`` activity) and bytes
+SPAN_ACTIVITY_SECONDS = "dask.span.activity_seconds"
+SPAN_ACTIVITY_BYTES = "dask.span.activity_bytes"
+#: On a progress record: spans due a progress record this interval that got none
+#: (past the bound, the most recent ones)
+LIVE_SPANS_NOT_REPORTED = "dask.live.spans_not_reported"
+#: Up-down counter: tasks of the open spans by state (``dask.task.state``), per
+#: ``dask.span.name``; back to 0 when a span ends
+SPAN_TASKS = "dask.span.tasks"
+TASK_STATE = "dask.task.state"
+TASK_STATE_DONE = "done"
+TASK_STATE_ERRED = "erred"

@@ -3,8 +3,8 @@
 (:func:`~dask_otel_spans.client.wait_for_export`)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from dask_otel_spans import names
 from dask_otel_spans.scheduler.plugin import OTelSpansPlugin
@@ -41,8 +41,14 @@ class ExportState:
         Metric points the same way; None also for a pull reader (Prometheus: it is
         scraped, nothing is delivered)
     flushed:
-        Whether the last flush finished in time and the last export of every
-        exporter succeeded; None when no flush was asked for
+        Whether the last flush finished in time, the last export of every
+        exporter succeeded and nothing is held; None when no flush was asked for
+    held, spooled, dropped:
+        Per signal (``traces``, ``metrics``, ``logs``) whose OTLP exporter holds
+        what it could not deliver: items waiting in memory, waiting in the spool
+        directory, and dropped past the spool's bounds (``otel-spans.spool.*``)
+    spool:
+        The spool directory (None: held batches stay in memory, or nothing holds)
     """
 
     traces_to: str
@@ -55,6 +61,30 @@ class ExportState:
     metrics_delivered: int | None
     metrics_failed: int | None
     flushed: bool | None
+    held: dict[str, int] = field(default_factory=dict)
+    spooled: dict[str, int] = field(default_factory=dict)
+    dropped: dict[str, int] = field(default_factory=dict)
+    spool: str | None = None
+
+    def figures(self) -> dict[str, Any]:
+        """The figures as flat ``<signal>_<figure>`` keys (as the exporters count)."""
+        out: dict[str, Any] = {
+            "traces_delivered": self.traces_delivered, "traces_failed": self.traces_failed,
+            "metrics_delivered": self.metrics_delivered,
+            "metrics_failed": self.metrics_failed, "spool_directory": self.spool,
+        }
+        for name in ("held", "spooled", "dropped"):
+            for signal, value in getattr(self, name).items():
+                out[f"{signal}_{name}"] = value
+        return out
+
+    def outcome(self, signal: str = "traces") -> str:
+        """What came of ``signal``'s export, in words: delivered, failed, still
+        held, dropped (:func:`~dask_otel_spans.sdk.outcome.describe`)."""
+        from dask_otel_spans.sdk.outcome import describe
+
+        where = self.traces_to if signal == "traces" else self.metrics_to
+        return describe(self.figures(), signal, where)
 
 
 async def scheduler_state(dask_scheduler: Scheduler, flush: bool = False
@@ -85,4 +115,9 @@ async def scheduler_state(dask_scheduler: Scheduler, flush: bool = False
         metrics_delivered=count("metrics_delivered"),
         metrics_failed=count("metrics_failed"),
         flushed=flushed,
+        **{name: {signal: int(stats[f"{signal}_{name}"])
+                  for signal in ("traces", "metrics", "logs")
+                  if stats.get(f"{signal}_{name}") is not None}
+           for name in ("held", "spooled", "dropped")},
+        spool=stats.get("spool_directory"),
     )

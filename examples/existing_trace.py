@@ -16,7 +16,6 @@ import sys
 
 import dask.array as da
 from _cluster import connect
-from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
@@ -47,7 +46,7 @@ def one_line(span: ReadableSpan) -> str:
 def main(address: str | None = None) -> None:
     provider = app_tracer_provider()
     tracer = provider.get_tracer("my-application")
-    with connect(address) as client:
+    with connect(address):
         with tracer.start_as_current_span("handle request") as request:
             with span("request analytics") as dask_id:
                 result = da.ones((1000, 1000), chunks=250).sum().compute()

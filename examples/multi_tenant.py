@@ -7,7 +7,8 @@ The ``dask.span.name`` metric attribute is the tags joined with ``/``, so in Pro
     # CPU seconds per tenant
     sum by (dask_span_name) (dask_span_activity_time_seconds_total{dask_activity="thread-cpu"})
     # everything alice ran on the sales dataset
-    sum by (dask_activity) (dask_span_activity_time_seconds_total{dask_span_name=~"user=alice/dataset=sales/.*"})
+    sum by (dask_activity) (
+      dask_span_activity_time_seconds_total{dask_span_name=~"user=alice/dataset=sales/.*"})
 
 With many tenants, cap the label: ``otel-spans.metrics.span-name-depth: 2`` keeps
 ``user=.../dataset=...`` only, and ``metrics.max-span-names`` bounds the series.

@@ -43,8 +43,9 @@ def main(address: str | None = None, output_dir: str | None = None) -> None:
         # wait for that, and ask the scheduler's plugin where they went.
         state = wait_for_export(client)
         print("dask spans handed over:", state.handed_over)
-        print("traces:", state.traces_to)
-        print("metrics:", state.metrics_to)
+        # (what the exporters counted: delivered, failed, still held)
+        print(state.outcome("traces"))
+        print(state.outcome("metrics"))
     print_span_tree(state.traces_to, trace_id)
 
 

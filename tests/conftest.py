@@ -86,3 +86,23 @@ def module_otlp_receiver() -> OTLPReceiver:
     receiver = OTLPReceiver().start()
     yield receiver
     receiver.stop()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def own_module_spool(tmp_path_factory):
+    """:func:`own_spool` for module fixtures (they start before a test's own)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def own_spool(tmp_path_factory, monkeypatch):
+    """A spool directory of each test's own: the default one (``auto``, below the
+    user's cache directory) moves with ``XDG_CACHE_HOME``, in this process and in
+    the processes it starts; what one test could not deliver is never sent to
+    another test's receiver, nor left in the user's cache."""
+    from dask_otel_spans.sdk.spool import user_spool_directory
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+    return user_spool_directory()

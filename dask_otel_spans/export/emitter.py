@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from opentelemetry import trace
@@ -192,7 +192,12 @@ class SpanEmitter(ThreadWorker):
         """:meth:`emit` each of ``requests``, in one queue operation."""
         self.thread.put_many(requests)
 
-    def _end(self, request: EmitRequest) -> None:
+    def _end(self, request: EmitRequest | Callable[[], None]) -> None:
+        if not isinstance(request, EmitRequest):
+            # (a live record or pending span, in order with the spans:
+            # dask_otel_spans/export/live.py)
+            request()
+            return
         fields, idle = self.translate(request)
         self.export(fields)
         self.ended_count += 1

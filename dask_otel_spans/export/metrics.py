@@ -242,6 +242,12 @@ class DaskInstruments:
             unit="{span}",
             description="Dask spans open on the scheduler (not emitted yet)",
         )
+        self.span_tasks = meter.create_up_down_counter(
+            names.SPAN_TASKS,
+            unit="{task}",
+            description="Tasks of the open dask spans by state, as of their last "
+                        "progress (live.interval)",
+        )
         self._cache = _SeriesCache()
         #: (instrument, span name) -> the series of the instruments whose one
         #: attribute is the span name (duration, active spans)
@@ -364,6 +370,20 @@ class DaskInstruments:
             )
             idle.context = exemplar_context(trace)
             self._sum(idle, idle_seconds)
+
+    def span_tasks_moved(self, tags: Sequence[str], moved: Mapping[str, int]) -> None:
+        """Tasks of an open span that reached a state (``{dask.task.state: count}``,
+        negative when a span's end takes them back) since its last progress."""
+        name = self.span_names(tags)
+        for state, count in moved.items():
+            if not count:
+                continue
+            key = (id(self.span_tasks), f"{state}\x00{name}")
+            series = self._by_name.get(key)
+            if series is None:
+                series = self._by_name[key] = self._series(self.span_tasks, {
+                    names.SPAN_NAME: name, names.TASK_STATE: state})
+            self._sum(series, count)
 
     def _series(self, instrument: Any, attributes: dict[str, Any]) -> _Series:
         return _Series(instrument, self.series_cap(instrument, attributes))

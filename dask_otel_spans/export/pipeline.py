@@ -20,6 +20,7 @@ from dask_otel_spans.export.metrics import (
     SpanNameCap,
 )
 from dask_otel_spans.sdk.health import rate_limit_sdk_logs
+from dask_otel_spans.sdk.outcome import describe, waiting
 from dask_otel_spans.sdk.providers import (
     Providers,
     flush_provider,
@@ -62,7 +63,9 @@ class ExportPipeline:
             code_max_length=config.max_code_length if config.include_code else None,
             record_exceptions=config.record_exceptions,
             exception_events=providers.exceptions.events,
-            logger_provider=providers.logger_provider,
+            # (the logger provider may be there for the live records alone)
+            logger_provider=(providers.logger_provider if providers.exceptions.logs
+                             else None),
         )
         # threads (and the SDK log filter) start once everything is built: a failure
         # above leaves nothing behind
@@ -91,6 +94,9 @@ class ExportPipeline:
                 except Exception:
                     logger.exception("dask_otel_spans: flushing %r failed", provider)
                     ok = False
+        delivery = self.providers.redelivery
+        if delivery is not None:  # (what is held: sent, or not due before then)
+            ok = delivery.drain(max(0.0, deadline - time.monotonic())) and ok
         return ok and self.providers.delivering()
 
     def stop_threads(self, timeout: float) -> None:
@@ -117,9 +123,10 @@ class ExportPipeline:
 
     def shut_down(self, timeout: float) -> bool:
         """Stop the threads and close the providers, waiting at most ``timeout``
-        seconds in all (a collector that is down makes exporters retry for longer);
-        then say in one line what the exporters could not deliver. False when they
-        did not finish in time."""
+        seconds in all (a collector that is down makes exporters retry for longer;
+        what they hold is tried until then and left in the spool); then say in one
+        line what came of the export (:func:`~dask_otel_spans.sdk.outcome.describe`)
+        when not everything was delivered. False when they did not finish in time."""
         deadline = time.monotonic() + timeout
         self.stop_threads(timeout)
         closing = threading.Thread(
@@ -128,28 +135,34 @@ class ExportPipeline:
         )
         closing.start()
         closing.join(max(0.0, deadline - time.monotonic()))
-        if not closing.is_alive():
-            return True
-        traces = self.providers.traces_to
-        logger.warning(
-            "dask_otel_spans: the exporters did not finish within %.1f s "
-            "(otel-spans.shutdown-timeout); not delivered: %s to %s, and the metric "
-            "points since the last export to %s", timeout,
-            self._undelivered_spans(), traces, self.providers.metrics_to,
-        )
-        return False
+        finished = not closing.is_alive()
+        delivery = self.providers.redelivery
+        if delivery is not None:
+            delivery.close(max(0.0, deadline - time.monotonic()))
+        self._say_outcome(timeout, finished)
+        return finished
 
-    def _undelivered_spans(self) -> str:
-        """How many spans the SDK was handed and its exporters did not report
-        (delivered or failed), where the pipeline built them ("some" otherwise)."""
-        health = [h for h in self.providers.health if h.signal == "traces"]
-        if not health:
-            return "some spans"
-        # (each dask span is 1 + its task prefixes OTel spans: counted as ended
-        # by the emitter once per dask span, by the exporters once per OTel span)
-        reported = min(h.delivered + h.failed for h in health)
-        handed = self.emitter.otel_spans
-        return f"{max(0, handed - reported)} spans"
+    def _say_outcome(self, timeout: float, finished: bool) -> None:
+        """One line at close, from the exporters' figures (those ``ExportState``
+        reads), unless everything was delivered."""
+        providers = self.providers
+        figures = providers.delivery()
+        signals = [("traces", providers.traces_to, self.emitter.otel_spans),
+                   ("metrics", providers.metrics_to, None)]
+        if figures.get("logs_delivered") is not None:
+            signals.append(("logs", providers.logs_to, None))
+        clean = finished and not any(
+            waiting(figures, s) or figures.get(f"{s}_failed")
+            or figures.get(f"{s}_dropped") for s, _, _ in signals)
+        if clean:
+            return
+        late = ("" if finished else
+                "; the exporters did not finish within %.1f s "
+                "(otel-spans.shutdown-timeout): what they had not reported on is lost"
+                % timeout)
+        logger.warning("dask_otel_spans: at close, %s%s", "; ".join(
+            describe(figures, signal, where, handed) for signal, where, handed in signals
+        ), late)
 
     def cpu_seconds(self) -> float:
         """CPU seconds of the pipeline's threads (emitter and metrics) so far."""

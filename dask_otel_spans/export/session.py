@@ -19,6 +19,7 @@ from dask_otel_spans.background import QueueThread
 from dask_otel_spans.config import TICK_INTERVAL, PluginConfig
 from dask_otel_spans.export.bounded import BoundedMemory
 from dask_otel_spans.export.collisions import CollisionWarnings
+from dask_otel_spans.export.live import LiveRecords, LiveWriter
 from dask_otel_spans.export.metrics import DaskInstruments
 from dask_otel_spans.export.pipeline import ExportPipeline
 from dask_otel_spans.export.share import ExportShareWatch
@@ -88,6 +89,14 @@ class ExportSession:
         #: messages that were not of the protocol (skipped)
         self.unreadable = 0
         self._dispatch = Dispatcher(self)
+        #: the records of spans while they run (export/live.py)
+        self.live = LiveRecords(
+            config, self.tree, self.tracker, pipeline.emitter.emit_many,
+            LiveWriter(pipeline.providers.logger_provider,
+                       pipeline.providers.tracer_provider if config.live_pending_spans
+                       else None),
+            pipeline.pump,
+        )
 
     # -- the transport's side ----------------------------------------------------------
 
@@ -170,6 +179,11 @@ class ExportSession:
             self.tracker.run_pass()
         finally:
             self._hand_over()
+        try:
+            self.live.look()
+        except Exception:
+            self._log_once("live", "cannot make the records of running spans "
+                           "(logged once)", exc_info=True)
         if self.share_watch is not None:
             self._watch_share()
 
@@ -193,6 +207,11 @@ class ExportSession:
         if calls and pump is not None:
             pump.submit_many(calls)
         if requests:
+            try:
+                self.live.ended(requests)
+            except Exception:
+                self._log_once("live-ended", "cannot make the started records of "
+                               "ended spans (logged once)", exc_info=True)
             self.pipeline.emitter.emit_many(requests)
 
     # -- the protocol's handlers ----------------------------------------------------------
@@ -202,6 +221,7 @@ class ExportSession:
         span = self.tree.add_span(ids, name, enqueued, nthreads_offset, position)
         if span is not None:
             self.tracker.add_span(span)
+            self.live.learned(span)
 
     def on_group_running(self, span_id: str, group: int, prefix: str) -> None:
         self.tree.group(span_id, group, prefix)
@@ -235,6 +255,7 @@ class ExportSession:
                  chains: Any, collisions: list[tuple[str, str, str]],
                  links: list[tuple[str, dict[str, str]]]) -> None:
         self.tracker.graph(time, client, span_ids, chains, links)
+        self.live.graph(span_ids)
         if collisions:
             self.collisions.seen(collisions, self.tree.tags)
 

@@ -388,13 +388,14 @@ def span_fields(
         code = code_attribute(span.code, code_max_length)
         if code:
             attributes[names.SPAN_CODE] = code
-    window = {"default_start": start, "default_stop": stop,
-              "record_exceptions": record_exceptions}
-    prefixes, tasks = [], []
+    prefixes: list[PrefixSpanFields] = []
+    tasks: list[TaskSpanFields] = []
     if prefix_spans:
-        prefixes = prefix_fields(span, **window)
+        prefixes = prefix_fields(span, default_start=start, default_stop=stop,
+                                 record_exceptions=record_exceptions)
     else:
-        tasks, left_out = own_task_fields(span, **window)
+        tasks, left_out = own_task_fields(span, default_start=start, default_stop=stop,
+                                          record_exceptions=record_exceptions)
         if left_out:
             attributes[names.TASK_SPANS_LEFT_OUT] = left_out
     return SpanFields(

@@ -211,7 +211,8 @@ class Dispatcher:
         try:
             arity, method = self._table[message[0]]
         except (KeyError, IndexError, TypeError):
-            raise UnknownMessage(f"not a message of the protocol: {message!r:.200}")
+            raise UnknownMessage(
+                f"not a message of the protocol: {message!r:.200}") from None
         if len(message) != arity + 1:
             raise UnknownMessage(
                 f"{message[0]!r} takes {arity} fields, got {len(message) - 1}")

@@ -6,6 +6,7 @@ its pickle, never unpickled); the export session works the name out of that."""
 from __future__ import annotations
 
 import pickletools
+from collections.abc import Iterator
 from typing import Any
 
 #: Bytes of an exception's pickle kept to find its class in (a pickle names the class
@@ -51,35 +52,39 @@ def exception_class(exception: Any) -> str | bytes | None:
 _REBUILDERS = ("tblib", "copyreg", "copy_reg", "cloudpickle")
 
 
+def _pickle_globals(head: bytes) -> Iterator[tuple[str, str] | None]:
+    """``(module, qualname)`` of each global a pickle names, in order; None for one
+    whose name cannot be read."""
+    strings: list[str] = []
+    for opcode, arg, _ in pickletools.genops(head):
+        name = opcode.name
+        if name == "GLOBAL":  # protocols 0-3: "module name"
+            module, _, qualname = str(arg).partition(" ")
+            yield module, qualname
+        elif name == "STACK_GLOBAL":  # protocols 4-5: the two strings before it
+            yield (strings[-2], strings[-1]) if len(strings) >= 2 else None
+        elif isinstance(arg, str):
+            strings.append(arg)
+
+
 def class_in_pickle(head: bytes) -> str | None:
     """The qualified name of the class a pickle rebuilds first (after the rebuilding
     functions of :data:`_REBUILDERS`), read from its opcodes without unpickling (a
     cut-off pickle is fine: the class comes first); None when it names none by
     reference (e.g. cloudpickle built the class by value) or is not a pickle."""
-    strings: list[str] = []
     try:
-        for opcode, arg, _ in pickletools.genops(head):
-            name = opcode.name
-            found = None
-            if name == "GLOBAL":  # protocols 0-3: "module name"
-                module, _, qualname = str(arg).partition(" ")
-                found = (module, qualname)
-            elif name == "STACK_GLOBAL":  # protocols 4-5: the two strings before it
-                if len(strings) < 2:
+        for found in _pickle_globals(head):
+            if found is None:
+                return None
+            module, qualname = found
+            if module.split(".", 1)[0] in _REBUILDERS:
+                if module.startswith("cloudpickle"):
                     return None
-                found = (strings[-2], strings[-1])
-            elif isinstance(arg, str):
-                strings.append(arg)
-            if found is not None:
-                module, qualname = found
-                if module.split(".", 1)[0] in _REBUILDERS:
-                    if module.startswith("cloudpickle"):
-                        return None
-                    continue
-                if not qualname:
-                    return None
-                return f"{module}.{qualname}" if module and module != "builtins" \
-                    else qualname
+                continue
+            if not qualname:
+                return None
+            return f"{module}.{qualname}" if module and module != "builtins" \
+                else qualname
     except Exception:  # (cut off, or not a pickle)
         return None
     return None

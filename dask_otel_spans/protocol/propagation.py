@@ -7,7 +7,7 @@ import hashlib
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -117,7 +117,7 @@ def span_context_from_carrier(carrier: Any) -> SpanContext | None:
     return _parse_w3c(traceparent, tracestate)
 
 
-def _is_carrier_value(value: Any) -> bool:
+def _is_carrier_value(value: Any) -> TypeGuard[str]:
     return isinstance(value, str) and len(value) <= _MAX_CARRIER_VALUE
 
 

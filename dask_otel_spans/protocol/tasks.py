@@ -40,7 +40,8 @@ class TaskRecord(NamedTuple):
     #: ``repr`` of the exception and the traceback's text (``None`` unless erred)
     exception: str | None
     traceback: str | None
-    #: what names the exception's class (:func:`~dask_otel_spans.protocol.exceptions.exception_class`)
+    #: what names the exception's class
+    #: (:func:`~dask_otel_spans.protocol.exceptions.exception_class`)
     exception_class: str | bytes | None = None
     #: the task's function as dask names it, when the task is a plain function call
     function: str | None = None

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from dask_otel_spans import names
+from dask_otel_spans.reports.running import is_running, running_label
 
 #: Task spans shown per prefix span; the others are folded into one row with a count
 MAX_TASK_ROWS = 50
@@ -133,6 +134,8 @@ def _trace(trace_id: str, spans: Sequence[Mapping[str, Any]],
             "attrs": {k: v for k, v in attrs.items()},
             "error": _error(span, logged),
             "breakdown": breakdown(attrs) if kind in (DASK, PREFIX) else [],
+            # started, not ended (from the records of logs.jsonl): its last progress
+            "running": running_label(attrs) if is_running(attrs) else "",
         })
         kids = sorted(children.get(span.get("spanId"), ()),
                       key=lambda k: _ns(k, "startTimeUnixNano"))

@@ -119,6 +119,10 @@ data.traces.forEach(function(trace, ti){
        'another process exported it (e.g. the application\'s own trace)">↑ parent '+
        esc(r.parent_elsewhere)+' elsewhere</span>';
     }
+    if (r.running){
+      tag += ' <span class="tag running" title="started, not ended: its last progress '+
+       'record">'+esc(r.running)+'</span>';
+    }
     var exc = r.error ? '<span class="exception">'+esc(r.error.type)+': '+
       esc(r.error.message)+'</span>' : '';
     out.push('<div id="row-'+esc(r.id)+'" class="'+cls+'" data-id="'+esc(r.id)+

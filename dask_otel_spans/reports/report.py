@@ -8,6 +8,7 @@ from typing import Any
 
 from dask_otel_spans.reports.model import build
 from dask_otel_spans.reports.render import render, render_fragment
+from dask_otel_spans.reports.running import with_running
 from dask_otel_spans.sdk.otlpjson import exception_logs, read_all_spans, traces_files
 
 #: Where the embedded default writes (``otel-spans.output-dir``'s default)
@@ -35,7 +36,7 @@ class Report:
             files += traces_files(path)
         self.files = [f for f in files if os.path.exists(f)]
         if spans is None:
-            spans = read_all_spans(self.files)
+            spans = with_running(self.files, read_all_spans(self.files))
         self.data = build(spans, exception_logs(self.files))
 
     @property

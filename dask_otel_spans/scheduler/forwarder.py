@@ -18,13 +18,13 @@ from distributed.utils import key_split_group
 
 from dask_otel_spans import names
 from dask_otel_spans.protocol import events
-from dask_otel_spans.protocol.events import Message
 from dask_otel_spans.protocol.dask_facts import group_done
 from dask_otel_spans.protocol.dask_private import (
     code_snippets,
     cumulative_metrics,
     nthreads_offset,
 )
+from dask_otel_spans.protocol.events import Message
 from dask_otel_spans.protocol.propagation import w3c_headers
 from dask_otel_spans.protocol.snapshots import done_figures
 from dask_otel_spans.protocol.tasks import NONE
@@ -55,7 +55,8 @@ def chain_ids(span: Span) -> tuple[str, ...]:
     return tuple(reversed(ids))
 
 
-def collect_span_ids(keys: Any, span_of_key: Any, tasks: Mapping[Any, Any],
+# (a loop per key of a graph on the event loop: kept in one function, no call per key)
+def collect_span_ids(keys: Any, span_of_key: Any, tasks: Mapping[Any, Any],  # noqa: C901
                      span_ids: set[str], step: int = SPANS_PER_STEP, *,
                      otel: Any = None,
                      collisions: set[tuple[str, str, str]] | None = None,
@@ -87,7 +88,7 @@ def collect_span_ids(keys: Any, span_of_key: Any, tasks: Mapping[Any, Any],
                 pass  # not distributed's shape: the task's group says
             else:
                 span_ids.add(span_id)
-                if otel is not None:
+                if otel is not None and collisions is not None:
                     # (dask builds each key's annotation anew, but the span id in
                     # it is the span's own string, and the chain is shared)
                     chain = otel.get(key)
@@ -105,7 +106,8 @@ def collect_span_ids(keys: Any, span_of_key: Any, tasks: Mapping[Any, Any],
                 span_ids.add(tg.span_id)
 
 
-def collect_links(keys: Any, callers: Any, otel: Any, span_of_key: Any,
+# (a loop per key of a graph on the event loop: kept in one function, no call per key)
+def collect_links(keys: Any, callers: Any, otel: Any, span_of_key: Any,  # noqa: C901
                   tasks: Mapping[Any, Any],
                   links: dict[tuple[str, str], dict[str, str]],
                   default_id: str | None = None,
@@ -155,7 +157,7 @@ def _note_collision(key: Any, ann: Any, chain: Any, tasks: Mapping[Any, Any],
     if not isinstance(chain, Mapping) or not chain:
         return
     try:
-        asked = next(reversed(chain.keys()))
+        asked = next(reversed(list(chain)))
         ids = tuple(ann["ids"])
     except Exception:
         return
@@ -263,7 +265,7 @@ class SpanForwarder:
 
     def __init__(
         self,
-        spans: Mapping[str, Span],
+        spans: dict[str, Span],
         tasks: Mapping[Any, Any],
         sink: Sink,
         include_code: bool = False,
@@ -306,17 +308,19 @@ class SpanForwarder:
         """A client left the scheduler."""
         self.changes.pending.append(events.client_gone(self.clock(), client))
 
-    def task_moved(self, ts: Any, key: Any, start: str, finish: str,
+    def task_moved(self, key: Any, start: str, finish: str,
                    kwargs: Mapping[str, Any]) -> None:
-        """Task ``ts`` started or settled (the ``transition`` hook, which skips the
+        """Task ``key`` started or settled (the ``transition`` hook, which skips the
         others): its group is noted for the next tick; a task that erred is counted
         and, like one that finished under ``task-spans: slowest`` or ``all``, goes
         to the task sampler (from the worker's report in ``kwargs``)."""
+        ts = self.tasks.get(key)
+        if ts is None:
+            return
         tg = ts.group
-        changes = self.changes
-        changes.touched.add(tg)
+        self.changes.touched.add(tg)
         if finish == "erred":
-            erred = changes.erred
+            erred = self.changes.erred
             erred[tg] = erred.get(tg, 0) + 1
             if start == "processing":  # (it ran: not erred by a dependency)
                 self.sampler.erred(tg, key, kwargs, ts.run_spec)
@@ -586,7 +590,7 @@ def _large(keys: Any) -> bool:
         return True
 
 
-def _chains(otel: Any) -> list[Any]:
+def _chains(otel: Any) -> Any:
     """The distinct chains of an ``otel`` annotation (one value object per chain of
     spans; a graph of many tasks of one chain carries it once): the annotation as
     it came when it is not a mapping (the export process says it is malformed)."""

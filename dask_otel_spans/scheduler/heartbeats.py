@@ -14,7 +14,7 @@ from dask_otel_spans import names
 def tap_heartbeats(
     ext: Any,
     scheduler: Any,
-    on_span_deltas: Callable[[dict], None],
+    on_span_deltas: Callable[[dict[Any, float]], None],
     on_worker_heartbeat: Callable[[Any, Any], None],
 ) -> list[Callable[[], None]]:
     """Call ``on_span_deltas(data)`` after the spans extension took a heartbeat's
@@ -25,14 +25,20 @@ def tap_heartbeats(
     The callbacks are held weakly (bound methods of the plugin): a tap whose plugin
     is gone does nothing. They must not raise (the plugin guards its own).
     """
-    span_cb = weakref.WeakMethod(on_span_deltas)  # type: ignore[arg-type]
-    worker_cb = weakref.WeakMethod(on_worker_heartbeat)  # type: ignore[arg-type]
-    undo: list[Callable[[], None]] = []
+    undo = [_tap_span_heartbeats(ext, weakref.WeakMethod(on_span_deltas))]
+    worker_undo = _tap_worker_heartbeats(scheduler,
+                                         weakref.WeakMethod(on_worker_heartbeat))
+    if worker_undo is not None:
+        undo.append(worker_undo)
+    return undo
 
+
+def _tap_span_heartbeats(ext: Any, span_cb: weakref.WeakMethod[Any]
+                         ) -> Callable[[], None]:
     original_span_hb = ext.heartbeat
 
     @functools.wraps(original_span_hb)
-    def span_heartbeat(ws: Any, data: dict) -> None:
+    def span_heartbeat(ws: Any, data: dict[Any, float]) -> None:
         original_span_hb(ws, data)
         callback = span_cb()
         if callback is not None and data:
@@ -42,16 +48,21 @@ def tap_heartbeats(
 
     def undo_span_hb() -> None:
         if ext.__dict__.get("heartbeat") is span_heartbeat:
-            if getattr(original_span_hb, "__self__", None) is ext:
+            bound_to = getattr(original_span_hb, "__self__", None)
+            # (the class's method: the instance's attribute goes)
+            if bound_to is not None and bound_to is ext:
                 del ext.heartbeat
             else:
                 ext.heartbeat = original_span_hb
 
-    undo.append(undo_span_hb)
+    return undo_span_hb
 
+
+def _tap_worker_heartbeats(scheduler: Any, worker_cb: weakref.WeakMethod[Any]
+                           ) -> Callable[[], None] | None:
     original_worker_hb = scheduler.handlers.get("heartbeat_worker")
     if original_worker_hb is None:
-        return undo
+        return None
 
     @functools.wraps(original_worker_hb)
     def heartbeat_worker(*args: Any, **kwargs: Any) -> Any:
@@ -67,8 +78,7 @@ def tap_heartbeats(
         if scheduler.handlers.get("heartbeat_worker") is heartbeat_worker:
             scheduler.handlers["heartbeat_worker"] = original_worker_hb
 
-    undo.append(undo_worker_hb)
-    return undo
+    return undo_worker_hb
 
 
 def worker_wide_deltas(result: Any, metrics: Any) -> dict[Hashable, float]:

@@ -16,7 +16,7 @@ import logging
 import time as _time
 import uuid
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -107,7 +107,9 @@ class OTelSpansPlugin(SchedulerPlugin):
         #: what the plugin's own code costs the event loop
         self.loop_stats = EventLoopStats()
         self._spec: PipelineSpec | None = None
-        self._tasks: Mapping[Any, Any] | None = None
+        #: the forwarder's ``task_moved`` while the plugin runs (the transition hook's
+        #: one read), else None
+        self._task_moved: Callable[[Any, str, str, Mapping[str, Any]], None] | None = None
         self._pc: PeriodicCallback | None = None
         #: the forwarding in progress, one slice at a time
         self._work: Iterator[None] | None = None
@@ -197,20 +199,56 @@ class OTelSpansPlugin(SchedulerPlugin):
         previous = scheduler.plugins.get(self.name)
         if not isinstance(previous, OTelSpansPlugin) or previous is self:
             previous = None
-        history = getattr(scheduler, "total_nthreads_history", None)
-        if previous is not None and previous._hands_over_to(self):
-            self.transport = previous.transport
+        self.transport = transport = await self._transport(scheduler, previous)
+        if transport is None:
+            if previous is not None:
+                await previous.close()
+            return
+        # (clients ask for it once, to warn when a scheduler runs no plugin)
+        scheduler.set_metadata(keys=list(names.PLUGIN_METADATA_KEYS), value=names.VERSION)
+        self.forwarder = forwarder = SpanForwarder(
+            ext.spans, scheduler.tasks, transport, self.config.include_code,
+            TaskSampler(self.config.task_spans, self.config.max_task_spans),
+            getattr(ext, "spans_search_by_name", None),
+        )
+        self._task_moved = forwarder.task_moved
+        if previous is not None and previous.transport is self.transport:
+            # the same export session carries on: the forwarding goes on from
+            # where the previous instance was
+            previous._forward_all()
+            if previous.forwarder is not None:
+                forwarder.take_over(previous.forwarder)
+            previous.transport = None
+            logger.info("dask_otel_spans: carrying on from the plugin registered "
+                        "before, with the same settings")
         else:
-            self.transport = await open_transport(
-                self._spec, tracer_provider=self._tracer_provider,
-                meter_provider=self._meter_provider, use_global=self._use_global,
-                nthreads_history=history if isinstance(history, list) else None,
-            )
-            if self.transport is None:
-                if previous is not None:
-                    await previous.close()
-                return
-            destinations = self.transport.destinations
+            # spans from before the plugin: forwarded first, in slices
+            self._work = forwarder.adopt()
+            IOLoop.current().add_callback(self._run_slice)
+        if previous is not None:
+            await previous.close()
+        self._undo.extend(tap_heartbeats(
+            ext, scheduler, self._on_span_deltas, self._on_worker_heartbeat))
+        self._pc = PeriodicCallback(self._tick, TICK_INTERVAL * 1000)
+        scheduler.periodic_callbacks[f"{self.name}-tick"] = self._pc
+        self._pc.start()
+
+    async def _transport(self, scheduler: Scheduler,
+                         previous: OTelSpansPlugin | None) -> Transport | None:
+        """The transport of the plugin registered before, when it hands over to this
+        one (same settings), else a new one (its destinations logged at INFO); None
+        when no exporter could be set up."""
+        if previous is not None and previous._hands_over_to(self):
+            return previous.transport
+        assert self._spec is not None
+        history = getattr(scheduler, "total_nthreads_history", None)
+        transport = await open_transport(
+            self._spec, tracer_provider=self._tracer_provider,
+            meter_provider=self._meter_provider, use_global=self._use_global,
+            nthreads_history=history if isinstance(history, list) else None,
+        )
+        if transport is not None:
+            destinations = transport.destinations
             logger.info(
                 "dask_otel_spans: traces to %s; metrics to %s; erred tasks' "
                 "exceptions as %s; %s",
@@ -220,33 +258,7 @@ class OTelSpansPlugin(SchedulerPlugin):
                 if destinations.get("export_process")
                 else "exporting on a thread of the scheduler process",
             )
-        self._tasks = scheduler.tasks
-        # (clients ask for it once, to warn when a scheduler runs no plugin)
-        scheduler.set_metadata(keys=list(names.PLUGIN_METADATA_KEYS), value=names.VERSION)
-        self.forwarder = SpanForwarder(
-            ext.spans, scheduler.tasks, self.transport, self.config.include_code,
-            TaskSampler(self.config.task_spans, self.config.max_task_spans),
-            getattr(ext, "spans_search_by_name", None),
-        )
-        if previous is not None and previous.transport is self.transport:
-            # the same export session carries on: the forwarding goes on from
-            # where the previous instance was
-            previous._forward_all()
-            self.forwarder.take_over(previous.forwarder)
-            previous.transport = None
-            logger.info("dask_otel_spans: carrying on from the plugin registered "
-                        "before, with the same settings")
-        else:
-            # spans from before the plugin: forwarded first, in slices
-            self._work = self.forwarder.adopt()
-            IOLoop.current().add_callback(self._run_slice)
-        if previous is not None:
-            await previous.close()
-        self._undo.extend(tap_heartbeats(
-            ext, scheduler, self._on_span_deltas, self._on_worker_heartbeat))
-        self._pc = PeriodicCallback(self._tick, TICK_INTERVAL * 1000)
-        scheduler.periodic_callbacks[f"{self.name}-tick"] = self._pc
-        self._pc.start()
+        return transport
 
     def _hands_over_to(self, successor: OTelSpansPlugin) -> bool:
         """Whether ``successor`` (registered after this instance) may keep this
@@ -264,7 +276,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         if self._closed:
             return
         self._closed = True
-        self._tasks = None
+        self._task_moved = None
         if self._pc is not None:
             self._pc.stop()
             if self.scheduler is not None:
@@ -302,17 +314,19 @@ class OTelSpansPlugin(SchedulerPlugin):
 
     # -- the heartbeats' deltas (scheduler/heartbeats.py taps them) -----------------
 
-    def _on_span_deltas(self, data: dict) -> None:
-        if not self._closed:
+    def _on_span_deltas(self, data: dict[Any, float]) -> None:
+        forwarder = self.forwarder
+        if not self._closed and forwarder is not None:
             with self._guard("heartbeat"):
-                self.forwarder.forward_deltas(data)
+                forwarder.forward_deltas(data)
 
     def _on_worker_heartbeat(self, result: Any, metrics: Any) -> None:
-        if not self._closed:
+        transport = self.transport
+        if not self._closed and transport is not None:
             with self._guard("worker-heartbeat"):
                 deltas = worker_wide_deltas(result, metrics)
                 if deltas:
-                    self.transport.send([events.worker_deltas(deltas)])
+                    transport.send([events.worker_deltas(deltas)])
 
     # -- hooks: O(1) each; the forwarder sends what they queued at the next tick -----
     # (not timed: the clock reads would cost more than the work)
@@ -348,26 +362,27 @@ class OTelSpansPlugin(SchedulerPlugin):
         # group's ``done`` cannot change.
         if (finish in SETTLED_STATES) is (start in SETTLED_STATES):
             return
-        tasks = self._tasks
-        if tasks is None:
+        task_moved = self._task_moved
+        if task_moved is None:  # (not started, or closed)
             return
         try:
-            ts = tasks.get(key)
-            if ts is not None:
-                self.forwarder.task_moved(ts, key, start, finish, kwargs)
+            task_moved(key, start, finish, kwargs)
         except Exception:
             self._log_failure("transition")
 
     # -- the tick --------------------------------------------------------------------
 
     def _tick(self) -> None:
-        if self._closed or self._work is not None:
+        forwarder, transport, scheduler = self.forwarder, self.transport, self.scheduler
+        if (self._closed or self._work is not None or forwarder is None
+                or transport is None or scheduler is None):
             return
         try:
-            if self._unregistered():
+            if self._unregistered(scheduler):
                 return
-            resend_from = self.transport.restarted()
-            if resend_from is None and self.forwarder.idle(len(self.scheduler.workers)):
+            resend_from = transport.restarted()
+            n_workers = len(scheduler.workers)
+            if resend_from is None and forwarder.idle(n_workers):
                 return  # (nothing came since the last tick: no clock read, no work)
         except Exception:
             self._log_failure("tick")
@@ -376,18 +391,18 @@ class OTelSpansPlugin(SchedulerPlugin):
             if resend_from is not None:
                 # a new export process (the previous one died): it knows no span,
                 # and what went to the old one after its last report may be lost
-                self._work = self.forwarder.adopt(resend_from)
+                self._work = forwarder.adopt(resend_from)
             else:
-                self._work = self.forwarder.tick_steps(len(self.scheduler.workers))
+                self._work = forwarder.tick_steps(n_workers)
         self._run_slice()
 
-    def _unregistered(self) -> bool:
+    def _unregistered(self, scheduler: Scheduler) -> bool:
         """Whether the scheduler no longer has this plugin; then it closes itself
         (its open spans exported, as at the scheduler's close). The client's
         ``unregister_scheduler_plugin`` removes a plugin without closing it, which
         would leave its tick, its heartbeat taps and its export process running.
         O(plugins), a handful."""
-        for plugin in self.scheduler.plugins.values():
+        for plugin in scheduler.plugins.values():
             if plugin is self:
                 return False
         if self._pc is not None:
@@ -425,15 +440,15 @@ class OTelSpansPlugin(SchedulerPlugin):
     def _forward_all(self) -> None:
         """Forward everything now, an adoption in progress included (close, flush,
         hand-over)."""
-        forwarder = self.forwarder
-        if forwarder is None or self.transport is None:
+        forwarder, scheduler = self.forwarder, self.scheduler
+        if forwarder is None or self.transport is None or scheduler is None:
             return
         try:
             for _ in self._work or ():
                 pass
         finally:
             self._work = None
-        forwarder.tick(len(self.scheduler.workers))
+        forwarder.tick(len(scheduler.workers))
 
     # -- helpers ---------------------------------------------------------------------
 

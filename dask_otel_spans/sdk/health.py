@@ -33,23 +33,31 @@ class ExportHealth:
     def __init__(self, signal: str, where: str):
         self.signal = signal
         self.where = where
-        #: items the exporter reported delivered
+        #: items the exporter reported delivered (at once, or held and sent again)
         self.delivered = 0
-        #: items the exporter failed to deliver (dropped)
+        #: items the exporter failed to deliver and nothing holds (dropped)
         self.failed = 0
         self.failed_batches = 0
         self.down = False
+        #: outages of a holding exporter so far (said once each)
+        self.outages = 0
         self._dropped_in_outage = 0
+        self._holding = False
         self._lock = threading.Lock()
 
-    def record(self, ok: bool, items: int) -> None:
+    def record(self, ok: bool, items: int, dropped: int | None = None,
+               waiting: int = 0) -> None:
+        """A batch of ``items`` was delivered (``ok``) or failed and is dropped. For
+        the recovery line of a holding exporter: ``dropped``, items the spool dropped
+        so far; ``waiting``, items still held."""
         with self._lock:
             if ok:
                 self.delivered += items
                 if not self.down:
                     return
                 self.down = False
-                dropped, self._dropped_in_outage = self._dropped_in_outage, 0
+                lost, self._dropped_in_outage = self._dropped_in_outage, 0
+                held = self._holding
             else:
                 self.failed += items
                 self.failed_batches += 1
@@ -57,11 +65,17 @@ class ExportHealth:
                 if self.down:
                     return
                 self.down = True
-        if ok:
+        if ok and held:
+            logger.warning(
+                "dask_otel_spans: %s export to %s recovered; sending the %d %s still "
+                "held, oldest first (%d dropped past the spool's bounds so far)",
+                self.signal, self.where, waiting, self._unit(), dropped or 0,
+            )
+        elif ok:
             logger.warning(
                 "dask_otel_spans: %s export to %s recovered; %d %s were dropped "
                 "during the outage (%d in total so far)",
-                self.signal, self.where, dropped, self._unit(), self.failed,
+                self.signal, self.where, lost, self._unit(), self.failed,
             )
         else:
             logger.error(
@@ -70,8 +84,35 @@ class ExportHealth:
                 self._unit(), self.where,
             )
 
+    def outage(self) -> None:
+        """A holding exporter's batch was not delivered and is held, to be sent
+        again: said once per outage."""
+        with self._lock:
+            self._holding = True
+            if self.down:
+                return
+            self.down = True
+            self.outages += 1
+        logger.error(
+            "dask_otel_spans: cannot export %s to %s; holding them and sending them "
+            "again, oldest first, once it answers (otel-spans.spool.*: in memory, then "
+            "on disk; logged again on recovery)", self._unit(), self.where,
+        )
+
+    def refuse(self, items: int, reason: str) -> None:
+        """A held batch of ``items`` was refused for good (not worth another try):
+        counted as failed, said once per outage."""
+        with self._lock:
+            self.failed += items
+            self.failed_batches += 1
+            first = self._dropped_in_outage == 0
+            self._dropped_in_outage += items
+        if first:
+            logger.error("dask_otel_spans: %s refused %s for good (%s); dropped and "
+                         "counted as failed", self.where, self._unit(), reason)
+
     def _unit(self) -> str:
-        return "spans" if self.signal == "traces" else "metric points"
+        return {"traces": "spans", "logs": "log records"}.get(self.signal, "metric points")
 
 
 class HealthSpanExporter(SpanExporter):
@@ -96,7 +137,8 @@ class HealthSpanExporter(SpanExporter):
         return self.inner.force_flush(timeout_millis)
 
 
-def _count_points(metrics_data: Any) -> int:
+def count_points(metrics_data: Any) -> int:
+    """The data points of an SDK ``MetricsData``."""
     n = 0
     for rm in getattr(metrics_data, "resource_metrics", ()):
         for sm in rm.scope_metrics:
@@ -122,7 +164,7 @@ class HealthMetricExporter(MetricExporter):
             result = self.inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
         except Exception:
             result = MetricExportResult.FAILURE
-        self.health.record(result == MetricExportResult.SUCCESS, _count_points(metrics_data))
+        self.health.record(result == MetricExportResult.SUCCESS, count_points(metrics_data))
         return result
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:

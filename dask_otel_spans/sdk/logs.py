@@ -56,11 +56,15 @@ def log_exporter_names(environ: Mapping[str, str]) -> list[str]:
 
 
 def build_logger_provider(environ: Mapping[str, str], resource: Any,
-                          output_dir: str | None = None) -> tuple[Any, str]:
+                          output_dir: str | None = None, delivery: Any = None,
+                          health: list[Any] | None = None) -> tuple[Any, str]:
     """A logger provider with one batch processor per exporter of
     ``OTEL_LOGS_EXPORTER`` (``otlp``, ``console``, the embedded default's file
     ``otlp_json_file``, which is the one with nothing configured at all when an
-    ``output_dir`` is given); ``(None, why)`` when there is none."""
+    ``output_dir`` is given); ``(None, why)`` when there is none. An OTLP one holds
+    what it could not deliver in ``delivery``
+    (:class:`~dask_otel_spans.sdk.delivery.Delivery`, when given), counted in an
+    :class:`~dask_otel_spans.sdk.health.ExportHealth` appended to ``health``."""
     chosen = log_exporter_names(environ)
     if not chosen and output_dir is not None and is_unconfigured(environ):
         chosen = [FILE_EXPORTER]
@@ -76,7 +80,10 @@ def build_logger_provider(environ: Mapping[str, str], resource: Any,
     provider = LoggerProvider(resource=resource)
     where = []
     for name in chosen:
-        if name == "otlp":
+        if name == "otlp" and delivery is not None:
+            exporter, description = _holding(environ, delivery, health)
+            where.append(description)
+        elif name == "otlp":
             exporter, description = otlp_exporter(environ, "LOGS")
             where.append(description)
         elif name == FILE_EXPORTER:
@@ -90,9 +97,46 @@ def build_logger_provider(environ: Mapping[str, str], resource: Any,
     return provider, ", ".join(where)
 
 
+def _holding(environ: Mapping[str, str], delivery: Any,
+             health: list[Any] | None) -> tuple[Any, str]:
+    """An OTLP log exporter whose batches ``delivery`` sends and holds, and where
+    it sends."""
+    from dask_otel_spans.sdk.health import ExportHealth
+    from dask_otel_spans.sdk.holding import holding_log_exporter
+    from dask_otel_spans.sdk.otlpsend import request_sender
+
+    sender = request_sender(environ, "logs")
+    exporter_health = ExportHealth("logs", sender.where)
+    if health is not None:
+        health.append(exporter_health)
+    delivery.add_signal("logs", sender, exporter_health)
+    return holding_log_exporter(delivery, exporter_health), sender.where
+
+
 def global_sdk_logger_provider() -> Any:
     from opentelemetry import _logs
     from opentelemetry.sdk._logs import LoggerProvider
 
     provider = _logs.get_logger_provider()
     return provider if isinstance(provider, LoggerProvider) else None
+
+
+def live_records_wanted(environ: Mapping[str, str], embedded_traces: bool,
+                        global_provider: bool) -> bool:
+    """Whether the records of running spans (``dask.span.started``,
+    ``dask.span.progress``) get a logger provider when the exception signal opt-in
+    does not ask for one: ``OTEL_LOGS_EXPORTER`` names an exporter (``none``
+    included: then nothing is built), a global SDK logger provider is there, or
+    traces go to the embedded default (nothing configured: its ``logs.jsonl``).
+    Providers given to the plugin, without ``OTEL_LOGS_EXPORTER``, make no records.
+    An ``OTEL_LOGS_EXPORTER`` it cannot use is one ERROR line, and no records."""
+    try:
+        if log_exporter_names(environ):
+            return True
+    except Exception as e:
+        import logging
+
+        logging.getLogger(__name__).error(
+            "dask_otel_spans: %s; the records of running spans are not made", e)
+        return False
+    return global_provider or (embedded_traces and is_unconfigured(environ))

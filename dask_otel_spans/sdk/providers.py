@@ -26,15 +26,22 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
 from dask_otel_spans import names
+from dask_otel_spans.sdk.delivery import Delivery
 from dask_otel_spans.sdk.health import (
     ExportHealth,
     HealthMetricExporter,
     HealthSpanExporter,
 )
+from dask_otel_spans.sdk.holding import (
+    HoldingMetricExporter,
+    HoldingSpanExporter,
+    prefers_delta,
+)
 from dask_otel_spans.sdk.logs import (
     ExceptionSignals,
     build_logger_provider,
     global_sdk_logger_provider,
+    live_records_wanted,
 )
 from dask_otel_spans.sdk.otlp import (
     ConfigurationError,
@@ -42,6 +49,7 @@ from dask_otel_spans.sdk.otlp import (
     not_one_of,
     otlp_exporter,
 )
+from dask_otel_spans.sdk.otlpsend import request_sender
 from dask_otel_spans.sdk.otlpjson import (
     FILE_EXPORTER,
     METRICS_FILE,
@@ -80,6 +88,9 @@ class Providers:
     #: the exception log events' provider, when ``exceptions.logs``
     logger_provider: Any = None
     logs_to: str = "nowhere"
+    #: what holds and sends again the batches the OTLP exporters built here could
+    #: not deliver (None: nothing is held)
+    redelivery: Delivery | None = None
 
     @property
     def exceptions_to(self) -> str:
@@ -102,19 +113,22 @@ class Providers:
         delivered is the fewest any of them delivered and failed the most any of
         them failed; None where no exporter of the signal was built here (given or
         global providers, a pull reader such as Prometheus)."""
-        out: dict[str, int | None] = {}
-        for signal in ("traces", "metrics"):
+        out: dict[str, Any] = {}
+        for signal in ("traces", "metrics", "logs"):
             health = [h for h in self.health if h.signal == signal]
             out[f"{signal}_delivered"] = (
                 min(h.delivered for h in health) if health else None
             )
             out[f"{signal}_failed"] = max(h.failed for h in health) if health else None
+        if self.redelivery is not None:
+            out.update(self.redelivery.figures())
         return out
 
     def delivering(self) -> bool:
         """Whether the last export of every exporter built here succeeded (True
-        before any export)."""
-        return not any(h.down for h in self.health)
+        before any export) and nothing is held."""
+        held = self.redelivery is not None and self.redelivery.waiting()
+        return not held and not any(h.down for h in self.health)
 
 
 def build_resource(
@@ -210,6 +224,7 @@ def _metric_reader(
     environ: Mapping[str, str],
     output_dir: str,
     health: list[ExportHealth] | None = None,
+    delivery: Delivery | None = None,
 ) -> tuple[MetricReader, str]:
     interval = float(environ.get("OTEL_METRIC_EXPORT_INTERVAL") or 60_000)
     if name == "otlp":
@@ -226,10 +241,17 @@ def _metric_reader(
     exporter_health = ExportHealth("metrics", where)
     if health is not None:
         health.append(exporter_health)
-    reader = PeriodicExportingMetricReader(
-        HealthMetricExporter(exporter, exporter_health),
-        export_interval_millis=interval,
-    )
+    if name == "otlp" and delivery is not None and prefers_delta(exporter):
+        # (cumulative points need no holding: the next export carries the totals;
+        # delta ones are sent by the delivery, the SDK's exporter only told the
+        # preferences)
+        delivery.add_signal("metrics", request_sender(environ, "metrics"),
+                            exporter_health)
+        wrapped = HoldingMetricExporter(exporter, delivery, exporter_health)
+        exporter.shutdown()
+    else:
+        wrapped = HealthMetricExporter(exporter, exporter_health)
+    reader = PeriodicExportingMetricReader(wrapped, export_interval_millis=interval)
     return reader, where
 
 
@@ -258,8 +280,10 @@ def build_tracer_provider(
     resource: Resource,
     output_dir: str,
     health: list[ExportHealth] | None = None,
+    delivery: Delivery | None = None,
 ) -> tuple[TracerProvider | None, str]:
-    """A tracer provider with one batch processor per configured exporter."""
+    """A tracer provider with one batch processor per configured exporter; an OTLP
+    one holds what it could not deliver in ``delivery`` (when given)."""
     exporters = (
         [FILE_EXPORTER]
         if is_unconfigured(environ)
@@ -274,15 +298,20 @@ def build_tracer_provider(
     delay = float(environ.get("OTEL_BSP_SCHEDULE_DELAY") or DEFAULT_BSP_SCHEDULE_DELAY_MS)
     where = []
     for name in exporters:
-        exporter, description = _span_exporter(name, environ, output_dir)
-        exporter_health = ExportHealth("traces", description)
+        if name == "otlp" and delivery is not None:
+            sender = request_sender(environ, "traces")
+            description = sender.where
+            exporter_health = ExportHealth("traces", description)
+            delivery.add_signal("traces", sender, exporter_health)
+            wrapped: Any = HoldingSpanExporter(delivery, exporter_health)
+        else:
+            exporter, description = _span_exporter(name, environ, output_dir)
+            exporter_health = ExportHealth("traces", description)
+            wrapped = HealthSpanExporter(exporter, exporter_health)
         if health is not None:
             health.append(exporter_health)
         provider.add_span_processor(
-            BatchSpanProcessor(
-                HealthSpanExporter(exporter, exporter_health),
-                schedule_delay_millis=delay,
-            )
+            BatchSpanProcessor(wrapped, schedule_delay_millis=delay)
         )
         where.append(description)
     return provider, ", ".join(where)
@@ -306,6 +335,7 @@ def build_meter_provider(
     output_dir: str,
     health: list[ExportHealth] | None = None,
     series_limit: int | None = None,
+    delivery: Delivery | None = None,
 ) -> tuple[MeterProvider | None, str]:
     """A meter provider with one reader per configured exporter; the package's
     instruments may keep ``series_limit`` series each (otel-spans.metrics.max-series)."""
@@ -319,7 +349,8 @@ def build_meter_provider(
         return None, "nowhere (OTEL_METRICS_EXPORTER=none)"
     readers, where = [], []
     for name in exporters:
-        reader, description = _metric_reader(name, environ, output_dir, health)
+        reader, description = _metric_reader(name, environ, output_dir, health,
+                                             delivery)
         readers.append(reader)
         where.append(description)
     provider = MeterProvider(
@@ -393,12 +424,18 @@ def resolve_providers(
     metric_series_limit: int | None = None,
     default_service_name: str = names.DEFAULT_SERVICE_NAME,
     resource_attributes: Mapping[str, Any] | None = None,
+    live_records: bool = True,
+    delivery: Delivery | None = None,
 ) -> Providers:
     """Pick the providers: argument, then global SDK provider, then ``OTEL_*``.
 
     ``metric_series_limit`` is the cardinality limit of the package's instruments in
     a meter provider built here; ``default_service_name`` and
-    ``resource_attributes`` go into its resource (:func:`build_resource`)."""
+    ``resource_attributes`` go into its resource (:func:`build_resource`);
+    ``live_records``: build the logger provider for the records of running spans
+    too (:func:`~dask_otel_spans.sdk.logs.live_records_wanted`). The OTLP
+    exporters built here hold what they could not deliver in ``delivery`` (started
+    here when one of them uses it; None: nothing is held)."""
     environ = os.environ if environ is None else environ
     out = Providers()
     resource = None
@@ -418,7 +455,7 @@ def resolve_providers(
         out.tracer_provider, out.traces_to = glob, "the global tracer provider"
     else:
         out.tracer_provider, out.traces_to = build_tracer_provider(
-            environ, get_resource(), output_dir, out.health
+            environ, get_resource(), output_dir, out.health, delivery
         )
         if out.tracer_provider is not None:
             out.owned.append(out.tracer_provider)
@@ -431,21 +468,27 @@ def resolve_providers(
             out.meter_provider, out.metrics_to = globm, "the global meter provider"
         else:
             out.meter_provider, out.metrics_to = build_meter_provider(
-                environ, get_resource(), output_dir, out.health, metric_series_limit
+                environ, get_resource(), output_dir, out.health, metric_series_limit,
+                delivery,
             )
             if out.meter_provider is not None:
                 out.owned.append(out.meter_provider)
         out.exceptions = ExceptionSignals.from_environ(environ)
-        if out.exceptions.logs:
+        if out.exceptions.logs or (live_records and live_records_wanted(
+                environ, out.tracer_provider in out.owned,
+                use_global and global_sdk_logger_provider() is not None)):
             if use_global and (globl := global_sdk_logger_provider()) is not None:
                 out.logger_provider, out.logs_to = globl, "the global logger provider"
             else:
                 out.logger_provider, out.logs_to = build_logger_provider(
-                    environ, get_resource(), output_dir)
+                    environ, get_resource(), output_dir, delivery, out.health)
                 if out.logger_provider is not None:
                     out.owned.append(out.logger_provider)
     except Exception:
         for provider in out.owned:
             provider.shutdown()
         raise
+    if delivery is not None and delivery.signals:
+        delivery.start()
+        out.redelivery = delivery
     return out

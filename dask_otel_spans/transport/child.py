@@ -25,7 +25,8 @@ import sys
 import threading
 import time
 import tracemalloc
-from typing import IO, Any, Callable
+from collections.abc import Callable
+from typing import IO, Any
 
 import psutil
 
@@ -119,7 +120,7 @@ def settle_garbage_collector() -> None:
     gc.callbacks.append(_time_collections)
 
 
-def _gc_figures() -> dict[str, int]:
+def _gc_figures() -> dict[str, float]:
     """The garbage collector's figures: objects left out of collections, the
     youngest generation's threshold, and collections of each generation so far."""
     out = {"gc_frozen_objects": _frozen_objects,
@@ -213,7 +214,8 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
             messages = []
             _, token, timeout = message
             ok = session.flush(timeout)
-            outbox.send_made(lambda: (FLUSHED, token, ok, _stats(session)))
+            # (made and sent at once, under the outbox's lock)
+            outbox.send_made(lambda: (FLUSHED, token, ok, _stats(session)))  # noqa: B023
         session.send(messages)
     stopped.set()
     session.stop(spec.config.shutdown_timeout)

@@ -233,18 +233,30 @@ async def open_transport(
             "configuration (OTEL_* or otel-spans.providers); with %s, spans are "
             "exported in the scheduler process", stays,
         )
+    return _thread_transport(
+        spec, tracer_provider=tracer_provider, meter_provider=meter_provider,
+        use_global=use_global, nthreads_history=nthreads_history,
+        watch_share=setting is False and stays is None)
+
+
+def _thread_transport(spec: PipelineSpec, *, tracer_provider: Any, meter_provider: Any,
+                      use_global: bool, nthreads_history: list[tuple[float, int]] | None,
+                      watch_share: bool) -> Transport | None:
+    """The export session on a thread of this process; None when no exporter could
+    be set up (logged). ``watch_share``: say once when export takes a noticeable
+    share of the process's CPU (it could run in the export process)."""
     try:
         providers = spec.resolve_providers(
             tracer_provider=tracer_provider, meter_provider=meter_provider,
             use_global=use_global,
         )
-        pipeline = ExportPipeline.build(providers, config)
+        pipeline = ExportPipeline.build(providers, spec.config)
     except Exception as e:
         logger.error("dask_otel_spans: cannot set up exporters (%s: %s); the plugin "
                      "stays idle: nothing is exported", type(e).__name__, e)
         return None
-    session = ExportSession(pipeline, config, nthreads_history)
-    if setting is False and stays is None:
+    session = ExportSession(pipeline, spec.config, nthreads_history)
+    if watch_share:
         session.share_watch = ExportShareWatch(
             lambda: pipeline.cpu_seconds() + session.cpu_seconds
         )

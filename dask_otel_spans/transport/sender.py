@@ -184,9 +184,11 @@ class ChildSender:
                 break
             history_message, history_len = self._new_history()
             frame = self._encode(history_message + batch)
+            stdin = proc.stdin
+            assert stdin is not None  # (started with stdin=PIPE)
             try:
-                proc.stdin.write(frame)
-                proc.stdin.flush()
+                stdin.write(frame)
+                stdin.flush()
                 self.frames += 1
                 self._history_sent = history_len
                 return

@@ -9,8 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from dask_otel_spans.config import PluginConfig
+from dask_otel_spans.sdk.delivery import Delivery
 from dask_otel_spans.sdk.otlp import ConfigurationError
 from dask_otel_spans.sdk.providers import Providers, check_environ, resolve_providers
+from dask_otel_spans.sdk.spool import Spool, resolve_directory
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class PipelineSpec:
             scheduler_address=self.scheduler_address,
             output_dir=self.config.output_dir,
             metric_series_limit=self.config.max_series,
+            delivery=delivery_of(self.config),
             **explicit,
         )
 
@@ -77,6 +80,12 @@ class PipelineSpec:
                 ) from None
             return
         check_environ(os.environ if self.environ is None else self.environ)
+
+
+def delivery_of(config: PluginConfig) -> Delivery:
+    """The delivery (not started) of the spool settings in ``config``."""
+    return Delivery(Spool(resolve_directory(config.spool_directory),
+                          config.spool_max_memory, config.spool_max_disk))
 
 
 def load_factory(path: str) -> Callable[[], tuple[Any, Any]]:

@@ -308,5 +308,6 @@ class ChildSupervisor:
         self._deaths_logged.add(proc.pid)
         logger.error(
             "dask_otel_spans: the export process (pid %d) exited with code %s; spans "
-            "and metric sums it had not exported yet are lost", proc.pid, proc.wait(),
+            "and metric sums it had not exported yet are lost, batches it held in "
+            "its spool directory are sent by the next one", proc.pid, proc.wait(),
         )

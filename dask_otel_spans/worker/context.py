@@ -65,12 +65,13 @@ class TaskContexts:
         caller = annotations.get(names.CALLER_ANNOTATION_KEY) if annotations else None
         caller_key = _caller_key(caller) if caller is not None else ()
         cache = self._cache
-        key = (span_id, prefix, caller_key)
-        ctx = cache.get(key) if caller_key is not None else None
+        key = (span_id, prefix, caller_key) if caller_key is not None else None
+        ctx = cache.get(key) if key is not None else None
         if ctx is not None:
             return ctx
+        annotations = annotations or {}
         try:
-            ctx = self._derive(span_id, prefix, annotations or {})
+            ctx = self._derive(span_id, prefix, annotations)
             if caller is not None:
                 ctx = _with_caller(ctx, caller, names.ANNOTATION_KEY in annotations)
         except Exception:
@@ -78,7 +79,7 @@ class TaskContexts:
                            "span %s; they run without one (logged once)", span_id,
                            exc_info=True)
             return None
-        if caller_key is None:
+        if key is None:
             return ctx  # (a carrier too large to remember)
         cache[key] = ctx
         if len(cache) > MAX_CONTEXTS:

@@ -8,7 +8,7 @@ import pytest
 from support.paths import BENCHMARKS
 
 sys.path.insert(0, str(BENCHMARKS))
-from bench_hooks import main  # noqa: E402
+from bench_hooks import main
 
 
 @pytest.mark.cluster  # (an in-process scheduler)

@@ -375,3 +375,21 @@ def test_every_row_keeps_the_breakdown_column_so_the_bars_share_one_time_axis(
     rows = rows_of(report_in_browser)
     without = [r for r in rows.values() if 'class="mix"' not in r["html"]]
     assert without and all('<span class="mix none"></span>' in r["html"] for r in without)
+
+
+def test_the_demo_says_what_came_of_an_export_it_cannot_read_back(capsys):
+    """A dead endpoint: the figures' words (none delivered, all held), not "went to",
+    and a failure status."""
+    from dask_otel_spans.cli import say_outcome
+    from dask_otel_spans.state import ExportState
+
+    state = ExportState(
+        traces_to="OTLP grpc to http://127.0.0.1:9", metrics_to="nowhere",
+        export_process=True, open=0, handed_over=6, traces_delivered=0,
+        traces_failed=0, metrics_delivered=None, metrics_failed=None, flushed=False,
+        held={"traces": 2}, spooled={"traces": 10}, spool="/tmp/spool")
+    assert say_outcome(state) == 1
+    out, err = capsys.readouterr()
+    assert "traces to OTLP grpc to http://127.0.0.1:9: 0 spans delivered, 0 failed" in out
+    assert "2 still held in memory" in out and "10 still held in the spool /tmp/spool" in out
+    assert "went to" not in out and "Not everything was delivered" in err

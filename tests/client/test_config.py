@@ -28,9 +28,11 @@ def test_every_default_comes_from_the_shipped_yaml():
     def keys(node, prefix=""):
         for key, value in node.items():
             if isinstance(value, dict):
-                yield from keys(value, "")
+                # (metrics.* fields keep their leaf's name; live.* and spool.* fields
+                # are live_* and spool_*)
+                yield from keys(value, f"{key}_" if key in ("live", "spool") else "")
             else:
-                yield key.replace("-", "_")
+                yield prefix + key.replace("-", "_")
 
     field_names = {f.name for f in fields}
     aliases = {"span_name_depth", "max_span_names", "max_series"}  # (under metrics)

@@ -73,8 +73,8 @@ def test_quickstart_writes_its_span_tree_and_says_where(quickstart):
     # what it prints is what the scheduler's plugin did, read from the client
     handed_over = int(re.search(r"dask spans handed over: (\d+)", out).group(1))
     assert handed_over == len([s for s in spans.values() if names.SPAN_ID in s["attributes"]])
-    assert f"traces: {traces}" in out
-    assert f"metrics: {tmp_path / 'out' / 'metrics.jsonl'}" in out
+    assert f"traces to {traces}: " in out
+    assert f"metrics to {tmp_path / 'out' / 'metrics.jsonl'}: " in out
 
 
 def test_quickstart_prints_the_span_tree_its_docstring_promises(quickstart):
@@ -92,7 +92,7 @@ def test_quickstart_with_an_address_uses_that_scheduler_and_writes_nothing_here(
     procs, receiver = remote
     out = run_example("quickstart.py", procs.address, cwd=tmp_path)
     assert list(tmp_path.iterdir()) == []  # (no "tcp:" folder, nor any other)
-    assert "traces: OTLP grpc to " in out
+    assert "traces to OTLP grpc to " in out
     spans = spans_named(receiver, "quickstart", "load", "reduce")
     assert spans["load"]["parentSpanId"] == spans["quickstart"]["spanId"]
 

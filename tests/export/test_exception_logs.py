@@ -4,8 +4,6 @@ both (``logs/dup``): to the embedded default's ``logs.jsonl`` (read back by
 ``dask-otel-spans tree``) and, from the export process, to a real OTLP receiver."""
 from __future__ import annotations
 
-import os
-
 import pytest
 from distributed import wait
 from distributed.utils_test import gen_cluster
@@ -62,15 +60,18 @@ async def run_erring_span(c, plugin, tmp_path) -> list[dict]:
 
 
 def log_events(tmp_path) -> list[dict]:
+    """The exception log events of the embedded default's logs.jsonl (which also
+    holds the records of running spans)."""
     path = tmp_path / LOGS_FILE
-    return read_log_records(str(path)) if path.exists() else []
+    return [r for r in read_log_records(str(path))
+            if r.get("eventName") == names.EXCEPTION_EVENT] if path.exists() else []
 
 
 @gen_cluster(client=True)
 async def test_unset_the_exceptions_are_span_events_only(c, s, a, b, tmp_path):
     tasks = await run_erring_span(c, embedded(tmp_path, None), tmp_path)
     assert all(len(exception_events(t)) == 1 for t in tasks)
-    assert not os.path.exists(tmp_path / LOGS_FILE)
+    assert log_events(tmp_path) == []
 
 
 @gen_cluster(client=True)
@@ -115,10 +116,15 @@ async def test_the_export_process_sends_exception_logs_over_otlp(
     await c.register_plugin(plugin)
     with span("parse"):
         await wait(c.map(bad_json, range(2)))
-    await async_wait_for(lambda: len(otlp_receiver.log_records()) == 2, timeout=20)
+
+    def exception_records():
+        return [(resource, record) for resource, record in otlp_receiver.log_records()
+                if record.event_name == names.EXCEPTION_EVENT]
+
+    await async_wait_for(lambda: len(exception_records()) == 2, timeout=20)
     tasks = {(s["traceId"], s["spanId"]) for s in otlp_receiver.spans()
              if names.TASK_KEY in s["attributes"]}
-    for resource, record in otlp_receiver.log_records():
+    for resource, record in exception_records():
         assert record.event_name == names.EXCEPTION_EVENT
         assert (record.trace_id.hex(), record.span_id.hex()) in tasks
         assert {kv.key: kv.value.string_value for kv in record.attributes}[

@@ -122,10 +122,13 @@ def test_shutdown_says_in_one_line_what_it_could_not_deliver(
     closed_with_an_unreachable_collector
 ):
     log, _ = closed_with_an_unreachable_collector
-    lines = [line for line in log.splitlines() if "did not finish within" in line]
+    lines = [line for line in log.splitlines() if "at close" in line]
     assert len(lines) == 1
-    assert "otel-spans.shutdown-timeout" in lines[0]
-    assert "spans to OTLP grpc to http://127.0.0.1:" in lines[0]
+    assert "traces to OTLP grpc to http://127.0.0.1:" in lines[0]
+    # the figures' words: none delivered, the dask span and its prefix span held
+    assert ": 0 spans delivered, 0 failed, 2 still held in the spool " in lines[0], lines[0]
+    assert "dask-otel-spans resend " in lines[0]
+    assert "not delivered: 0 spans" not in log
 
 
 def test_the_scheduler_log_says_where_data_goes_at_start(

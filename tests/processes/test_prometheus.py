@@ -38,7 +38,9 @@ def scraped(tmp_path_factory):
     and a Prometheus scraping the scheduler's /metrics every second."""
     tmp = tmp_path_factory.mktemp("prom")
     procs = DaskProcesses(
-        {"OTEL_METRICS_EXPORTER": "prometheus", "OTEL_TRACES_EXPORTER": "none"},
+        {"OTEL_METRICS_EXPORTER": "prometheus", "OTEL_TRACES_EXPORTER": "none",
+         # (progress of every span, for the dashboard's dask_span_tasks)
+         "DASK_OTEL_SPANS__LIVE__AFTER": "0s", "DASK_OTEL_SPANS__LIVE__INTERVAL": "0.2s"},
         cwd=str(tmp), workers=2, dashboard=True,
     )
     prom_port = free_port()
@@ -171,7 +173,8 @@ def test_every_dashboard_metric_is_in_a_real_scrape(scraped):
         t.get("expr", "") for p in dashboard["panels"] for t in p.get("targets", [])
     ] + [v.get("definition", "") for v in dashboard["templating"]["list"]]
     queried = set(re.findall(r"\b(dask_[a-z_]+)\b", " ".join(exprs)))
-    queried -= {"dask_span_name", "dask_task_prefix", "dask_activity", "dask_context", "dask_unit"}
+    queried -= {"dask_span_name", "dask_task_prefix", "dask_activity", "dask_context", "dask_unit",
+                "dask_task_state"}
     assert len(queried) >= 6
 
     def missing() -> set[str]:

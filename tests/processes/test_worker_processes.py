@@ -24,7 +24,7 @@ from dask_otel_spans.sdk.otlpjson import read_spans
 
 
 class Quiet(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 (http.server's name)
+    def do_GET(self):
         self.send_response(200)
         self.end_headers()
         self.wfile.write(b"ok")

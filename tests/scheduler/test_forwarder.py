@@ -78,8 +78,10 @@ def annotations(otel: Any, callers: Any) -> dict[str, Any]:
 def touch(forwarder: SpanForwarder, group: TaskGroup, finish: str = "processing",
           start: str = "waiting", **kwargs: Any) -> None:
     """What the ``transition`` hook tells the forwarder of a task of ``group`` that
-    started (or, with ``finish``, settled)."""
-    forwarder.task_moved(Task(group), f"{group.name}-0", start, finish, kwargs)
+    started (or, with ``finish``, settled): a task of the scheduler's task dict."""
+    key = f"{group.name}-{len(forwarder.tasks)}"
+    forwarder.tasks[key] = Task(group)
+    forwarder.task_moved(key, start, finish, kwargs)
 
 
 def test_new_spans_are_forwarded_once_with_their_chain_in_creation_order(tree, sink):

@@ -27,7 +27,39 @@ def test_unconfigured_environment_uses_embedded_files(tmp_path):
     try:
         assert p.traces_to == str(tmp_path / "traces.jsonl")
         assert p.metrics_to == str(tmp_path / "metrics.jsonl")
-        assert len(p.owned) == 2
+        # (the records of running spans: logs.jsonl)
+        assert p.logs_to == str(tmp_path / "logs.jsonl")
+        assert len(p.owned) == 3
+    finally:
+        _shutdown(p)
+
+
+def test_live_records_get_the_logger_provider_that_otel_logs_exporter_names(tmp_path):
+    p = resolve_providers(environ={"OTEL_TRACES_EXPORTER": "console",
+                                   "OTEL_LOGS_EXPORTER": "console"},
+                          output_dir=str(tmp_path), use_global=False)
+    try:
+        assert p.logger_provider is not None and p.logs_to == "the console"
+    finally:
+        _shutdown(p)
+
+
+def test_given_providers_without_otel_logs_exporter_get_no_logger_provider(tmp_path):
+    tp, mp = TracerProvider(), MeterProvider()
+    p = resolve_providers(tracer_provider=tp, meter_provider=mp, environ={},
+                          output_dir=str(tmp_path), use_global=False)
+    assert p.logger_provider is None and p.owned == []
+
+
+def test_a_bad_otel_logs_exporter_is_one_error_line_and_no_live_records(
+        tmp_path, caplog):
+    p = resolve_providers(environ={"OTEL_TRACES_EXPORTER": "console",
+                                   "OTEL_LOGS_EXPORTER": "bogus"},
+                          output_dir=str(tmp_path), use_global=False)
+    try:
+        assert p.logger_provider is None
+        [line] = [r for r in caplog.records if "OTEL_LOGS_EXPORTER" in r.getMessage()]
+        assert line.levelname == "ERROR" and "bogus" in line.getMessage()
     finally:
         _shutdown(p)
 

@@ -18,6 +18,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
 from support.paths import DEPLOY
 from support.polling import wait_for
 from support.processes import free_port
@@ -121,7 +122,7 @@ class Jaeger:
         if self.metrics_port:
             sets["exporters.prometheus.endpoint"] = f"127.0.0.1:{self.metrics_port}"
         self.log = log
-        self._log_file = open(log, "w")  # noqa: SIM115 (closed by stop)
+        self._log_file = open(log, "w")
         self.process = subprocess.Popen(
             [jaeger_binary(), f"--config={config}",
              *(f"--set={key}={value}" for key, value in sets.items())],

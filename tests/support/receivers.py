@@ -43,6 +43,9 @@ class _Service:
     def Export(self, request, context):  # noqa: N802 (the service's method name)
         if self.delayed:
             time.sleep(self.receiver.delay)
+            if self.receiver._refuse():
+                context.set_trailing_metadata(self.receiver.retry_metadata)
+                context.abort(grpc.StatusCode.UNAVAILABLE, "busy: retry later")
         if self.receiver._accept(context):
             with self.receiver._lock:
                 self.requests.append(request)
@@ -54,11 +57,26 @@ class OTLPReceiver:
 
     ``required_headers``: metadata that every request must carry, else UNAUTHENTICATED.
     ``delay``: seconds each trace export waits before its answer.
+    ``unavailable``: trace exports answered UNAVAILABLE first, with a ``RetryInfo``
+    of ``retry_delay`` seconds (when given); ``attempts`` holds the monotonic time of
+    every trace export.
     """
 
     def __init__(self, required_headers: dict[str, str] | None = None, port: int = 0,
-                 delay: float = 0.0, credentials: Any = None):
+                 delay: float = 0.0, credentials: Any = None, unavailable: int = 0,
+                 retry_delay: float | None = None):
         self.required_headers = required_headers or {}
+        self.unavailable = unavailable
+        self.attempts: list[float] = []
+        self.retry_metadata: tuple = ()
+        if retry_delay is not None:
+            from google.protobuf.duration_pb2 import Duration
+            from google.rpc.error_details_pb2 import RetryInfo
+
+            seconds = int(retry_delay)
+            info = RetryInfo(retry_delay=Duration(
+                seconds=seconds, nanos=int((retry_delay - seconds) * 1e9)))
+            self.retry_metadata = (("google.rpc.retryinfo-bin", info.SerializeToString()),)
         self.trace_requests: list[Any] = []
         self.metric_requests: list[Any] = []
         self.log_requests: list[Any] = []
@@ -88,6 +106,15 @@ class OTLPReceiver:
         else:
             self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
             self.endpoint = f"http://127.0.0.1:{self.port}"
+
+    def _refuse(self) -> bool:
+        """Count a trace export; whether it is one of the first ``unavailable``."""
+        with self._lock:
+            self.attempts.append(time.monotonic())
+            if self.unavailable > 0:
+                self.unavailable -= 1
+                return True
+        return False
 
     def _accept(self, context: Any) -> bool:
         metadata = {k: v for k, v in context.invocation_metadata()}
@@ -153,3 +180,98 @@ class OTLPReceiver:
                             if attrs not in latest or t >= latest[attrs][0]:
                                 latest[attrs] = (t, value)
         return {k: v for k, (_, v) in latest.items()}
+
+
+class OTLPHttpReceiver:
+    """An OTLP/HTTP (``http/protobuf``) receiver: POST ``/v1/traces``, ``/v1/metrics``,
+    ``/v1/logs``; the first ``unavailable`` trace requests are answered 503 with
+    ``Retry-After: retry_after`` (when given); ``attempts``: the monotonic time of
+    every trace request. ``port``: 0 for a free one (:meth:`start` again on the
+    same port after :meth:`stop`)."""
+
+    def __init__(self, port: int = 0, unavailable: int = 0,
+                 retry_after: float | None = None):
+        self.trace_requests: list[Any] = []
+        self.log_requests: list[Any] = []
+        self.metric_requests: list[Any] = []
+        self.attempts: list[float] = []
+        self.unavailable = unavailable
+        self.retry_after = retry_after
+        self.port = port
+        self._lock = threading.Lock()
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> OTLPHttpReceiver:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        receiver = self
+        kinds = {
+            "/v1/traces": (self.trace_requests, trace_service_pb2.ExportTraceServiceRequest,
+                           trace_service_pb2.ExportTraceServiceResponse),
+            "/v1/logs": (self.log_requests, logs_service_pb2.ExportLogsServiceRequest,
+                         logs_service_pb2.ExportLogsServiceResponse),
+            "/v1/metrics": (self.metric_requests,
+                            metrics_service_pb2.ExportMetricsServiceRequest,
+                            metrics_service_pb2.ExportMetricsServiceResponse),
+        }
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (the handler's method name)
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if self.path not in kinds:
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                requests, request, response = kinds[self.path]
+                if self.path == "/v1/traces":
+                    with receiver._lock:
+                        receiver.attempts.append(time.monotonic())
+                        refuse = receiver.unavailable > 0
+                        receiver.unavailable -= refuse
+                    if refuse:
+                        self.send_response(503)
+                        if receiver.retry_after is not None:
+                            self.send_header("Retry-After", f"{receiver.retry_after:g}")
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
+                        return
+                with receiver._lock:
+                    requests.append(request.FromString(body))
+                data = response().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.port = self._server.server_port
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join()
+            self._server = None
+
+    def spans(self) -> list[dict[str, Any]]:
+        with self._lock:
+            requests = list(self.trace_requests)
+        return flatten_spans(to_otlp_json(r) for r in requests)
+
+    def log_records(self) -> list[Any]:
+        with self._lock:
+            requests = list(self.log_requests)
+        return [record for req in requests for rl in req.resource_logs
+                for sl in rl.scope_logs for record in sl.log_records]

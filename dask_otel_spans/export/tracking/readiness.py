@@ -265,17 +265,21 @@ class ReadinessTracker:
                 if dask_id in absorbed or type(dask_id) is not str:
                     continue
                 absorbed.add(dask_id)
-                rec = self._open.get(dask_id)
-                if rec is not None:
-                    rec.carried.update(carried)
-                    rec.helper = True
-                    rec.submitted = True
-                    if rec.span is None:
-                        # its tasks went to another span's group: its wait for a
-                        # graph is over
-                        self._schedule.look_again(rec)
-                elif dask_id not in self.spans:
-                    self._submitted_unknown.remember(dask_id)
+                self._absorb(dask_id, carried)
+
+    def _absorb(self, dask_id: str, carried: dict[str, Any]) -> None:
+        """A graph carried the contexts ``carried`` of the chain of ``dask_id``."""
+        rec = self._open.get(dask_id)
+        if rec is not None:
+            rec.carried.update(carried)
+            rec.helper = True
+            rec.submitted = True
+            if rec.span is None:
+                # its tasks went to another span's group: its wait for a graph is
+                # over
+                self._schedule.look_again(rec)
+        elif dask_id not in self.spans:
+            self._submitted_unknown.remember(dask_id)
 
     def _chain_known(self, chain: dict[Any, Any], absorbed: set[str]) -> bool:
         """Whether every span of a carried ``chain`` not absorbed yet is open with
@@ -361,26 +365,53 @@ class ReadinessTracker:
 
     # -- readiness -------------------------------------------------------------------
 
+    def _note_done(self, rec: OpenSpan, now: float, leaf_group: Any,
+                   verdicts: Verdicts) -> float:
+        """The span is done, as this pass first sees: since when (the grace period
+        covers heartbeats still in flight: it counts from when the last task
+        finished, not from when this pass noticed); its parent may be done now too,
+        unless the parent's last check found another child not done (that one
+        queues it when done), or this span is closed: its parent waits for its
+        hand-over, which queues it. Returns ``done_since``."""
+        if leaf_group is None:
+            finished = verdicts.finished_at(rec)
+        else:
+            finished = max(leaf_group.stop, rec.children_finished_at)
+            verdicts.finished[rec.id] = finished
+        rec.finished_at = finished
+        rec.done_since = min(now, finished or now)
+        if rec.depth > 1 and rec.closed_at is None:
+            parent_rec = self._open.get(rec.ids[-2])
+            if parent_rec is not None and (
+                parent_rec.unfinished_child is None
+                or parent_rec.unfinished_child == rec.id
+            ):
+                self._schedule.look_again(parent_rec)
+        return rec.done_since
+
+    def _unseen_ready_at(self, rec: OpenSpan, grace: float) -> float | None:
+        """:meth:`_ready_at` of a span closed by the client and never seen by the
+        scheduler (so far). When a graph carried it, its tasks went to another
+        span's TaskGroup. When the client said collections built in the block are
+        still to be computed, it waits for their graph (lazy-timeout, or until the
+        client is gone); otherwise as an idle span."""
+        if rec.closed_at is None or rec.id in self.spans:
+            return None
+        if rec.submitted or rec.client_gone:
+            wait = grace
+        elif rec.awaiting_graph:
+            wait = max(self.config.lazy_timeout, grace)
+        else:
+            wait = max(self.config.idle_timeout, grace)
+        return rec.closed_at + wait
+
     def _ready_at(self, rec: OpenSpan, now: float, grace: float,
                   verdicts: Verdicts | None) -> float | None:
         """When the span is ready (done, closed and past the grace period): a time
         at or before ``now`` when it is ready now, a later time when only waiting
         is left, None when it waits for an event (tasks, a close notice)."""
         if rec.span is None:
-            # Closed by the client, never seen by the scheduler (so far). When a
-            # graph carried it, its tasks went to another span's TaskGroup. When
-            # the client said collections built in the block are still to be
-            # computed, wait for their graph (lazy-timeout, or until the client is
-            # gone). Otherwise wait as for an idle span.
-            if rec.closed_at is None or rec.id in self.spans:
-                return None
-            if rec.submitted or rec.client_gone:
-                wait = grace
-            elif rec.awaiting_graph:
-                wait = max(self.config.lazy_timeout, grace)
-            else:
-                wait = max(self.config.idle_timeout, grace)
-            return rec.closed_at + wait
+            return self._unseen_ready_at(rec, grace)
         assert verdicts is not None
         groups = rec.span.groups
         leaf_group = None
@@ -397,27 +428,10 @@ class ReadinessTracker:
         elif not verdicts.is_done(rec):
             rec.done_since = None
             return None
-        if rec.done_since is None:
-            # the grace period covers heartbeats still in flight: count it from
-            # when the last task finished, not from when this pass noticed
-            if leaf_group is None:
-                finished = verdicts.finished_at(rec)
-            else:
-                finished = max(leaf_group.stop, rec.children_finished_at)
-                verdicts.finished[rec.id] = finished
-            rec.finished_at = finished
-            rec.done_since = min(now, finished or now)
-            # its parent may be done now too, unless the parent's last check found
-            # another child not done (that one queues it when done), or this span
-            # is closed: its parent waits for its emission, which queues it
-            if rec.depth > 1 and rec.closed_at is None:
-                parent_rec = self._open.get(rec.ids[-2])
-                if parent_rec is not None and (
-                    parent_rec.unfinished_child is None
-                    or parent_rec.unfinished_child == rec.id
-                ):
-                    self._schedule.look_again(parent_rec)
-        quiet_since = max(rec.done_since, rec.last_activity)
+        done_since = rec.done_since
+        if done_since is None:
+            done_since = self._note_done(rec, now, leaf_group, verdicts)
+        quiet_since = max(done_since, rec.last_activity)
         if rec.closed_at is not None:
             return max(quiet_since, rec.closed_at) + grace
         if rec.helper and not rec.client_gone:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 from distributed.spans import Span
 
@@ -49,7 +49,8 @@ class TreeGroup:
                  "nbytes_total", "erred_seen", "erred_start", "erred_stop", "errors")
 
     def __init__(self, key: int, prefix: str, span_id: str):
-        #: tells the span's groups apart (see :func:`~dask_otel_spans.protocol.events.group_running`)
+        #: tells the span's groups apart
+        #: (see :func:`~dask_otel_spans.protocol.events.group_running`)
         self.key = key
         self.prefix = Prefix(prefix)
         self.span_id = span_id
@@ -98,6 +99,9 @@ class TreeSpan(Span):
     is open) until the parent is forgotten."""
 
     __slots__ = ("_parent_span", "task_samples")
+    _parent_span: Span | None
+    #: prefix -> the tasks of its own groups that get task spans
+    task_samples: dict[str, PrefixTasks]
 
     @property
     def parent(self) -> Span | None:
@@ -154,7 +158,6 @@ class SpanTree:
         history = self.history or [(enqueued, 0)]
         span = TreeSpan(tuple(name), span_id, parent, history)
         span._parent_span = parent
-        #: prefix -> the tasks of its own groups that get task spans
         span.task_samples = {}
         span.enqueued = enqueued
         set_nthreads_offset(span, offset)
@@ -175,7 +178,8 @@ class SpanTree:
         tg = self.groups.get((span_id, key))
         if tg is None:
             tg = self.groups[span_id, key] = TreeGroup(key, str(prefix), span_id)
-            span.groups.add(tg)
+            # (a stand-in with the fields of a TaskGroup that Span's properties read)
+            span.groups.add(tg)  # type: ignore[arg-type]
         if figures is None:
             tg.states = RUNNING
         else:
@@ -193,6 +197,7 @@ class SpanTree:
         tg = self.groups.get((span_id, key))
         if tg is None:
             tg = self.group(span_id, key, "")
+            assert tg is not None  # (its span is in the copy)
         tg.erred_seen += count
         errors = tg.errors
         for kind, n in types:
@@ -235,9 +240,10 @@ class SpanTree:
                 continue
             span = spans.get(span_id)
             if span is not None:
-                cumulative_metrics(span)[(context, *other)] += value
+                own_key = (context, *other)
+                cumulative_metrics(span)[own_key] += value
 
-    def forget(self, span: Span) -> None:
+    def forget(self, span: TreeSpan) -> None:
         """An handed over span leaves the copy (its parent's list of children keeps it
         while the parent is open); its tags stay a while for late deltas."""
         span_id = span.id
@@ -247,9 +253,9 @@ class SpanTree:
         self.chains.pop(span_id, None)
         for child in span.children:
             # (no reference cycle is left: it goes when its parent forgets it)
-            child._parent_span = None
+            cast(TreeSpan, child)._parent_span = None
         for tg in span.groups:
-            self.groups.pop((span_id, tg.key), None)
+            self.groups.pop((span_id, tg.key), None)  # type: ignore[attr-defined]
         recent = self.recent_tags
         recent[span_id] = tuple(span.name)
         while len(recent) > RECENT_TAGS:

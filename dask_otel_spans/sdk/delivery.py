@@ -1,0 +1,211 @@
+"""Delivery: the encoded batches of the holding exporters
+(:mod:`~dask_otel_spans.sdk.holding`) wait in the :class:`~dask_otel_spans.sdk.spool.Spool`
+and one thread of its own sends them, oldest first per signal; what the receiver did not
+take is held and sent again, with backoff between attempts (the server's ``RetryInfo`` /
+``Retry-After`` when it gave one), until the receiver acknowledges it. The one engine
+behind every holding exporter and ``dask-otel-spans resend``."""
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from dask_otel_spans.sdk.health import ExportHealth
+from dask_otel_spans.sdk.otlpsend import RequestSender
+from dask_otel_spans.sdk.spool import Spool
+
+logger = logging.getLogger(__name__)
+
+#: Seconds before the first new attempt after a failed one; doubled each time
+BACKOFF_START = 1.0
+#: The longest wait between two attempts of our own choosing
+BACKOFF_MAX = 2.0
+#: The longest wait a server's retry hint may ask for
+RETRY_HINT_MAX = 300.0
+#: Seconds between two looks at what is due (spilling to disk, backoff ends)
+_TICK = 0.25
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait after the ``attempt``-th failed attempt in a row (from 1):
+    doubling from :data:`BACKOFF_START` to :data:`BACKOFF_MAX`, ±20 % jitter."""
+    return min(BACKOFF_MAX, BACKOFF_START * 2 ** (attempt - 1)) * random.uniform(0.8, 1.2)
+
+
+class Delivery:
+    """Send what ``spool`` holds, per signal, on a thread of its own.
+
+    Parameters
+    ----------
+    spool:
+        Where held batches wait
+    """
+
+    def __init__(self, spool: Spool):
+        self.spool = spool
+        self._senders: dict[str, RequestSender] = {}
+        self._health: dict[str, ExportHealth] = {}
+        self._retry_at: dict[str, float] = {}
+        self._attempts: dict[str, int] = {}
+        self._wake = threading.Event()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: requests the receiver acknowledged, and refused for good
+        self.sent = 0
+        self.refused = 0
+
+    @property
+    def signals(self) -> tuple[str, ...]:
+        return tuple(self._senders)
+
+    def add_signal(self, signal: str, sender: RequestSender,
+                   health: ExportHealth | None = None) -> None:
+        """Send ``signal``'s held batches with ``sender``; count them in ``health``."""
+        self._senders[signal] = sender
+        self._health[signal] = health or ExportHealth(signal, signal)
+
+    def start(self) -> None:
+        """Open the spool (batches left by an export that ended are sent first) and
+        start the thread."""
+        self.spool.open()
+        self._thread = threading.Thread(target=self._run, name="dask-otel-spans-delivery",
+                                        daemon=True)
+        self._thread.start()
+
+    # -- the exporters' side -------------------------------------------------------------
+
+    def hold(self, signal: str, payload: bytes, items: int) -> None:
+        """Hold an encoded request until the receiver acknowledges it (sent at once
+        when nothing older of its signal waits)."""
+        self.spool.put(signal, payload, items)
+        self._wake.set()
+
+    def waiting(self) -> bool:
+        """Whether a batch of a signal this delivery sends still waits."""
+        return any(self.spool.waiting(s) for s in self._senders)
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until nothing waits, at most ``timeout`` seconds (less when every
+        signal that waits is not due again before then); True when nothing waits."""
+        deadline = time.monotonic() + timeout
+        self._wake.set()
+        while self.waiting():
+            now = time.monotonic()
+            due = [self._retry_at.get(s, 0.0) for s in self._senders
+                   if self.spool.waiting(s)]
+            if now >= deadline or (due and min(due) > deadline):
+                return False
+            time.sleep(min(0.05, deadline - now))
+        return True
+
+    def close(self, timeout: float) -> None:
+        """Try to deliver what waits for at most ``timeout`` seconds, then stop and
+        leave the rest in the spool's directory."""
+        self.drain(timeout)
+        self._stopped.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(min(timeout, 1.0))
+        self.spool.close()
+        for sender in self._senders.values():
+            try:
+                sender.close()
+            except Exception:
+                pass
+
+    def figures(self) -> dict[str, Any]:
+        """Per signal sent here: ``<signal>_held``, ``_spooled``, ``_dropped``; and
+        ``spool_directory`` (None: memory only)."""
+        out: dict[str, Any] = {}
+        for signal in self._senders:
+            for name, value in self.spool.figures(signal).items():
+                out[f"{signal}_{name}"] = value
+        out["spool_directory"] = self.spool.directory
+        return out
+
+    # -- the thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                self.spool.spill_due()
+                sent = False
+                for signal in list(self._senders):
+                    if self._stopped.is_set():
+                        return
+                    sent = self._send_oldest(signal) or sent
+            except Exception:
+                logger.exception("dask_otel_spans: the delivery thread failed a round")
+                sent = False
+            if not sent:
+                self._wake.wait(self._wait())
+                self._wake.clear()
+
+    def _wait(self) -> float:
+        now = time.monotonic()
+        due = [t - now for s, t in self._retry_at.items() if self.spool.waiting(s)]
+        return max(0.0, min([_TICK, *due]))
+
+    def _send_oldest(self, signal: str) -> bool:
+        """Send ``signal``'s oldest held batch if it is due; True when one left."""
+        if time.monotonic() < self._retry_at.get(signal, 0.0):
+            return False
+        entry = self.spool.oldest(signal)
+        if entry is None or entry.payload is None:
+            return False
+        answer = self._senders[signal].send(entry.payload)
+        health = self._health[signal]
+        if answer.delivered:
+            self.spool.done(entry)
+            self.sent += 1
+            self._attempts[signal] = 0
+            self._retry_at.pop(signal, None)
+            figures = self.spool.figures(signal)
+            health.record(True, entry.items, dropped=self.spool.recovered(signal),
+                          waiting=figures["held"] + figures["spooled"])
+            return True
+        if not answer.retryable:
+            self.spool.done(entry)
+            self.refused += 1
+            health.refuse(entry.items, answer.reason)
+            return True
+        health.outage()
+        attempts = self._attempts[signal] = self._attempts.get(signal, 0) + 1
+        delay = (min(answer.retry_after, RETRY_HINT_MAX) if answer.retry_after is not None
+                 else backoff(attempts))
+        self._retry_at[signal] = time.monotonic() + delay
+        return False
+
+
+def resend(directory: str, environ: Mapping[str, str], timeout: float
+           ) -> dict[str, Any]:
+    """Send what the spool ``directory`` holds (the folders of processes that
+    ended) to the OTLP endpoints ``environ`` configures, for at most ``timeout``
+    seconds; what was not acknowledged stays there. The figures
+    (:meth:`Delivery.figures`, ``<signal>_delivered``, ``<signal>_failed``) and,
+    per signal found, where it went (``<signal>_to``)."""
+    from dask_otel_spans.sdk.otlpsend import request_sender
+    from dask_otel_spans.sdk.spool import SIGNALS
+
+    spool = Spool(directory, max_memory=0, max_disk=2**62)
+    delivery = Delivery(spool)
+    spool.open()
+    healths = {}
+    for signal in SIGNALS:
+        if spool.waiting(signal):
+            sender = request_sender(environ, signal)
+            healths[signal] = ExportHealth(signal, sender.where)
+            delivery.add_signal(signal, sender, healths[signal])
+    delivery.start()
+    delivery.drain(timeout)
+    figures = delivery.figures()
+    delivery.close(0.0)
+    for signal, health in healths.items():
+        figures[f"{signal}_delivered"] = health.delivered
+        figures[f"{signal}_failed"] = health.failed
+        figures[f"{signal}_to"] = health.where
+    figures["spool_directory"] = directory
+    return figures

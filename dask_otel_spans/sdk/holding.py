@@ -1,0 +1,127 @@
+"""Holding exporters: thin adapters that stand in for the SDK's OTLP exporters of
+the signals the package builds (spans, log records, delta metric points). A batch is
+encoded at once into the OTLP request the SDK's exporter would send (the SDK's own
+encoder) and handed to the :class:`~dask_otel_spans.sdk.delivery.Delivery`, whose thread
+sends it, and holds and sends again what the receiver did not take: the batch
+processor's thread never waits on the network, so its queue never fills while the
+collector is away."""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    MetricExporter,
+    MetricExportResult,
+)
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from dask_otel_spans.sdk.delivery import Delivery
+from dask_otel_spans.sdk.health import ExportHealth, count_points
+
+logger = logging.getLogger(__name__)
+
+
+def _hand_over(delivery: Delivery, health: ExportHealth,
+               encode: Callable[[Any], bytes], batch: Any, items: int) -> None:
+    """Encode ``batch`` (``items`` spans, records or points) and queue it for
+    delivery; a batch that cannot be encoded is dropped, counted as failed."""
+    try:
+        payload = encode(batch)
+    except Exception:
+        logger.exception("dask_otel_spans: cannot encode a batch of %s; dropped "
+                         "(counted as failed)", health.signal)
+        health.record(False, items)
+        return
+    delivery.hold(health.signal, payload, items)
+
+
+def _encode_spans(spans: Sequence[Any]) -> bytes:
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    return encode_spans(spans).SerializeToString()
+
+
+def _encode_logs(batch: Sequence[Any]) -> bytes:
+    from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
+
+    return encode_logs(batch).SerializeToString()
+
+
+def _encode_metrics(data: Any) -> bytes:
+    from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+
+    return encode_metrics(data).SerializeToString()
+
+
+class HoldingSpanExporter(SpanExporter):
+    """Spans, sent and held by ``delivery``."""
+
+    def __init__(self, delivery: Delivery, health: ExportHealth):
+        self.delivery = delivery
+        self.health = health
+
+    def export(self, spans: Sequence[Any]) -> SpanExportResult:
+        _hand_over(self.delivery, self.health, _encode_spans, spans, len(spans))
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass  # (the delivery closes with the pipeline: it has the time left)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return not self.delivery.waiting()  # (the pipeline's flush drains it)
+
+
+def holding_log_exporter(delivery: Delivery, health: ExportHealth) -> Any:
+    """A log record exporter whose batches ``delivery`` sends and holds."""
+    from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
+
+    class HoldingLogExporter(LogRecordExporter):
+        def export(self, batch: Sequence[Any]) -> Any:
+            _hand_over(delivery, health, _encode_logs, batch, len(batch))
+            return LogRecordExportResult.SUCCESS
+
+        def shutdown(self) -> None:
+            pass
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return not delivery.waiting()
+
+    return HoldingLogExporter()
+
+
+def prefers_delta(exporter: Any) -> bool:
+    """Whether a metric exporter asks for delta temporality of some instrument
+    (``OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE``): its points are then
+    lost with a failed export, unless held."""
+    preferred = getattr(exporter, "_preferred_temporality", None) or {}
+    return AggregationTemporality.DELTA in set(preferred.values())
+
+
+class HoldingMetricExporter(MetricExporter):
+    """Delta metric points, sent and held by ``delivery`` (the temporality and
+    aggregation preferences of the SDK exporter ``like``)."""
+
+    def __init__(self, like: MetricExporter, delivery: Delivery, health: ExportHealth):
+        super().__init__(
+            preferred_temporality=getattr(like, "_preferred_temporality", None),
+            preferred_aggregation=getattr(like, "_preferred_aggregation", None),
+        )
+        self.delivery = delivery
+        self.health = health
+
+    def export(self, metrics_data: Any, timeout_millis: float = 10_000,
+               **kwargs: Any) -> MetricExportResult:
+        _hand_over(self.delivery, self.health, _encode_metrics, metrics_data,
+                   count_points(metrics_data))
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        # (a metric reader's flush asks this after its export: the pipeline's flush
+        # waits for the delivery itself, with the time it has left)
+        return not self.delivery.waiting()
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        pass

@@ -1,0 +1,235 @@
+"""Send an encoded OTLP request (the protobuf bytes of an ``Export*ServiceRequest``)
+as it is, byte for byte, over gRPC or http/protobuf, once, and say what the receiver
+answered: delivered, worth another try (and after how long, when the server said),
+or refused for good. Built from the same ``OTEL_EXPORTER_OTLP_*`` variables as the
+SDK's exporters (:func:`~dask_otel_spans.sdk.otlp.otlp_exporter_kwargs`)."""
+from __future__ import annotations
+
+import gzip
+import ssl
+import urllib.error
+import urllib.request
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import Any, Protocol
+from urllib.parse import urlparse
+
+from dask_otel_spans.sdk.otlp import otlp_exporter_kwargs, otlp_protocol
+
+#: signal -> the gRPC method of its OTLP service
+GRPC_METHODS = {
+    "traces": "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+    "metrics": "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
+    "logs": "/opentelemetry.proto.collector.logs.v1.LogsService/Export",
+}
+#: gRPC status codes worth another try (OTLP specification)
+GRPC_RETRYABLE = frozenset({
+    "CANCELLED", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED", "OUT_OF_RANGE",
+    "UNAVAILABLE", "DATA_LOSS",
+})
+#: HTTP statuses worth another try (OTLP specification)
+HTTP_RETRYABLE = frozenset({429, 502, 503, 504})
+#: gRPC channel options of the sender, over the exporters' ones
+GRPC_RECONNECT = {"grpc.initial_reconnect_backoff_ms": 250,
+                  "grpc.max_reconnect_backoff_ms": 1000}
+#: The SDK exporters' timeout when ``OTEL_EXPORTER_OTLP_[<SIGNAL>_]TIMEOUT`` is unset
+DEFAULT_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What one send of a request came to.
+
+    Attributes
+    ----------
+    delivered:
+        The receiver acknowledged the request
+    retryable:
+        Not delivered, and worth another try (backend away, overloaded)
+    retry_after:
+        Seconds the server asked to wait (gRPC ``RetryInfo``, HTTP ``Retry-After``);
+        None when it did not say
+    reason:
+        In words, for the log
+    """
+
+    delivered: bool
+    retryable: bool = False
+    retry_after: float | None = None
+    reason: str = ""
+
+
+class RequestSender(Protocol):
+    """Sends one encoded request of its signal and says what came of it."""
+
+    #: where it sends, in words
+    where: str
+
+    def send(self, payload: bytes) -> Answer: ...
+
+    def close(self) -> None: ...
+
+
+class GrpcRequestSender:
+    """Sends encoded requests to an OTLP/gRPC receiver: the bytes go on the wire as
+    they are (no serializer)."""
+
+    def __init__(self, signal: str, kwargs: Mapping[str, Any]):
+        import grpc
+
+        url = urlparse(kwargs.get("endpoint") or "http://localhost:4317")
+        insecure = kwargs.get("insecure")
+        if insecure is None:
+            insecure = url.scheme == "http"
+        if url.scheme == "https":
+            insecure = False
+        target = url.netloc or url.path
+        # (reconnect within a second of the receiver's return: a held backlog waits
+        # on it)
+        options = [*dict(kwargs.get("channel_options") or ()).items(),
+                   *GRPC_RECONNECT.items()]
+        options = list(dict(options).items())
+        compression = kwargs.get("compression")
+        if insecure:
+            self._channel = grpc.insecure_channel(target, options, compression)
+        else:
+            credentials = kwargs.get("credentials") or grpc.ssl_channel_credentials()
+            self._channel = grpc.secure_channel(target, credentials, options, compression)
+        self._call = self._channel.unary_unary(GRPC_METHODS[signal])
+        self._metadata = tuple((kwargs.get("headers") or {}).items())
+        self._timeout = float(kwargs.get("timeout") or DEFAULT_TIMEOUT)
+        #: where it sends, in words
+        self.where = f"OTLP grpc to {kwargs.get('endpoint', 'the default endpoint')}"
+
+    def send(self, payload: bytes) -> Answer:
+        import grpc
+
+        try:
+            self._call(payload, timeout=self._timeout, metadata=self._metadata)
+        except grpc.RpcError as error:
+            code = error.code() if hasattr(error, "code") else None
+            name = getattr(code, "name", str(code))
+            return Answer(False, name in GRPC_RETRYABLE, _retry_info(error),
+                          f"gRPC {name}: {_details(error)}")
+        return Answer(True)
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def _details(error: Any) -> str:
+    try:
+        return str(error.details())
+    except Exception:
+        return ""
+
+
+def _retry_info(error: Any) -> float | None:
+    """The delay of a ``google.rpc.RetryInfo`` in the error's trailing metadata."""
+    try:
+        raw = dict(error.trailing_metadata() or ()).get("google.rpc.retryinfo-bin")
+    except Exception:
+        return None
+    if raw is None:
+        return None
+    from google.rpc.error_details_pb2 import RetryInfo
+
+    info = RetryInfo()
+    try:
+        info.ParseFromString(raw)
+    except Exception:
+        return None
+    return info.retry_delay.seconds + info.retry_delay.nanos / 1e9
+
+
+class HttpRequestSender:
+    """Sends encoded requests to an OTLP/HTTP receiver (``http/protobuf``)."""
+
+    def __init__(self, signal: str, kwargs: Mapping[str, Any]):
+        path = {"traces": "v1/traces", "metrics": "v1/metrics", "logs": "v1/logs"}[signal]
+        self._url = kwargs.get("endpoint") or f"http://localhost:4318/{path}"
+        #: where it sends, in words
+        self.where = f"OTLP http/protobuf to {kwargs.get('endpoint', 'the default endpoint')}"
+        self._headers = {"Content-Type": "application/x-protobuf",
+                         **dict(kwargs.get("headers") or {})}
+        compression = getattr(kwargs.get("compression"), "value", None)
+        self._compression = compression if compression in ("gzip", "deflate") else None
+        if self._compression:
+            self._headers["Content-Encoding"] = self._compression
+        self._timeout = float(kwargs.get("timeout") or DEFAULT_TIMEOUT)
+        certificate = kwargs.get("certificate_file")
+        key, chain = kwargs.get("client_key_file"), kwargs.get("client_certificate_file")
+        self._context = (ssl.create_default_context(cafile=certificate)
+                         if certificate or chain else None)
+        if self._context is not None and chain:
+            self._context.load_cert_chain(chain, key)
+
+    def send(self, payload: bytes) -> Answer:
+        body = payload
+        if self._compression == "gzip":
+            body = gzip.compress(payload)
+        elif self._compression == "deflate":
+            body = zlib.compress(payload)
+        request = urllib.request.Request(self._url, data=body, headers=self._headers,
+                                         method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self._timeout,
+                                        context=self._context) as response:
+                response.read()
+                return Answer(True)
+        except urllib.error.HTTPError as e:
+            retryable = e.code in HTTP_RETRYABLE
+            after = retry_after(e.headers.get("Retry-After")) if retryable else None
+            return Answer(False, retryable, after, f"HTTP {e.code} {e.reason}")
+        except (urllib.error.URLError, OSError) as e:
+            return Answer(False, True, None, f"{type(e).__name__}: {e}")
+
+    def close(self) -> None:
+        pass
+
+
+def retry_after(value: str | None) -> float | None:
+    """Seconds of an HTTP ``Retry-After`` value (seconds, or an HTTP date); None
+    when absent or unreadable."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        import time
+
+        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
+
+
+def request_sender(environ: Mapping[str, str], signal: str) -> RequestSender:
+    """The sender of ``signal``'s (``traces``, ``metrics``, ``logs``) encoded
+    requests to the OTLP endpoint ``environ`` configures."""
+    upper = signal.upper()
+    protocol = otlp_protocol(environ, upper)
+    kwargs: dict[str, Any] = dict(otlp_exporter_kwargs(environ, upper, protocol))
+    key, chain = (environ.get(f"OTEL_EXPORTER_OTLP_{upper}_{name}")
+                  or environ.get(f"OTEL_EXPORTER_OTLP_{name}")
+                  for name in ("CLIENT_KEY", "CLIENT_CERTIFICATE"))
+    if protocol == "grpc":
+        if key and chain:  # (mutual TLS)
+            import grpc
+
+            ca = (environ.get(f"OTEL_EXPORTER_OTLP_{upper}_CERTIFICATE")
+                  or environ.get("OTEL_EXPORTER_OTLP_CERTIFICATE"))
+            kwargs["credentials"] = grpc.ssl_channel_credentials(
+                _read(ca) if ca else None, _read(key), _read(chain))
+        return GrpcRequestSender(signal, kwargs)
+    if key and chain:
+        kwargs["client_key_file"], kwargs["client_certificate_file"] = key, chain
+    return HttpRequestSender(signal, kwargs)
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()

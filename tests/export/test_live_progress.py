@@ -1,0 +1,163 @@
+"""The live progress bookkeeping, driven by events and a fake clock: when a span's
+started record is due, which spans get progress records, the bound, and nothing after
+a span ended."""
+from __future__ import annotations
+
+import pytest
+from distributed.spans import Span
+
+from dask_otel_spans.export.tracking.progress import (
+    LiveProgress,
+    TaskCounts,
+    is_over,
+    task_counts,
+)
+from dask_otel_spans.export.tracking.tree import SpanTree
+
+COUNTS = TaskCounts(done=3)
+
+
+def counts(span_id: str) -> TaskCounts:
+    return COUNTS
+
+
+def live(after: float = 10.0, interval: float = 5.0, max_spans: int = 50) -> LiveProgress:
+    return LiveProgress(after, interval, max_spans)
+
+
+def test_started_is_due_once_a_graph_names_the_span():
+    p = live()
+    p.learned("a", ("a",), start=100.0, now=100.0)
+    assert p.look(100.1, counts).started == []
+    p.ids_final(["a"])
+    assert p.look(100.2, counts).started == ["a"]
+    assert p.look(100.3, counts).started == []
+
+
+def test_a_graph_naming_a_child_makes_its_ancestors_ids_final():
+    p = live()
+    p.learned("root", ("root",), 100.0, 100.0)
+    p.learned("child", ("root", "child"), 100.0, 100.0)
+    p.ids_final(["child"])
+    assert sorted(p.look(100.1, counts).started) == ["child", "root"]
+
+
+def test_started_waits_at_most_one_interval_for_a_graph():
+    p = live(interval=5.0)
+    p.learned("a", ("a",), 100.0, 100.0)
+    assert p.look(104.9, counts).started == []
+    assert p.look(105.0, counts).started == ["a"]
+
+
+def test_a_span_that_ends_before_its_started_record_has_it_said_due_once():
+    p = live()
+    p.learned("a", ("a",), 100.0, 100.0)
+    assert p.ended("a") is True
+    assert p.ended("a") is False
+    assert p.look(200.0, counts).started == []
+
+
+def test_a_span_started_already_needs_no_started_record_at_its_end():
+    p = live()
+    p.learned("a", ("a",), 100.0, 100.0)
+    p.ids_final(["a"])
+    p.look(100.1, counts)
+    assert p.ended("a") is False
+
+
+def test_progress_comes_every_interval_for_spans_open_longer_than_after():
+    p = live(after=10.0, interval=5.0)
+    p.learned("a", ("a",), 100.0, 100.0)
+    p.ids_final(["a"])
+    rounds = [(t, [r.span_id for r in p.look(t, counts).progress])
+              for t in (105.0, 110.0, 112.0, 115.0, 118.0, 120.0)]
+    # the first round (105) is before `after`; then one per interval
+    assert rounds == [(105.0, []), (110.0, ["a"]), (112.0, []), (115.0, ["a"]),
+                      (118.0, []), (120.0, ["a"])]
+
+
+def test_progress_says_elapsed_since_the_span_was_enqueued():
+    p = live(after=0.0, interval=1.0)
+    p.learned("a", ("a",), start=95.0, now=100.0)
+    p.ids_final(["a"])
+    [progress] = p.look(101.0, counts).progress
+    assert progress.elapsed == 6.0 and progress.counts == COUNTS
+
+
+def test_no_progress_after_the_span_ended():
+    p = live(after=0.0, interval=1.0)
+    p.learned("a", ("a",), 100.0, 100.0)
+    p.ids_final(["a"])
+    assert p.look(101.0, counts).progress
+    p.ended("a")
+    assert not any(p.look(t, counts).progress for t in (102.0, 103.0, 104.0))
+
+
+def test_past_the_bound_the_longest_running_are_reported_and_the_rest_counted():
+    p = live(after=0.0, interval=1.0, max_spans=2)
+    for i, name in enumerate("abcd"):
+        p.learned(name, (name,), start=100.0 - i, now=100.0)
+    p.ids_final("abcd")
+    look = p.look(101.0, counts)
+    assert [r.span_id for r in look.progress] == ["d", "c"]
+    assert look.not_reported == 2
+
+
+def test_a_span_without_counts_gets_no_progress_record():
+    p = live(after=0.0, interval=1.0)
+    p.learned("a", ("a",), 100.0, 100.0)
+    p.ids_final(["a"])
+    assert p.look(101.0, lambda span_id: None).progress == []
+
+
+def test_task_counts_sum_the_tree_settled_groups_as_tasks_running_ones_as_groups():
+    tree = SpanTree([(0.0, 4)])
+    tree.add_span(("r",), ("wf",), 1.0, 0)
+    tree.add_span(("r", "c"), ("wf", "part"), 1.0, 0)
+    tree.group("r", 1, "load", ("load", 1.0, 2.0, 10, 1.0, 5, 1))
+    tree.group("c", 2, "fit", ("fit", 1.0, 2.0, 10, 1.0, 7, 0))
+    tree.group("c", 3, "score")
+    tree.group_erred("c", 3, 2)
+    tree.add_deltas({("execute", "c", "fit", "thread-cpu", "seconds"): 1.5,
+                     ("execute", "c", "fit", "transfer", "bytes"): 100.0,
+                     ("execute", "r", "load", "disk-read", "count"): 3.0})
+    assert task_counts(tree.spans["r"]) == TaskCounts(
+        done=4 + 7, erred=1 + 2, groups_running=1, groups_done=2,
+        activity_seconds=1.5, activity_bytes=100.0)
+    assert isinstance(tree.spans["r"], Span)
+
+
+def test_a_span_over_gets_one_last_progress_record_at_once_then_none():
+    p = live(after=0.0, interval=1.0)
+    p.learned("a", ("a",), 100.0, 100.0)
+    p.ids_final(["a"])
+    assert p.look(101.0, counts).progress
+    over = {"a"}
+    last = p.look(101.3, counts, lambda span_id: span_id in over).progress
+    assert [r.elapsed for r in last] == [pytest.approx(1.3)]
+    assert not any(p.look(t, counts, lambda span_id: span_id in over).progress
+                   for t in (102.0, 103.0))
+
+
+def test_a_span_over_before_its_first_progress_gets_no_record():
+    p = live(after=10.0, interval=1.0)
+    p.learned("a", ("a",), 100.0, 100.0)
+    p.ids_final(["a"])
+    assert p.look(100.5, counts, lambda span_id: True).progress == []
+
+
+def test_a_span_that_runs_again_gets_progress_again():
+    p = live(after=0.0, interval=1.0)
+    p.learned("a", ("a",), 100.0, 100.0)
+    p.ids_final(["a"])
+    p.look(101.0, counts)
+    p.look(101.5, counts, lambda span_id: True)
+    assert p.look(102.0, counts).progress
+
+
+def test_over_means_nothing_runs_and_it_closed_or_is_done():
+    running = TaskCounts(groups_running=1)
+    assert is_over(TaskCounts(), closed=True, done=False)
+    assert is_over(TaskCounts(), closed=False, done=True)
+    assert not is_over(TaskCounts(), closed=False, done=False)
+    assert not is_over(running, closed=True, done=True)

@@ -1,0 +1,202 @@
+"""A span visible while it runs, in real processes: ``dask scheduler --preload
+dask_otel_spans`` (its export process) and a ``dask worker``, exporting OTLP/gRPC to a
+real receiver and the embedded default's files. One workflow of a few seconds runs
+once for the module (``live.after`` 0.5 s, ``live.interval`` 0.5 s, pending spans
+on), then a span whose scheduler is killed; each test checks one behaviour of it."""
+from __future__ import annotations
+
+import shutil
+import time
+from typing import Any
+
+import distributed
+import pytest
+from distributed import Client
+from support.polling import wait_for
+from support.processes import DaskProcesses, otlp_grpc_env
+
+from dask_otel_spans import names, span
+from dask_otel_spans.cli import main as cli_main
+from dask_otel_spans.reports.report import Report
+from dask_otel_spans.sdk.otlpjson import LOGS_FILE, read_log_records
+
+INTERVAL = 0.5
+#: What a record may take to arrive past its due time: the tick (0.1 s), the batch
+#: processor's delay (0.1 s here), the pipe to the export process and gRPC, on a busy
+#: machine (the export process runs at normal priority here: SCHED_IDLE, the default,
+#: waits while every core is busy, e.g. under the whole parallel suite)
+DELIVERY = 1.5
+#: What the client's block exit takes to reach the export process (forwarded at the
+#: next tick, 0.1 s, then the pipe)
+LAG_NS = 300_000_000
+STAGE = [0.25] * 4  # one worker, two threads: 0.5 s per stage
+
+
+def load(x: float) -> float:
+    time.sleep(x)
+    return x
+
+
+def fit(x: float) -> float:
+    time.sleep(x)
+    return x
+
+
+def score(x: float) -> float:
+    time.sleep(x)
+    return x
+
+
+def hang(x: float) -> float:
+    time.sleep(x)
+    return x
+
+
+def attrs_of(record: Any) -> dict[str, Any]:
+    out = {}
+    for kv in record.attributes:
+        value = kv.value
+        kind = value.WhichOneof("value")
+        out[kv.key] = ([v.string_value for v in value.array_value.values]
+                       if kind == "array_value" else getattr(value, kind))
+    return out
+
+
+def records(receiver: Any, event: str, span_id: str) -> list[tuple[Any, dict]]:
+    return [(r, a) for _, r in receiver.log_records() if r.event_name == event
+            for a in (attrs_of(r),) if a.get(names.SPAN_ID) == span_id]
+
+
+def dask_spans(receiver: Any, span_id: str) -> list[dict]:
+    return [s for s in receiver.spans() if s["attributes"].get(names.SPAN_ID) == span_id
+            and names.SPAN_STATE not in s["attributes"]]
+
+
+@pytest.fixture(scope="module")
+def run(module_otlp_receiver, tmp_path_factory) -> dict[str, Any]:
+    receiver = module_otlp_receiver
+    cwd = tmp_path_factory.mktemp("live")
+    env = {
+        **otlp_grpc_env(receiver),
+        "OTEL_TRACES_EXPORTER": "otlp,otlp_json_file",
+        "OTEL_LOGS_EXPORTER": "otlp,otlp_json_file",
+        "OTEL_BLRP_SCHEDULE_DELAY": "100",
+        "DASK_OTEL_SPANS__LIVE__AFTER": "0.5s",
+        "DASK_OTEL_SPANS__LIVE__INTERVAL": f"{INTERVAL}s",
+        "DASK_OTEL_SPANS__LIVE__PENDING_SPANS": "true",
+        "DASK_OTEL_SPANS__EXPORT_PROCESS_CPU_POLICY": "normal",
+    }
+    procs = DaskProcesses(env, cwd=str(cwd))
+    out: dict[str, Any] = {"receiver": receiver}
+    try:
+        with Client(procs.address, timeout=60) as client:
+            client.wait_for_workers(1, timeout=60)
+            with span("live-wf") as span_id:
+                out["t_submit"] = time.time()
+                stage = client.map(load, STAGE, pure=False)
+                wait_for(lambda: records(receiver, names.SPAN_STARTED_EVENT, span_id),
+                         timeout=30, interval=0.02)
+                out["t_started_arrived"] = time.time()
+                client.gather(stage)
+                # mid-run: a progress record in the files, then a copy of them
+                logs = cwd / "dask-otel-spans" / LOGS_FILE
+                wait_for(lambda: logs.exists() and any(
+                    r.get("eventName") == names.SPAN_PROGRESS_EVENT
+                    and r["attrs"].get(names.SPAN_ID) == span_id
+                    for r in read_log_records(str(logs))), timeout=30)
+                out["snapshot"] = shutil.copytree(cwd / "dask-otel-spans",
+                                                  cwd / "snapshot")
+                client.gather(client.map(fit, STAGE, pure=False))
+                client.gather(client.map(score, STAGE, pure=False))
+            out["span_id"] = span_id
+            wait_for(lambda: dask_spans(receiver, span_id), timeout=30)
+            out["arrival"] = [(s["name"], s["attributes"].get(names.SPAN_STATE))
+                              for s in receiver.spans()]
+            # the scheduler killed mid-workflow (a plain dask span: its block's exit
+            # says nothing to the scheduler)
+            with distributed.span("killed") as killed_id:
+                futures = client.map(hang, [30.0] * 2, pure=False)
+                wait_for(lambda: records(receiver, names.SPAN_STARTED_EVENT,
+                                         killed_id), timeout=30)
+                for process in (procs.scheduler, *procs.workers):
+                    process.kill()
+                out["killed_id"] = killed_id
+                out["killed"] = wait_for(lambda: dask_spans(receiver, killed_id),
+                                         timeout=30)
+                del futures
+            client.close(timeout=1)
+    finally:
+        procs.stop()
+    return out
+
+
+def test_started_record_arrives_within_one_interval_of_the_span_start(run):
+    assert run["t_started_arrived"] - run["t_submit"] < INTERVAL + DELIVERY
+
+
+def test_started_record_has_the_ids_the_span_is_exported_with(run):
+    [exported] = dask_spans(run["receiver"], run["span_id"])
+    [(record, attrs)] = records(run["receiver"], names.SPAN_STARTED_EVENT,
+                                run["span_id"])
+    assert (record.trace_id.hex(), record.span_id.hex()) == (
+        exported["traceId"], exported["spanId"])
+    assert attrs[names.SPAN_NAME] == ["live-wf"]
+    assert attrs.get(names.SPAN_PARENT_SPAN_ID, "") == exported.get("parentSpanId", "")
+
+
+def test_progress_done_counts_grow_to_the_span_task_count(run):
+    [exported] = dask_spans(run["receiver"], run["span_id"])
+    progress = sorted(records(run["receiver"], names.SPAN_PROGRESS_EVENT,
+                              run["span_id"]), key=lambda ra: ra[0].time_unix_nano)
+    done = [a[names.SPAN_TASKS_DONE] for _, a in progress]
+    assert len(done) >= 2 and done == sorted(done)
+    assert done[-1] == exported["attributes"][names.SPAN_TASK_COUNT] == 12
+    [trace_id] = {r.trace_id.hex() for r, _ in progress}
+    assert trace_id == exported["traceId"]
+
+
+def test_no_progress_record_is_made_after_the_span_ended(run):
+    [exported] = dask_spans(run["receiver"], run["span_id"])
+    progress = records(run["receiver"], names.SPAN_PROGRESS_EVENT, run["span_id"])
+    assert progress
+    # (its end: the client's block exit, which reaches the export process a tick or
+    # so later)
+    assert max(r.time_unix_nano for r, _ in progress) <= int(
+        exported["endTimeUnixNano"]) + LAG_NS
+
+
+def test_pending_spans_arrive_before_the_span_and_none_after(run):
+    arrival = [state for name, state in run["arrival"] if name == "live-wf"]
+    assert arrival[-1] is None  # the span itself, last
+    assert arrival.count(None) == 1 and len(arrival) >= 3
+    [exported] = dask_spans(run["receiver"], run["span_id"])
+    later = [s for s in run["receiver"].spans()
+             if s["name"] == "live-wf"][len(arrival):]
+    assert later == []  # (none came while the killed span ran, either)
+    pending = [s for s in run["receiver"].spans()
+               if s["attributes"].get(names.SPAN_STATE) == names.SPAN_STATE_RUNNING
+               and s["attributes"].get(names.SPAN_ID) == run["span_id"]]
+    assert {(s["traceId"], s["parentSpanId"]) for s in pending} == {
+        (exported["traceId"], exported["spanId"])}
+    assert exported["spanId"] not in {s["spanId"] for s in pending}
+    assert all(s["startTimeUnixNano"] == s["endTimeUnixNano"] for s in pending)
+
+
+def test_tree_shows_the_running_span_from_a_snapshot_taken_mid_run(run, capsys):
+    assert cli_main(["tree", str(run["snapshot"])]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "live-wf" in x)
+    assert "[running" in line and "tasks done" in line
+
+
+def test_report_shows_the_running_span_from_a_snapshot_taken_mid_run(run):
+    rows = [r for t in Report([str(run["snapshot"])]).data["traces"] for r in t["rows"]
+            if r["name"] == "live-wf"]
+    assert [r["running"].startswith("running") for r in rows] == [True]
+
+
+def test_a_killed_scheduler_leaves_its_running_span_exported_incomplete(run):
+    [killed] = run["killed"]
+    assert killed["attributes"][names.SPAN_INCOMPLETE] is True
+    [(record, _)] = records(run["receiver"], names.SPAN_STARTED_EVENT, run["killed_id"])
+    assert (record.trace_id.hex(), record.span_id.hex()) == (
+        killed["traceId"], killed["spanId"])

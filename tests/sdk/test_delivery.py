@@ -1,0 +1,207 @@
+"""Delivery through the providers the package builds from ``OTEL_*``, against real
+OTLP receivers (gRPC and HTTP) that go away, come back, or ask to retry later:
+nothing held is lost or sent twice, retry hints are respected, figures are honest,
+and a spool is sent from anywhere."""
+from __future__ import annotations
+
+import pytest
+from support.polling import wait_for
+from support.processes import free_port
+from support.receivers import OTLPHttpReceiver, OTLPReceiver
+
+from dask_otel_spans.sdk.delivery import Delivery, resend
+from dask_otel_spans.sdk.providers import Providers, resolve_providers
+from dask_otel_spans.sdk.spool import Spool
+
+PROTOCOLS = ("grpc", "http/protobuf")
+
+
+def receiver_of(protocol: str, port: int = 0, **kwargs):
+    """A started receiver of ``protocol`` (on ``port``: 0 for a free one)."""
+    if protocol == "grpc":
+        return OTLPReceiver(port=port, **kwargs).start()
+    return OTLPHttpReceiver(port=port, **kwargs).start()
+
+
+def environ_to(receiver, protocol: str, **extra: str) -> dict[str, str]:
+    return {
+        "OTEL_TRACES_EXPORTER": "otlp", "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_LOGS_EXPORTER": "otlp", "OTEL_SEMCONV_EXCEPTION_SIGNAL_OPT_IN": "logs",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+        "OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "0.5", "OTEL_BSP_SCHEDULE_DELAY": "20",
+        "OTEL_BLRP_SCHEDULE_DELAY": "20", **extra,
+    }
+
+
+def build(environ: dict[str, str], directory, max_memory: int = 10**6) -> Providers:
+    return resolve_providers(environ=environ, use_global=False,
+                             delivery=Delivery(Spool(str(directory), max_memory, 10**7)))
+
+
+def end_spans(providers: Providers, n: int, logs: int = 0) -> None:
+    tracer = providers.tracer_provider.get_tracer("test")
+    for i in range(n):
+        with tracer.start_as_current_span(f"span-{i}"):
+            pass
+    if logs:
+        from opentelemetry._logs import LogRecord
+
+        logger = providers.logger_provider.get_logger("test")
+        for i in range(logs):
+            logger.emit(LogRecord(body=f"record-{i}"))
+    providers.tracer_provider.force_flush()
+    if logs:
+        providers.logger_provider.force_flush()
+
+
+def close(providers: Providers) -> None:
+    providers.redelivery.close(0.5)
+    for provider in providers.owned:
+        provider.shutdown()
+
+
+def waiting(providers: Providers, signal: str = "traces") -> int:
+    figures = providers.delivery()
+    return figures[f"{signal}_held"] + figures[f"{signal}_spooled"]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_what_ends_while_the_receiver_is_down_arrives_once_when_it_is_back(
+        protocol, tmp_path):
+    receiver = receiver_of(protocol)
+    port = receiver.port
+    receiver.stop()
+    providers = build(environ_to(receiver, protocol), tmp_path)
+    try:
+        end_spans(providers, 6, logs=2)
+        wait_for(lambda: waiting(providers) == 6 and waiting(providers, "logs") == 2)
+        back = receiver_of(protocol, port=port)
+        try:
+            assert providers.redelivery.drain(20)
+            ids = [s["spanId"] for s in back.spans()]
+            assert sorted(ids) == sorted(set(ids)) and len(ids) == 6
+            assert sorted(r.body.string_value for _, r in _records(back)) == [
+                "record-0", "record-1"]
+            assert providers.delivery()["traces_delivered"] == 6
+        finally:
+            back.stop()
+    finally:
+        close(providers)
+
+
+def _records(receiver):
+    records = receiver.log_records()
+    return [r if isinstance(r, tuple) else (None, r) for r in records]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_retry_delay_the_receiver_asks_for_is_respected(protocol, tmp_path):
+    delay = 0.6
+    hint = {"retry_delay": delay} if protocol == "grpc" else {"retry_after": delay}
+    receiver = receiver_of(protocol, unavailable=3, **hint)
+    providers = build(environ_to(receiver, protocol), tmp_path)
+    try:
+        end_spans(providers, 4)
+        assert providers.redelivery.drain(20)
+        assert len({s["spanId"] for s in receiver.spans()}) == 4
+        # three refusals, then the answer: each attempt waits as long as the refusal
+        # before it asked
+        gaps = [b - a for a, b in zip(receiver.attempts, receiver.attempts[1:])]
+        assert len(gaps) == 3
+        assert min(gaps) >= delay * 0.95
+    finally:
+        close(providers)
+        receiver.stop()
+
+
+def test_nothing_counts_as_delivered_or_flushed_while_anything_is_held(tmp_path):
+    receiver = OTLPReceiver(port=free_port())  # (never started)
+    providers = build(environ_to(receiver, "grpc"), tmp_path)
+    try:
+        end_spans(providers, 3)
+        wait_for(lambda: waiting(providers) == 3)
+        figures = providers.delivery()
+        assert figures["traces_delivered"] == 0 and figures["traces_failed"] == 0
+        assert providers.delivering() is False
+    finally:
+        close(providers)
+
+
+def test_memory_stays_within_max_memory_and_the_rest_goes_to_disk(tmp_path):
+    receiver = OTLPReceiver(port=free_port())  # (never started)
+    providers = build(environ_to(receiver, "grpc"), tmp_path, max_memory=1)
+    try:
+        end_spans(providers, 5)
+        wait_for(lambda: waiting(providers) == 5)
+        figures = providers.delivery()
+        assert figures["traces_held"] == 0 and figures["traces_spooled"] == 5
+        assert figures["spool_directory"] == str(tmp_path)
+    finally:
+        close(providers)
+
+
+def test_a_spool_left_at_close_is_sent_from_anywhere_by_resend(tmp_path):
+    receiver = OTLPReceiver(port=free_port())
+    environ = environ_to(receiver, "grpc")
+    providers = build(environ, tmp_path)
+    end_spans(providers, 3)
+    wait_for(lambda: waiting(providers) == 3)
+    close(providers)
+    receiver.start()
+    try:
+        figures = resend(str(tmp_path), environ, timeout=20)
+        assert figures["traces_delivered"] == 3 and figures["traces_spooled"] == 0
+        assert len({s["spanId"] for s in receiver.spans()}) == 3
+        again = resend(str(tmp_path), environ, timeout=5)  # (acknowledged: gone)
+        assert "traces_to" not in again
+    finally:
+        receiver.stop()
+
+
+@pytest.mark.parametrize("temporality, held", [("delta", True), ("cumulative", False)])
+def test_only_delta_metric_points_are_held(temporality, held, tmp_path, monkeypatch):
+    receiver = OTLPReceiver(port=free_port())  # (never started)
+    # (the SDK's metric exporter reads its preference from the process's environment)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", temporality)
+    environ = environ_to(receiver, "grpc", OTEL_METRICS_EXPORTER="otlp")
+    providers = build(environ, tmp_path)
+    try:
+        assert ("metrics" in providers.redelivery.signals) is held
+    finally:
+        close(providers)
+
+
+def test_providers_given_to_the_package_keep_their_own_exporters(tmp_path, memory):
+    providers = resolve_providers(
+        tracer_provider=memory.tracer_provider, meter_provider=memory.meter_provider,
+        use_global=False, delivery=Delivery(Spool(str(tmp_path), 10, 10)))
+    assert providers.redelivery is None
+
+
+def test_delta_metric_points_missed_in_an_outage_arrive_when_it_is_back(
+        tmp_path, monkeypatch):
+    receiver = OTLPReceiver().start()
+    port = receiver.port
+    receiver.stop()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta")
+    providers = build(environ_to(receiver, "grpc", OTEL_METRICS_EXPORTER="otlp"),
+                      tmp_path)
+    try:
+        counter = providers.meter_provider.get_meter("test").create_counter("rows")
+        counter.add(5)
+        providers.meter_provider.force_flush()  # (the reader's export: held)
+        wait_for(lambda: waiting(providers, "metrics") >= 1)
+        counter.add(2)
+        back = OTLPReceiver(port=port).start()
+        try:
+            providers.meter_provider.force_flush()
+            assert providers.redelivery.drain(20)
+            values = [dp.as_int for req in back.metric_requests
+                      for rm in req.resource_metrics for sm in rm.scope_metrics
+                      for m in sm.metrics if m.name == "rows" for dp in m.sum.data_points]
+            assert values == [5, 2]  # (oldest first, each delta once)
+        finally:
+            back.stop()
+    finally:
+        close(providers)
