@@ -8,7 +8,6 @@ import json
 import re
 import subprocess
 import time
-import urllib.parse
 import urllib.request
 
 import pytest
@@ -17,7 +16,7 @@ from distributed import Client
 from support.paths import DEPLOY
 from support.polling import wait_for
 from support.processes import DaskProcesses, free_port
-from support.prometheus import prometheus_binary, promtool_check_metrics
+from support.prometheus import prometheus_binary, promql, promtool_check_metrics
 
 from dask_otel_spans import span, wait_for_export
 
@@ -128,16 +127,6 @@ def test_prometheus_scrapes_the_scheduler_after_a_flush_without_error(scraped):
     # (Prometheus 2.42 takes a repeated family without an error too: the promtool
     # checks above are what catches one)
     assert target["health"] == "up" and target["lastError"] == ""
-
-
-def promql(base: str, query: str) -> list[dict]:
-    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": query})
-    try:
-        reply = json.load(urllib.request.urlopen(url, timeout=5))
-    except OSError:
-        return []
-    assert reply["status"] == "success", reply
-    return reply["data"]["result"]
 
 
 def test_span_metrics_have_the_design_labels_in_prometheus(scraped):
