@@ -95,8 +95,10 @@ class ExportPipeline:
                     logger.exception("dask_otel_spans: flushing %r failed", provider)
                     ok = False
         delivery = self.providers.redelivery
-        if delivery is not None:  # (what is held: sent, or not due before then)
-            ok = delivery.drain(max(0.0, deadline - time.monotonic())) and ok
+        if delivery is not None:  # (what is held: sent; or not due before then, or
+            # tried again and not taken: a backend that is down is not waited for)
+            ok = delivery.drain(max(0.0, deadline - time.monotonic()),
+                                until_refused=True) and ok
         return ok and self.providers.delivering()
 
     def stop_threads(self, timeout: float) -> None:
@@ -157,9 +159,8 @@ class ExportPipeline:
         if clean:
             return
         late = ("" if finished else
-                "; the exporters did not finish within %.1f s "
-                "(otel-spans.shutdown-timeout): what they had not reported on is lost"
-                % timeout)
+                f"; the exporters did not finish within {timeout:.1f} s "
+                "(otel-spans.shutdown-timeout): what they had not reported on is lost")
         logger.warning("dask_otel_spans: at close, %s%s", "; ".join(
             describe(figures, signal, where, handed) for signal, where, handed in signals
         ), late)

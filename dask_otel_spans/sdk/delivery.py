@@ -87,16 +87,24 @@ class Delivery:
         """Whether a batch of a signal this delivery sends still waits."""
         return any(self.spool.waiting(s) for s in self._senders)
 
-    def drain(self, timeout: float) -> bool:
+    def drain(self, timeout: float, until_refused: bool = False) -> bool:
         """Wait until nothing waits, at most ``timeout`` seconds (less when every
-        signal that waits is not due again before then); True when nothing waits."""
+        signal that waits is not due again before then; with ``until_refused``, less
+        when every one that waits was tried twice since the wait began and the
+        backend took neither: a backend that is down is not waited for, one that
+        is coming back gets a second try); True when nothing waits."""
         deadline = time.monotonic() + timeout
+        attempts_before = dict(self._attempts)
         self._wake.set()
         while self.waiting():
             now = time.monotonic()
-            due = [self._retry_at.get(s, 0.0) for s in self._senders
-                   if self.spool.waiting(s)]
+            waiting = [s for s in self._senders if self.spool.waiting(s)]
+            due = [self._retry_at.get(s, 0.0) for s in waiting]
             if now >= deadline or (due and min(due) > deadline):
+                return False
+            if until_refused and all(
+                    self._attempts.get(s, 0) - attempts_before.get(s, 0) >= 2
+                    for s in waiting):
                 return False
             time.sleep(min(0.05, deadline - now))
         return True
