@@ -354,7 +354,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_resend(args: argparse.Namespace) -> int:
     from dask_otel_spans.sdk.delivery import resend
-    from dask_otel_spans.sdk.outcome import UNITS, describe, waiting
+    from dask_otel_spans.protocol.outcome import UNITS, describe, waiting
 
     if not os.path.isdir(args.directory):
         print(f"no such directory: {args.directory}", file=sys.stderr)

@@ -10,15 +10,18 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).parent.parent / "dask_otel_spans"
-SIDES = ("protocol", "scheduler", "transport", "export", "sdk", "worker", "reports")
+SIDES = ("protocol", "client", "scheduler", "transport", "export", "sdk", "worker",
+         "reports")
 #: side -> the sides it must not import
 FORBIDDEN = {
-    "protocol": {"scheduler", "transport", "export", "sdk", "worker", "reports"},
+    "protocol": {"client", "scheduler", "transport", "export", "sdk", "worker",
+                 "reports"},
+    "client": {"scheduler", "transport", "export", "sdk", "worker", "reports"},
     "scheduler": {"export", "sdk", "worker", "reports"},
-    "transport": {"scheduler", "worker", "reports"},
-    "export": {"scheduler", "transport", "worker", "reports"},
-    "sdk": {"scheduler", "transport", "export", "worker", "reports"},
-    "worker": {"scheduler", "transport", "export", "reports"},
+    "transport": {"client", "scheduler", "worker", "reports"},
+    "export": {"client", "scheduler", "transport", "worker", "reports"},
+    "sdk": {"client", "scheduler", "transport", "export", "worker", "reports"},
+    "worker": {"client", "scheduler", "transport", "export", "reports"},
     "reports": {"scheduler", "transport", "export", "worker"},
 }
 
@@ -54,6 +57,28 @@ def test_a_side_imports_only_in_the_allowed_direction(path):
     side = path.relative_to(PACKAGE).parts[0]
     crossings = {m for m in imports_of(path) if side_of(m) in FORBIDDEN[side]}
     assert not crossings, f"{side}/ must not import {sorted(crossings)}"
+
+
+#: top-level module -> the sides it may import: the foundation (names, settings,
+#: once-only logging, background threads) none; the package's entry points what
+#: they start (the plugins load lazily); the former paths what they point to
+TOP_LEVEL = {
+    "names": set(), "logonce": set(), "background": set(), "config": {"protocol"},
+    "__init__": {"client", "scheduler", "worker"},
+    "instrumentation": {"client"},
+    "cli": {"client", "protocol", "reports", "sdk"},
+    "state": {"client"}, "plugin": {"scheduler"}, "export_child": set(),
+}
+
+
+def test_every_top_level_module_has_a_rule():
+    assert {p.stem for p in PACKAGE.glob("*.py")} == set(TOP_LEVEL)
+
+
+@pytest.mark.parametrize("name", sorted(TOP_LEVEL))
+def test_a_top_level_module_imports_only_the_sides_it_may(name):
+    sides = {side_of(m) for m in imports_of(PACKAGE / f"{name}.py")} - {None}
+    assert sides <= TOP_LEVEL[name], f"{name}.py must not import {sides - TOP_LEVEL[name]}"
 
 
 def test_the_check_sees_a_crossing(tmp_path):

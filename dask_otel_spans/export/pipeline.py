@@ -20,7 +20,7 @@ from dask_otel_spans.export.metrics import (
     SpanNameCap,
 )
 from dask_otel_spans.sdk.health import rate_limit_sdk_logs
-from dask_otel_spans.sdk.outcome import describe, waiting
+from dask_otel_spans.protocol.outcome import describe, waiting
 from dask_otel_spans.sdk.providers import (
     Providers,
     flush_provider,
@@ -127,7 +127,7 @@ class ExportPipeline:
         """Stop the threads and close the providers, waiting at most ``timeout``
         seconds in all (a collector that is down makes exporters retry for longer;
         what they hold is tried until then and left in the spool); then say in one
-        line what came of the export (:func:`~dask_otel_spans.sdk.outcome.describe`)
+        line what came of the export (:func:`~dask_otel_spans.protocol.outcome.describe`)
         when not everything was delivered. False when they did not finish in time."""
         deadline = time.monotonic() + timeout
         self.stop_threads(timeout)

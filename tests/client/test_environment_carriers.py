@@ -13,8 +13,9 @@ from opentelemetry.context import Context
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.sdk.trace import TracerProvider
 
-from dask_otel_spans import client, names, span
-from dask_otel_spans.client import context_from_environment
+from dask_otel_spans import names, span
+from dask_otel_spans.client import context, context_from_environment
+from dask_otel_spans.logonce import OnceLogger
 from dask_otel_spans.protocol.propagation import span_context_from_carrier
 
 TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
@@ -25,7 +26,7 @@ TRACEPARENT = f"00-{TRACE_ID:032x}-{SPAN_ID:016x}-01"
 @pytest.fixture(autouse=True)
 def fresh_warnings(monkeypatch):
     """Each test sees the client's once-only warnings afresh."""
-    monkeypatch.setattr(client, "_warned", set())
+    monkeypatch.setattr(context, "_log_once", OnceLogger(context.logger))
 
 
 def span_context(ctx: Context):

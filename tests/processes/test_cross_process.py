@@ -2,6 +2,9 @@
 exporting over OTLP/gRPC to a receiver built from ``opentelemetry-proto``."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -184,3 +187,25 @@ def test_erred_tasks_and_exemplars_over_otlp_from_real_processes(cluster, otlp_r
             assert exemplar.trace_id.hex() == trace_hex
             if prefix == "fails_on_odd":
                 assert exemplar.span_id.hex() == prefix_hex
+
+
+CLIENT = (
+    "import sys, json, distributed\n"
+    "from dask_otel_spans import span, wait_for_export\n"
+    "with distributed.Client(sys.argv[1]) as client:\n"
+    "    with span('light client'):\n"
+    "        client.submit(sum, [1, 2]).result()\n"
+    "    state = wait_for_export(client)\n"
+    "    print(json.dumps([state.handed_over, sorted(m for m in sys.modules if"
+    " m.startswith(('dask_otel_spans.scheduler', 'dask_otel_spans.transport',"
+    " 'dask_otel_spans.export', 'dask_otel_spans.sdk', 'opentelemetry.sdk')))]))\n"
+)
+
+
+def test_a_client_loads_nothing_of_the_scheduler_export_side_or_the_sdk(cluster):
+    """A real client process after a real ``span()`` and ``wait_for_export``."""
+    address, _ = cluster
+    out = subprocess.run([sys.executable, "-c", CLIENT, address],
+                         capture_output=True, text=True, timeout=120, check=True)
+    handed_over, loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert handed_over >= 1 and loaded == []

@@ -1,16 +1,16 @@
-"""Client side: ``span()``, a drop-in for ``distributed.span`` that carries the current
-OTel context into the graph annotations and tells the scheduler when the block closes."""
+"""``span()``, a drop-in for ``distributed.span`` that carries the current OTel
+context into the graph annotations and tells the scheduler when the block closes; and
+what a bare submission (no block open) carries."""
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import dask
 import distributed
@@ -20,17 +20,17 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanContext
 
 from dask_otel_spans import names
+from dask_otel_spans.client.context import context_from_environment, injected
+from dask_otel_spans.client.plugin_check import check_plugin_soon
+from dask_otel_spans.logonce import OnceLogger
 from dask_otel_spans.protocol.propagation import (
     carrier_from_context,
     parse_carried,
     resolve_chain,
 )
 
-if TYPE_CHECKING:
-    from dask_otel_spans.state import ExportState
-
 logger = logging.getLogger(__name__)
-_warned: set[str] = set()
+_log_once = OnceLogger(logger)
 
 #: Longest wait for the scheduler to acknowledge a close notice
 NOTICE_TIMEOUT = 5.0
@@ -38,26 +38,6 @@ NOTICE_TIMEOUT = 5.0
 #: dask's own ``span``, which ``span()`` wraps (taken at import: the instrumentor
 #: makes ``distributed.span`` this module's ``span`` while it is on)
 _dask_span = distributed.spans.span
-
-#: The OTel specification's environment carriers: variable -> carrier key. With no
-#: current span, ``span()`` takes its parent context from them
-ENVIRONMENT_CARRIERS = {
-    "TRACEPARENT": "traceparent",
-    "TRACESTATE": "tracestate",
-    "BAGGAGE": "baggage",
-}
-
-#: How to give a scheduler the plugin (in the WARNING and in :class:`PluginMissing`)
-PLUGIN_FIX = (
-    "start it with `dask scheduler --preload dask_otel_spans`, set "
-    "distributed.scheduler.preload: [dask_otel_spans] in the scheduler's dask config "
-    "(DASK_DISTRIBUTED__SCHEDULER__PRELOAD='[\"dask_otel_spans\"]'), or call "
-    "client.register_plugin(OTelSpansPlugin())"
-)
-
-#: (client id, scheduler address) of the clients whose scheduler was asked whether
-#: it runs the plugin
-_PLUGIN_CHECKED: set[tuple[str, str]] = set()
 
 #: Close notices of asynchronous clients waiting for the next loop iteration: all
 #: the blocks that closed in between go to the scheduler in one message
@@ -89,12 +69,6 @@ def _references(obj: object) -> int | None:
     """How many references ``obj`` has (None where the interpreter can't say)."""
     getrefcount = getattr(sys, "getrefcount", None)
     return getrefcount(obj) if getrefcount is not None else None
-
-
-def _warn_once(kind: str, msg: str, *args: Any) -> None:
-    if kind not in _warned:
-        _warned.add(kind)
-        logger.warning("dask_otel_spans: " + msg, *args)
 
 
 @contextmanager
@@ -155,7 +129,7 @@ def span(*tags: str) -> Iterator[str]:
         # collections (computed later, or never) that will bring this span's tasks.
         block_annotations: dict[str, Any] = {names.ANNOTATION_KEY: carried}
         if baggage.get_all(client_ctx):  # (the chain says the rest)
-            block_annotations[names.CALLER_ANNOTATION_KEY] = _inject(client_ctx)
+            block_annotations[names.CALLER_ANNOTATION_KEY] = injected(client_ctx)
         refs_before = _references(carried)
         try:
             with dask.annotate(**block_annotations):
@@ -205,58 +179,7 @@ def caller_carrier(ctx: otel_context.Context | None = None) -> dict[str, str] | 
         if (not trace.get_current_span(ctx).get_span_context().is_valid
                 and not baggage.get_all(ctx)):
             return None
-    return _inject(ctx) or None
-
-
-def _inject(ctx: otel_context.Context) -> dict[str, str]:
-    """The headers the global propagator (``OTEL_PROPAGATORS``) injects for ``ctx``."""
-    from opentelemetry import propagate  # (loads the configured propagators)
-
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier, context=ctx)
-    return carrier
-
-
-def context_from_environment(
-    ctx: otel_context.Context | None = None,
-    environ: Mapping[str, str] | None = None,
-) -> otel_context.Context:
-    """``ctx`` (default: the current context) with what the environment carriers
-    ``TRACEPARENT``, ``TRACESTATE`` and ``BAGGAGE`` of ``environ`` (default:
-    ``os.environ``) carry, extracted by the global propagator (``OTEL_PROPAGATORS``
-    decides what is read); ``ctx`` itself when none is set.
-
-    This is how a batch script started by an orchestrator with ``TRACEPARENT`` set
-    puts its dask spans in the orchestrator's trace. A ``TRACEPARENT`` that is no
-    W3C traceparent is ignored, with one warning.
-    """
-    if ctx is None:
-        ctx = otel_context.get_current()
-    env = os.environ if environ is None else environ
-    carrier = {key: value for variable, key in ENVIRONMENT_CARRIERS.items()
-               if (value := env.get(variable))}
-    if not carrier:
-        return ctx
-    from opentelemetry import propagate  # (loads the configured propagators)
-
-    extracted = propagate.extract(carrier, context=ctx)
-    traceparent = carrier.get("traceparent")
-    if traceparent is not None and not _is_traceparent(traceparent):
-        _warn_once(
-            "environment-traceparent", "TRACEPARENT %r is not a W3C traceparent; "
-            "ignored (dask spans are not parented by it)", traceparent[:80],
-        )
-    return extracted
-
-
-def _is_traceparent(value: str) -> bool:
-    """Whether ``value`` is a valid W3C traceparent header."""
-    from opentelemetry.trace.propagation.tracecontext import (
-        TraceContextTextMapPropagator,
-    )
-
-    ctx = TraceContextTextMapPropagator().extract({"traceparent": value})
-    return trace.get_current_span(ctx).get_span_context().is_valid
+    return injected(ctx) or None
 
 
 def _carrier_under(
@@ -287,7 +210,7 @@ def _notify_closed(msg: dict[str, Any]) -> None:
     try:
         client = distributed.default_client()
     except ValueError:
-        _warn_once(
+        _log_once(
             "no-client", "span() closed with no dask Client; the scheduler will close "
             "the span after its idle timeout instead"
         )
@@ -309,7 +232,7 @@ def _notify_closed(msg: dict[str, Any]) -> None:
                 callback_timeout=NOTICE_TIMEOUT,
             )
     except Exception as e:
-        _warn_once(
+        _log_once(
             "notice-failed", "could not tell the scheduler that a span closed (%s); "
             "it will close after its idle timeout", e,
         )
@@ -323,84 +246,7 @@ async def _send_batch(client: Any) -> None:
     try:
         await client.scheduler.log_event(topic=names.EVENT_TOPIC, msg=batch)
     except Exception as e:
-        _warn_once(
+        _log_once(
             "notice-failed", "could not tell the scheduler that %d span(s) closed "
             "(%s); they will close after their idle timeout", len(batch), e,
         )
-
-
-def check_plugin_soon(client: Any) -> None:
-    """Once per client and scheduler address, ask that scheduler in the background
-    whether it runs the plugin (the metadata a running plugin sets); when it does
-    not, one WARNING naming the fix. Adds no wait to the caller and never raises."""
-    try:
-        key = (str(client.id), str(client.scheduler.address))
-        if key in _PLUGIN_CHECKED:
-            return
-        _PLUGIN_CHECKED.add(key)
-        client.loop.add_callback(_check_plugin, client, key[1])
-    except Exception as e:  # (a closed client, a client without a loop)
-        logger.debug("dask_otel_spans: cannot check the scheduler for the plugin: %s", e)
-
-
-async def plugin_running(client: Any) -> bool:
-    """Whether the scheduler of the asynchronous ``client`` (or of a client whose
-    loop this runs on) runs the plugin: the metadata a running plugin sets, asked
-    for in one message, no code run on the scheduler."""
-    version = await client.scheduler.get_metadata(
-        keys=list(names.PLUGIN_METADATA_KEYS), default=None)
-    return bool(version)
-
-
-async def _check_plugin(client: Any, address: str) -> None:
-    try:
-        running = await plugin_running(client)
-    except Exception as e:  # (the scheduler went away: nothing to say about it)
-        logger.debug("dask_otel_spans: cannot ask %s for the plugin: %s", address, e)
-        return
-    if not running:
-        logger.warning(
-            "dask_otel_spans: the scheduler at %s runs no dask_otel_spans plugin, so "
-            "this client's spans are not exported: %s", address, PLUGIN_FIX)
-
-
-class PluginMissing(RuntimeError):
-    """The scheduler has no ``OTelSpansPlugin``."""
-
-
-def wait_for_export(client: Any, timeout: float = 30.0) -> ExportState:
-    """Wait until the scheduler's plugin handed over every span (none open), then
-    flush its exporters; where data went and how far export got.
-
-    Spans are exported once done, closed and past a short grace period: call this
-    before closing a short-lived cluster to see them exported as finished, not as
-    incomplete at shutdown. Gives up after ``timeout`` seconds, returning the state
-    then (``open`` tells what is left).
-
-    Returns
-    -------
-    :class:`~dask_otel_spans.state.ExportState`: ``flushed`` is False when the
-    exporters did not finish or their last export failed (a collector that is
-    down: ``held`` and ``spooled`` count what waits to be sent again).
-
-    Raises
-    ------
-    PluginMissing
-        When the scheduler has no plugin (started without ``--preload
-        dask_otel_spans``).
-    """
-    from dask_otel_spans.state import scheduler_state
-
-    deadline = time.monotonic() + timeout
-    # (each call forwards what happened so far and reads fresh figures: an export
-    # process reports its own twice a second otherwise)
-    state = client.run_on_scheduler(scheduler_state, flush=True)
-    while state is not None and state.open and time.monotonic() < deadline:
-        time.sleep(0.1)
-        state = client.run_on_scheduler(scheduler_state, flush=True)
-    if state is None:
-        raise PluginMissing(
-            f"the scheduler at {client.scheduler.address} has no dask_otel_spans "
-            f"plugin: {PLUGIN_FIX}"
-        )
-    return state

@@ -1,0 +1,142 @@
+"""What the scheduler's plugin tells a client: where data goes and how far export got
+(:class:`ExportState`), read with ``client.run_on_scheduler``
+(:func:`scheduler_state`), and :func:`wait_for_export`. A client loads nothing of the
+scheduler, transport or export sides for it, nor the OTel SDK."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from dask_otel_spans import names
+from dask_otel_spans.client.plugin_check import PLUGIN_FIX
+
+if TYPE_CHECKING:
+    from distributed import Scheduler
+
+#: ``traces_to`` and ``metrics_to`` of a plugin that could not set up its exporters
+IDLE = "nowhere (the plugin is idle: its ERROR line in the scheduler's log says why)"
+
+
+@dataclass(frozen=True)
+class ExportState:
+    """Where the scheduler's plugin sends data and how far export got, as the
+    exporters reported it. The same fields in every state.
+
+    Attributes
+    ----------
+    traces_to, metrics_to:
+        Where traces and metrics go, in words (:data:`IDLE` when the plugin could
+        not set up its exporters)
+    export_process:
+        Whether an export child process exports (else a thread of the scheduler)
+    open:
+        Dask spans not handed over yet (running, waiting for their block to close,
+        or in their grace period)
+    handed_over:
+        Dask spans handed to the exporters (translated into OTel spans)
+    traces_delivered, traces_failed:
+        OTel spans the trace exporters reported delivered, and failed to deliver;
+        None where the plugin did not build the exporters (given or global
+        providers). With several exporters: the fewest delivered, the most failed.
+    metrics_delivered, metrics_failed:
+        Metric points the same way; None also for a pull reader (Prometheus: it is
+        scraped, nothing is delivered)
+    flushed:
+        Whether the last flush finished in time, the last export of every
+        exporter succeeded and nothing is held; None when no flush was asked for
+    held, spooled, dropped:
+        Per signal (``traces``, ``metrics``, ``logs``) whose OTLP exporter holds
+        what it could not deliver: items waiting in memory, waiting in the spool
+        directory, and dropped past the spool's bounds (``otel-spans.spool.*``)
+    spool:
+        The spool directory (None: held batches stay in memory, or nothing holds)
+    """
+
+    traces_to: str
+    metrics_to: str
+    export_process: bool
+    open: int
+    handed_over: int
+    traces_delivered: int | None
+    traces_failed: int | None
+    metrics_delivered: int | None
+    metrics_failed: int | None
+    flushed: bool | None
+    held: dict[str, int] = field(default_factory=dict)
+    spooled: dict[str, int] = field(default_factory=dict)
+    dropped: dict[str, int] = field(default_factory=dict)
+    spool: str | None = None
+
+    def figures(self) -> dict[str, Any]:
+        """The figures as flat ``<signal>_<figure>`` keys (as the exporters count)."""
+        out: dict[str, Any] = {
+            "traces_delivered": self.traces_delivered, "traces_failed": self.traces_failed,
+            "metrics_delivered": self.metrics_delivered,
+            "metrics_failed": self.metrics_failed, "spool_directory": self.spool,
+        }
+        for name in ("held", "spooled", "dropped"):
+            for signal, value in getattr(self, name).items():
+                out[f"{signal}_{name}"] = value
+        return out
+
+    def outcome(self, signal: str = "traces") -> str:
+        """What came of ``signal``'s export, in words: delivered, failed, still
+        held, dropped (:func:`~dask_otel_spans.protocol.outcome.describe`)."""
+        from dask_otel_spans.protocol.outcome import describe
+
+        where = self.traces_to if signal == "traces" else self.metrics_to
+        return describe(self.figures(), signal, where)
+
+
+async def scheduler_state(dask_scheduler: Scheduler, flush: bool = False
+                          ) -> ExportState | None:
+    """The scheduler's plugin's :class:`ExportState`, for a client:
+    ``client.run_on_scheduler(scheduler_state)`` (``flush=True`` forwards what
+    happened so far and flushes the exporters first). None without the plugin."""
+    plugin = dask_scheduler.plugins.get(names.PLUGIN_NAME)
+    export_state = getattr(plugin, "export_state", None)
+    if export_state is None:  # (no plugin, or not the package's)
+        return None
+    state: ExportState = await export_state(flush=flush)
+    return state
+
+
+class PluginMissing(RuntimeError):
+    """The scheduler has no ``OTelSpansPlugin``."""
+
+
+def wait_for_export(client: Any, timeout: float = 30.0) -> ExportState:
+    """Wait until the scheduler's plugin handed over every span (none open), then
+    flush its exporters; where data went and how far export got.
+
+    Spans are exported once done, closed and past a short grace period: call this
+    before closing a short-lived cluster to see them exported as finished, not as
+    incomplete at shutdown. Gives up after ``timeout`` seconds, returning the state
+    then (``open`` tells what is left).
+
+    Returns
+    -------
+    :class:`ExportState`: ``flushed`` is False when the
+    exporters did not finish or their last export failed (a collector that is
+    down: ``held`` and ``spooled`` count what waits to be sent again).
+
+    Raises
+    ------
+    PluginMissing
+        When the scheduler has no plugin (started without ``--preload
+        dask_otel_spans``).
+    """
+    deadline = time.monotonic() + timeout
+    # (each call forwards what happened so far and reads fresh figures: an export
+    # process reports its own twice a second otherwise)
+    state = client.run_on_scheduler(scheduler_state, flush=True)
+    while state is not None and state.open and time.monotonic() < deadline:
+        time.sleep(0.1)
+        state = client.run_on_scheduler(scheduler_state, flush=True)
+    if state is None:
+        raise PluginMissing(
+            f"the scheduler at {client.scheduler.address} has no dask_otel_spans "
+            f"plugin: {PLUGIN_FIX}"
+        )
+    return state
