@@ -1,12 +1,13 @@
 """What crosses the pipe to the export process: length-prefixed frames (marshal of
 plain built-ins for the sender's batches of messages, pickle for anything else), and
-the control messages beside the protocol's events."""
+the control messages beside the protocol's events: a flush, in the stream of events
+to the export process; the export process's answers, each a type of its own."""
 from __future__ import annotations
 
 import marshal
 import pickle
 import struct
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 _HEADER = struct.Struct("!I")
 #: First byte of a frame's payload: how the rest is encoded (a batch of the sender's
@@ -14,21 +15,70 @@ _HEADER = struct.Struct("!I")
 _PICKLED, _MARSHALLED, _PICKLED_BATCH = 0x50, 0x4D, 0x42  # "P", "M", "B"
 _MARSHAL_VERSION = 4
 
-# Control messages, beside the protocol's events (:mod:`.events`), as the first
-# field of a frame's tuple. Scheduler -> export process:
-#: ``(FLUSH, token, timeout)``: export what came before, flush, answer ``FLUSHED``
+# -- scheduler -> export process: in the stream of the protocol's events ---------------
+
+#: The kind of a flush message (beside those of :mod:`.events`)
 FLUSH = "flush"
-# Export process -> scheduler:
-#: ``(READY, info)``: the exporters are set up (where data goes, pid)
-READY = "ready"
-#: ``(FAILED, reason)``: the exporters could not be set up; the process ends
-FAILED = "failed"
-#: ``(STATS, figures)``: the session's figures, when they changed
-STATS = "stats"
-#: ``(FLUSHED, token, ok, figures)``: the answer to a ``FLUSH``
-FLUSHED = "flushed"
-#: ``(STOPPED, figures)``: the last figures, at the end of stdin
-STOPPED = "stopped"
+
+
+class Flush(NamedTuple):
+    """Export what came before, flush, and answer :class:`Flushed` (as it crosses:
+    the plain tuple of :func:`flush_message`, in a batch of events)."""
+
+    token: int
+    timeout: float
+
+
+def flush_message(token: int, timeout: float) -> tuple[str, int, float]:
+    """The flush as it crosses, among the events."""
+    return (FLUSH, token, timeout)
+
+
+def is_flush(message: tuple[Any, ...]) -> bool:
+    return message[0] == FLUSH
+
+
+def read_flush(message: tuple[Any, ...]) -> Flush:
+    """The fields of a flush message."""
+    return Flush(*message[1:])
+
+
+# -- export process -> scheduler: its answers (pickled frames) ---------------------------
+
+class Ready(NamedTuple):
+    """The exporters are set up: where data goes, and the process's pid."""
+
+    destinations: dict[str, Any]
+
+
+class SetupFailed(NamedTuple):
+    """The exporters could not be set up; the process ends."""
+
+    reason: str
+
+
+class Figures(NamedTuple):
+    """The session's figures, when they changed (every half second at most)."""
+
+    figures: dict[str, Any]
+
+
+class Flushed(NamedTuple):
+    """The answer to a :class:`Flush`: whether it finished, and the figures then."""
+
+    token: int
+    ok: bool
+    figures: dict[str, Any]
+
+
+class Stopped(NamedTuple):
+    """The last figures, at the end of the process's stdin."""
+
+    figures: dict[str, Any]
+
+
+#: What the export process says
+Answer = Ready | SetupFailed | Figures | Flushed | Stopped
 
 
 def encode_frame(obj: Any) -> bytes:

@@ -3,20 +3,22 @@ translation, OTel SDK, exporters) on what the scheduler's plugin forwards over i
 stdin, outside the scheduler process.
 
 Started by :class:`~dask_otel_spans.transport.supervisor.ChildSupervisor` as
-``python -m dask_otel_spans.transport.child``. Protocol (frames of :mod:`~dask_otel_spans.protocol.wire`):
+``python -m dask_otel_spans.transport.child``. Protocol (frames of
+:mod:`~dask_otel_spans.protocol.wire`):
 
-- stdin, first frame: a :class:`~dask_otel_spans.transport.spec.PipelineSpec`; then batches
-  (lists) of the messages of :mod:`~dask_otel_spans.protocol.events`, and
-  ``("flush", token, timeout)``. End of stdin: hand over the spans still open, finish,
-  shut down, exit.
-- stdout: ``("ready", info)`` or ``("failed", reason)``; ``("stats", stats)`` when
-  the figures changed; ``("flushed", token, ok, stats)``; ``("stopped", stats)``.
+- stdin, first frame: a :class:`~dask_otel_spans.transport.spec.PipelineSpec`; then
+  batches (lists) of the messages of :mod:`~dask_otel_spans.protocol.events`, and
+  flushes. End of stdin: hand over the spans still open, finish, shut down, exit.
+- stdout: its answers, :data:`~dask_otel_spans.protocol.wire.Answer`: ``Ready`` or
+  ``SetupFailed``; ``Figures`` when they changed; ``Flushed`` for each flush;
+  ``Stopped``.
 
 Anything else the process prints goes to stderr, as do its log lines.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import logging
 import os
@@ -34,12 +36,14 @@ from dask_otel_spans.config import CPU_POLICIES
 from dask_otel_spans.export.pipeline import ExportPipeline
 from dask_otel_spans.export.session import ExportSession
 from dask_otel_spans.protocol.wire import (
-    FAILED,
-    FLUSH,
-    FLUSHED,
-    READY,
-    STATS,
-    STOPPED,
+    Answer,
+    Figures,
+    Flushed,
+    Ready,
+    SetupFailed,
+    Stopped,
+    is_flush,
+    read_flush,
     read_frame,
     write_frame,
 )
@@ -78,18 +82,19 @@ class _Outbox:
         self._stream = stream
         self._lock = threading.Lock()
 
-    def send(self, message: Any) -> None:
+    def send(self, message: Answer) -> None:
         with self._lock:
             self._write(message)
 
-    def send_made(self, make: Callable[[], Any]) -> None:
-        """Send the message ``make()`` returns, made while no other frame is sent:
-        of two messages with figures (the stats thread's and a flush's answer),
-        the later one sent holds the later figures."""
+    def send_with_figures(self, answer: Callable[[dict[str, Any]], Answer],
+                          session: ExportSession) -> None:
+        """Send ``answer(figures)``, the session's figures taken while no other frame
+        is sent: of two answers with figures (the stats thread's and a flush's), the
+        later one sent holds the later figures."""
         with self._lock:
-            self._write(make())
+            self._write(answer(_stats(session)))
 
-    def _write(self, message: Any) -> None:
+    def _write(self, message: Answer) -> None:
         try:
             write_frame(self._stream, message)
         except (OSError, ValueError):
@@ -155,7 +160,7 @@ def report_stats(session: ExportSession, outbox: _Outbox,
             stats.pop("session_cpu_s", None)
             if stats != last:  # CPU and memory always change: not compared
                 last = stats
-                outbox.send_made(lambda: (STATS, _stats(session)))
+                outbox.send_with_figures(Figures, session)
         except Exception:
             # (the scheduler waits on these figures: the thread carries on)
             if not failed:
@@ -173,10 +178,9 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
         return 0
     except Exception as e:
         # (the scheduler says it, once, with what it does instead)
-        outbox.send((FAILED, f"{type(e).__name__}: {e}"))
+        outbox.send(SetupFailed(f"{type(e).__name__}: {e}"))
         return 1
-    outbox.send((
-        READY,
+    outbox.send(Ready(
         {
             "traces_to": pipeline.providers.traces_to,
             "metrics_to": pipeline.providers.metrics_to,
@@ -207,19 +211,18 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
             continue
         messages: list[tuple[Any, ...]] = []
         for message in batch:
-            if message[0] != FLUSH:
+            if not is_flush(message):
                 messages.append(message)
                 continue
             session.send(messages)
             messages = []
-            _, token, timeout = message
-            ok = session.flush(timeout)
-            # (made and sent at once, under the outbox's lock)
-            outbox.send_made(lambda: (FLUSHED, token, ok, _stats(session)))  # noqa: B023
+            flush = read_flush(message)
+            ok = session.flush(flush.timeout)
+            outbox.send_with_figures(functools.partial(Flushed, flush.token, ok), session)
         session.send(messages)
     stopped.set()
     session.stop(spec.config.shutdown_timeout)
-    outbox.send((STOPPED, _stats(session)))
+    outbox.send_with_figures(Stopped, session)
     return 0
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from dask_otel_spans.background import QueueThread
 from dask_otel_spans.protocol import events
-from dask_otel_spans.protocol.wire import FLUSH, encode_batch
+from dask_otel_spans.protocol.wire import encode_batch, flush_message, is_flush, read_flush
 from dask_otel_spans.transport.budget import ForwardBudget
 from dask_otel_spans.transport.supervisor import ChildSupervisor
 
@@ -100,7 +100,7 @@ class ChildSender:
         timeout = 10.0 if timeout is None else timeout
         deadline = time.monotonic() + timeout
         flush = self.supervisor.expect_flush()
-        if not self.thread.put_waiting((FLUSH, flush.token, timeout), timeout):
+        if not self.thread.put_waiting(flush_message(flush.token, timeout), timeout):
             self.supervisor.end_flush(flush.token)
             return False
         flush.done.wait(max(0.0, deadline - time.monotonic()))
@@ -118,7 +118,7 @@ class ChildSender:
     def _take(self, item: Any) -> None:
         if type(item) is list:
             self._batch.extend(item)
-        else:  # (FLUSH, token, timeout): everything before it goes out first
+        else:  # (a flush message): everything before it goes out first
             self._batch.append(item)
             self._write_batch()
             return
@@ -136,7 +136,7 @@ class ChildSender:
         try:
             self._write(batch)
         finally:
-            self.budget.written += sum(1 for item in batch if item[0] != FLUSH)
+            self.budget.written += sum(1 for item in batch if not is_flush(item))
 
     def _encode(self, batch: list[tuple[Any, ...]]) -> bytes:
         """The batch as one frame; an item that cannot be pickled (e.g. odd objects
@@ -197,7 +197,7 @@ class ChildSender:
                     proc.wait(1.0)
                 except subprocess.TimeoutExpired:
                     proc.kill()
-        self.lost += sum(1 for item in batch if item[0] != FLUSH)
+        self.lost += sum(1 for item in batch if not is_flush(item))
         for item in batch:
-            if item[0] == FLUSH:
-                self.supervisor.end_flush(item[1])
+            if is_flush(item):
+                self.supervisor.end_flush(read_flush(item).token)

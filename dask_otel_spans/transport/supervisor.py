@@ -13,11 +13,12 @@ from itertools import count
 from typing import Any
 
 from dask_otel_spans.protocol.wire import (
-    FAILED,
-    FLUSHED,
-    READY,
-    STATS,
-    STOPPED,
+    Answer,
+    Figures,
+    Flushed,
+    Ready,
+    SetupFailed,
+    Stopped,
     read_frame,
     write_frame,
 )
@@ -164,7 +165,7 @@ class ChildSupervisor:
         except (OSError, ValueError) as e:
             raise ExportProcessError(f"cannot start {sys.executable}: {e}") from e
         ready = threading.Event()
-        answer: dict[str, Any] = {}
+        answer: list[Ready | SetupFailed] = []  # (the reader puts the first one)
         reader = threading.Thread(
             target=self._read, args=(proc, ready, answer),
             name="dask-otel-spans-export-reader", daemon=True,
@@ -174,14 +175,16 @@ class ChildSupervisor:
             write_frame(proc.stdin, self.spec)
         except (OSError, ValueError):
             pass  # the reader sees the child end
-        if not ready.wait(self.start_timeout) or READY not in answer:
-            reason = answer.get(FAILED) or (
-                f"no answer within {self.start_timeout}s"
-                if proc.poll() is None
-                else f"exit code {proc.poll()}"
-            )
+        first = answer[0] if ready.wait(self.start_timeout) and answer else None
+        if not isinstance(first, Ready):
+            if isinstance(first, SetupFailed):
+                reason = first.reason
+            elif proc.poll() is None:
+                reason = f"no answer within {self.start_timeout}s"
+            else:
+                reason = f"exit code {proc.poll()}"
             self._end(proc, reader, timeout=1.0)
-            raise ExportProcessError(reason, setup_failed=FAILED in answer)
+            raise ExportProcessError(reason, setup_failed=isinstance(first, SetupFailed))
         self._proc, self._reader = proc, reader
         self.launches += 1
         for name in _CUMULATIVE:
@@ -191,7 +194,7 @@ class ChildSupervisor:
         )
         self.child_stats = {}
         self._stats_pid = proc.pid
-        self.info = answer[READY]
+        self.info = first.destinations
         return self.info
 
     def live_child(self) -> subprocess.Popen | None:
@@ -255,7 +258,8 @@ class ChildSupervisor:
     # -- flushes -------------------------------------------------------------------------
 
     def expect_flush(self) -> Flush:
-        """A new flush, answered by the child's ``FLUSHED`` (or failed when it ends)."""
+        """A new flush, answered by the child's
+        :class:`~dask_otel_spans.protocol.wire.Flushed` (or failed when it ends)."""
         flush = Flush(next(self._tokens))
         self._flushes[flush.token] = flush
         return flush
@@ -268,27 +272,12 @@ class ChildSupervisor:
 
     # -- the reader thread ---------------------------------------------------------------
 
-    def _read(self, proc: subprocess.Popen, ready: threading.Event,
-              answer: dict[str, Any]) -> None:
+    def _read(self, proc: subprocess.Popen[bytes], ready: threading.Event,
+              answer: list[Ready | SetupFailed]) -> None:
         """Reader thread of one child: its answers, until its stdout ends."""
         try:
             while True:
-                message = read_frame(proc.stdout)
-                kind = message[0]
-                if kind == READY or kind == FAILED:
-                    answer[kind] = message[1]
-                    ready.set()
-                elif kind == STATS or kind == STOPPED:
-                    if proc.pid == self._stats_pid:
-                        self.child_stats = message[1]
-                elif kind == FLUSHED:
-                    _, token, ok, stats = message
-                    if proc.pid == self._stats_pid:
-                        self.child_stats = stats
-                    flush = self._flushes.get(token)
-                    if flush is not None:
-                        flush.ok = bool(ok)
-                        self.end_flush(token)
+                self._take(proc, read_frame(proc.stdout), ready, answer)
         except EOFError:
             pass
         except Exception:
@@ -299,6 +288,24 @@ class ChildSupervisor:
                 self._log_death(proc)
             if proc is self._proc:
                 for token in list(self._flushes):
+                    self.end_flush(token)
+
+    def _take(self, proc: subprocess.Popen[bytes], message: Answer,
+              ready: threading.Event, answer: list[Ready | SetupFailed]) -> None:
+        """One answer of the child ``proc``."""
+        match message:
+            case Ready() | SetupFailed():
+                answer.append(message)
+                ready.set()
+            case Figures(figures) | Stopped(figures):
+                if proc.pid == self._stats_pid:
+                    self.child_stats = figures
+            case Flushed(token, ok, figures):
+                if proc.pid == self._stats_pid:
+                    self.child_stats = figures
+                flush = self._flushes.get(token)
+                if flush is not None:
+                    flush.ok = bool(ok)
                     self.end_flush(token)
 
     def _log_death(self, proc: subprocess.Popen) -> None:

@@ -24,6 +24,7 @@ from support.providers import MemoryProviders
 
 from dask_otel_spans import OTelSpansPlugin, names, span
 from dask_otel_spans.config import PluginConfig
+from dask_otel_spans.protocol.wire import Figures
 from dask_otel_spans.sdk.otlpjson import latest_points, read_metric_points, read_spans
 from dask_otel_spans.transport.sender import ChildSender
 from dask_otel_spans.transport.spec import PipelineSpec
@@ -69,7 +70,8 @@ async def test_export_process_exports_spans_and_metrics(c, s, a, b, tmp_path):
     assert child_pid(plugin) != os.getpid()
     with span("workflow") as root_id:
         with span("load") as load_id:
-            assert await c.gather(c.map(inc, range(8), key=[f"x-{i}" for i in range(8)])) == list(range(1, 9))
+            futures = c.map(inc, range(8), key=[f"x-{i}" for i in range(8)])
+            assert await c.gather(futures) == list(range(1, 9))
     await async_wait_for(lambda: plugin.ended_count >= 2, timeout=60)
     await plugin.flush()
     points = read_metric_points(str(tmp_path / "metrics.jsonl"))
@@ -236,8 +238,8 @@ def test_the_export_process_figures_thread_carries_on_after_an_error(monkeypatch
         def __init__(self) -> None:
             self.sent: list = []
 
-        def send_made(self, make) -> None:
-            self.sent.append(make())
+        def send_with_figures(self, answer, session) -> None:
+            self.sent.append(answer(session.stats()))
 
     monkeypatch.setattr(export_child, "_STATS_INTERVAL", 0.01)
     outbox, stopped = Outbox(), threading.Event()
@@ -251,7 +253,7 @@ def test_the_export_process_figures_thread_carries_on_after_an_error(monkeypatch
     finally:
         stopped.set()
         thread.join(5)
-    assert outbox.sent[0][0] == "stats" and outbox.sent[0][1]["open"] == 1
+    assert isinstance(outbox.sent[0], Figures) and outbox.sent[0].figures["open"] == 1
 
 
 @gen_cluster(client=True, timeout=120)
