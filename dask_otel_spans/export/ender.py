@@ -335,6 +335,7 @@ class SpanEnder(ThreadWorker):
         span's context (the semantic conventions' exception log event)."""
         from opentelemetry._logs import SeverityNumber
 
+        assert self._exception_logger is not None  # (asked for: the caller checks)
         self._exception_logger.emit(
             timestamp=event.time_ns, observed_timestamp=event.time_ns,
             context=trace.set_span_in_context(span),

@@ -146,9 +146,12 @@ class LiveWriter:
                            "%s; logged once)", event, type(e).__name__, e)
 
     def _pending(self, span: LiveSpan, at: float, attributes: dict[str, Any]) -> None:
+        tracer = self._tracer
+        if tracer is None:  # (pending spans off)
+            return
         at_ns = int(at * 1e9)
         try:
-            pending = self._tracer.start_span(
+            pending = tracer.start_span(
                 str(span.tags[-1]) if span.tags else span.dask_id,
                 context=self._context(span, remote=True), kind=SpanKind.INTERNAL,
                 attributes={**attributes,

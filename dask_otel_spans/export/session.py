@@ -188,6 +188,7 @@ class ExportSession:
             self._watch_share()
 
     def _watch_share(self) -> None:
+        assert self.share_watch is not None
         found = self.share_watch.check()
         if found is not None:
             share, window = found

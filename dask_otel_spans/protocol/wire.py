@@ -35,7 +35,7 @@ def flush_message(token: int, timeout: float) -> tuple[str, int, float]:
 
 
 def is_flush(message: tuple[Any, ...]) -> bool:
-    return message[0] == FLUSH
+    return bool(message[0] == FLUSH)
 
 
 def read_flush(message: tuple[Any, ...]) -> Flush:

@@ -32,7 +32,8 @@ def running_spans(traces_paths: Sequence[str],
             key = (record.get("traceId"), record.get("spanId"))
             if event not in _LIVE_EVENTS or key in exported or not all(key):
                 continue
-            _absorb(found.setdefault(key, _empty(*key)), event, record)
+            _absorb(found.setdefault(key, _empty(str(key[0]), str(key[1]))), event,
+                    record)
     return [span for span in found.values() if names.SPAN_ID in span["attributes"]]
 
 

@@ -36,7 +36,9 @@ try:
     from opentelemetry.sdk._logs.export import LogRecordExportResult as _LogExportResult
 except ImportError:  # pragma: no cover (opentelemetry-sdk < 1.39)
     from opentelemetry.sdk._logs.export import LogExporter as _LogRecordExporter
-    from opentelemetry.sdk._logs.export import LogExportResult as _LogExportResult
+    from opentelemetry.sdk._logs.export import (  # type: ignore[assignment]
+        LogExportResult as _LogExportResult,
+    )
 
 logger = logging.getLogger(__name__)
 

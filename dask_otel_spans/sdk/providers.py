@@ -17,6 +17,7 @@ from opentelemetry import trace as trace_api
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     ConsoleMetricExporter,
+    MetricExporter,
     MetricReader,
     PeriodicExportingMetricReader,
 )
@@ -247,7 +248,8 @@ def _metric_reader(
         # preferences)
         delivery.add_signal("metrics", request_sender(environ, "metrics"),
                             exporter_health)
-        wrapped = HoldingMetricExporter(exporter, delivery, exporter_health)
+        wrapped: MetricExporter = HoldingMetricExporter(exporter, delivery,
+                                                        exporter_health)
         exporter.shutdown()
     else:
         wrapped = HealthMetricExporter(exporter, exporter_health)
@@ -324,7 +326,8 @@ def _series_limit_views(series_limit: int | None) -> list[Any]:
     if series_limit is None or series_limit <= SDK_DEFAULT_CARDINALITY_LIMIT:
         return []
     try:
-        return [View(instrument_name="dask.*", aggregation_cardinality_limit=series_limit)]
+        return [View(instrument_name="dask.*",  # type: ignore[call-arg]  # (SDK >= 1.33)
+                     aggregation_cardinality_limit=series_limit)]
     except TypeError:  # an SDK without cardinality limits
         return []
 

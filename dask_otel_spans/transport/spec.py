@@ -95,7 +95,8 @@ def load_factory(path: str) -> Callable[[], tuple[Any, Any]]:
         raise ValueError(
             f"providers factory {path!r} is not of the form 'package.module:callable'"
         )
-    factory = getattr(importlib.import_module(module_name), attribute)
+    factory: Callable[[], tuple[Any, Any]] = getattr(
+        importlib.import_module(module_name), attribute)
     if not callable(factory):
         raise TypeError(f"providers factory {path!r} is not callable")
     return factory

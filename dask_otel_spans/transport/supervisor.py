@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 from itertools import count
-from typing import Any
+from typing import IO, Any
 
 from dask_otel_spans.protocol.wire import (
     Answer,
@@ -106,7 +106,7 @@ class ChildSupervisor:
         #: the highest place in the scheduler's span dict that an export process
         #: said it had (``last_position``) before it died; -1: none
         self.confirmed_position = -1
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
         self._flushes: dict[int, Flush] = {}
         self._tokens = count(1)
@@ -172,7 +172,7 @@ class ChildSupervisor:
         )
         reader.start()
         try:
-            write_frame(proc.stdin, self.spec)
+            write_frame(_stdin(proc), self.spec)
         except (OSError, ValueError):
             pass  # the reader sees the child end
         first = answer[0] if ready.wait(self.start_timeout) and answer else None
@@ -197,7 +197,7 @@ class ChildSupervisor:
         self.info = first.destinations
         return self.info
 
-    def live_child(self) -> subprocess.Popen | None:
+    def live_child(self) -> subprocess.Popen[bytes] | None:
         """The running child; a new one when it died (at most ``max_restarts``)."""
         proc = self._proc
         if proc is not None and proc.poll() is None:
@@ -233,10 +233,10 @@ class ChildSupervisor:
         self._reader = None
 
     @staticmethod
-    def _end(proc: subprocess.Popen, reader: threading.Thread | None,
+    def _end(proc: subprocess.Popen[bytes], reader: threading.Thread | None,
              timeout: float) -> None:
         try:
-            proc.stdin.close()
+            _stdin(proc).close()
         except OSError:
             pass
         try:
@@ -251,7 +251,7 @@ class ChildSupervisor:
         if reader is not None:
             reader.join(timeout)
         try:
-            proc.stdout.close()
+            _stdout(proc).close()
         except OSError:
             pass
 
@@ -277,7 +277,7 @@ class ChildSupervisor:
         """Reader thread of one child: its answers, until its stdout ends."""
         try:
             while True:
-                self._take(proc, read_frame(proc.stdout), ready, answer)
+                self._take(proc, read_frame(_stdout(proc)), ready, answer)
         except EOFError:
             pass
         except Exception:
@@ -308,7 +308,7 @@ class ChildSupervisor:
                     flush.ok = bool(ok)
                     self.end_flush(token)
 
-    def _log_death(self, proc: subprocess.Popen) -> None:
+    def _log_death(self, proc: subprocess.Popen[bytes]) -> None:
         """Log, once per child, that it ended while the scheduler needed it."""
         if proc.pid in self._deaths_logged:
             return
@@ -318,3 +318,13 @@ class ChildSupervisor:
             "and metric sums it had not exported yet are lost, batches it held in "
             "its spool directory are sent by the next one", proc.pid, proc.wait(),
         )
+
+
+def _stdin(proc: subprocess.Popen[bytes]) -> IO[bytes]:
+    assert proc.stdin is not None  # (started with stdin=PIPE)
+    return proc.stdin
+
+
+def _stdout(proc: subprocess.Popen[bytes]) -> IO[bytes]:
+    assert proc.stdout is not None  # (started with stdout=PIPE)
+    return proc.stdout
