@@ -90,7 +90,7 @@ class CountingReceiver:
         receiver = self
 
         class Service(trace_service_pb2_grpc.TraceServiceServicer):
-            def Export(self, request, context):  # noqa: N802
+            def Export(self, request, context):
                 receiver.spans += sum(len(ss.spans) for rs in request.resource_spans
                                       for ss in rs.scope_spans)
                 return trace_service_pb2.ExportTraceServiceResponse()
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     time.sleep(args.before)
     received += receiver.spans
     receiver.stop()
-    down, t_down = True, time.monotonic()
+    t_down = time.monotonic()
     time.sleep(args.outage)
     receiver = CountingReceiver(port)
     t_up = time.monotonic()

@@ -78,10 +78,44 @@ def _task_line(span: dict[str, Any], duration: float,
     return f"- {line}" if fields is None else f"✗ {line}  {_described(fields)}"
 
 
+def _tree_line(s: dict[str, Any], kind: str, duration: float,
+               logged: Mapping[tuple[Any, Any], Mapping[str, Any]]) -> str:
+    """A span's line of the text tree (without its indent)."""
+    attrs = s["attributes"]
+    if names.SPAN_ID in attrs and is_running(attrs):
+        # (started, not ended: from the records of logs.jsonl)
+        return f"{s['name']}  [{running_label(attrs)}]"
+    if names.SPAN_ID in attrs:
+        flags = []
+        if attrs.get(names.SPAN_INCOMPLETE):
+            flags.append("incomplete")
+        if attrs.get(names.SPAN_ERRED_COUNT):
+            flags.append(f"{attrs[names.SPAN_ERRED_COUNT]} erred")
+        top = _top_activities(attrs)
+        return (f"{s['name']}  {duration:.3f}s  "
+                + _count(attrs.get(names.SPAN_TASK_COUNT, 0), "task")
+                + (f"  [{', '.join(flags)}]" if flags else "")
+                + (f"  | {top}" if top else ""))
+    if names.TASK_KEY in attrs:
+        return _task_line(s, duration, logged)
+    if names.TASK_PREFIX in attrs:
+        top = _top_activities(attrs, 2)
+        left_out = attrs.get(names.TASK_SPANS_LEFT_OUT)
+        return (f"· {s['name']}  {duration:.3f}s  "
+                + _count(attrs.get(names.TASK_GROUP_TASK_COUNT, 0), "task")
+                + (f"  | {top}" if top else "")
+                + (f"  (+{_count(left_out, 'task span')} left out)" if left_out else ""))
+    where = "in a task" if kind == IN_TASK else "client span"
+    line = f"{s['name']}  {duration:.3f}s  ({where})"
+    fields = _exception_of(s, logged)
+    return line if fields is None else f"✗ {line}  {_described(fields)}"
+
+
 def render_tree(spans: Sequence[dict[str, Any]],
                 logged: Mapping[tuple[Any, Any], Mapping[str, Any]] | None = None
                 ) -> str:
-    """Text tree of OTLP/JSON spans (as from :func:`~dask_otel_spans.sdk.otlpjson.read_spans`):
+    """Text tree of OTLP/JSON spans (as
+    :func:`~dask_otel_spans.sdk.otlpjson.read_spans` reads them):
     per dask span its duration, task count and top activities; task prefixes below
     (``·``), their task spans (``✗`` erred, with the exception of its event or of
     its log event in ``logged``, see
@@ -104,43 +138,9 @@ def render_tree(spans: Sequence[dict[str, Any]],
     lines: list[str] = []
 
     def walk(s: dict, depth: int, parent_kind: str | None = None) -> None:
-        attrs = s["attributes"]
         kind = kind_of(s, parent_kind)
         duration = (int(s.get("endTimeUnixNano", 0)) - start(s)) / 1e9
-        indent = "  " * depth
-        if names.SPAN_ID in attrs and is_running(attrs):
-            # (started, not ended: from the records of logs.jsonl)
-            lines.append(f"{indent}{s['name']}  [{running_label(attrs)}]")
-        elif names.SPAN_ID in attrs:
-            flags = []
-            if attrs.get(names.SPAN_INCOMPLETE):
-                flags.append("incomplete")
-            if attrs.get(names.SPAN_ERRED_COUNT):
-                flags.append(f"{attrs[names.SPAN_ERRED_COUNT]} erred")
-            top = _top_activities(attrs)
-            lines.append(
-                f"{indent}{s['name']}  {duration:.3f}s  "
-                + _count(attrs.get(names.SPAN_TASK_COUNT, 0), "task")
-                + (f"  [{', '.join(flags)}]" if flags else "")
-                + (f"  | {top}" if top else "")
-            )
-        elif names.TASK_KEY in attrs:
-            lines.append(f"{indent}{_task_line(s, duration, logged)}")
-        elif names.TASK_PREFIX in attrs:
-            top = _top_activities(attrs, 2)
-            left_out = attrs.get(names.TASK_SPANS_LEFT_OUT)
-            lines.append(
-                f"{indent}· {s['name']}  {duration:.3f}s  "
-                + _count(attrs.get(names.TASK_GROUP_TASK_COUNT, 0), "task")
-                + (f"  | {top}" if top else "")
-                + (f"  (+{_count(left_out, 'task span')} left out)" if left_out else "")
-            )
-        else:
-            where = "in a task" if kind == IN_TASK else "client span"
-            line = f"{s['name']}  {duration:.3f}s  ({where})"
-            fields = _exception_of(s, logged)
-            lines.append(f"{indent}{line}" if fields is None
-                         else f"{indent}✗ {line}  {_described(fields)}")
+        lines.append("  " * depth + _tree_line(s, kind, duration, logged))
         kids = children.get((s.get("traceId"), s.get("spanId")), [])
         # dask spans first, then task prefixes, each by start time
         kids.sort(key=lambda k: (names.TASK_PREFIX in k["attributes"]
@@ -353,8 +353,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_resend(args: argparse.Namespace) -> int:
-    from dask_otel_spans.sdk.delivery import resend
     from dask_otel_spans.protocol.outcome import UNITS, describe, waiting
+    from dask_otel_spans.sdk.delivery import resend
 
     if not os.path.isdir(args.directory):
         print(f"no such directory: {args.directory}", file=sys.stderr)

@@ -7,7 +7,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import dask.config
 import yaml
@@ -35,7 +35,7 @@ DEFAULTS: dict[str, Any] = _load_defaults()
 
 #: ``export-process``: True, False, or ``"auto"`` (the export process wherever the
 #: providers are built from configuration)
-ExportProcessSetting = Union[bool, Literal["auto"]]
+ExportProcessSetting = bool | Literal["auto"]
 EXPORT_PROCESS_AUTO: Literal["auto"] = "auto"
 
 #: ``export-process-cpu-policy``: how the export process's threads are scheduled

@@ -11,7 +11,7 @@ of a span goes after it. What is made: docs/data-contract.md, "While a span runs
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -236,33 +236,9 @@ class LiveRecords:
     def look(self) -> None:
         """Make what is due now (every pass of the session)."""
         now = self.clock()
-        spans = self.tree.spans
-        counted: dict[str, TaskCounts] = {}
-
-        def counts_of(span_id: str) -> TaskCounts | None:
-            if span_id not in counted:
-                span = spans.get(span_id)
-                if span is None:
-                    return None
-                counted[span_id] = task_counts(span)
-            return counted[span_id]
-
-        def over(span_id: str) -> bool:
-            rec = self.tracker.record(span_id)
-            if rec is None or (rec.closed_at is None and rec.done_since is None):
-                return False  # (the common case, without counting)
-            counts = counts_of(span_id)
-            return counts is not None and is_over(
-                counts, rec.closed_at is not None, rec.done_since is not None)
-
-        look = self.progress.look(now, counts_of, over)
-        items: list[Any] = []
-        if self.writer.writes_records:
-            for span_id in look.started:
-                span = self._open_live_span(span_id)
-                if span is not None:
-                    items.append(partial(self.writer.started, span,
-                                         getattr(spans[span_id], "enqueued", now)))
+        counts = _PassCounts(self.tree.spans, self.tracker)
+        look = self.progress.look(now, counts.of, counts.over)
+        items = self._started_records(look.started, now)
         calls = []
         for progress in look.progress:
             span = self._open_live_span(progress.span_id)
@@ -278,6 +254,19 @@ class LiveRecords:
             self.enqueue(items)
         if calls and self.pump is not None:
             self.pump.submit_many(calls)
+
+    def _started_records(self, started: Iterable[str], now: float) -> list[Any]:
+        """The calls that make the started records of ``started`` (span ids)."""
+        items: list[Any] = []
+        if not self.writer.writes_records:
+            return items
+        spans = self.tree.spans
+        for span_id in started:
+            span = self._open_live_span(span_id)
+            if span is not None:
+                items.append(partial(self.writer.started, span,
+                                     getattr(spans[span_id], "enqueued", now)))
+        return items
 
     def _moved(self, tags: tuple[str, ...], progress: Progress) -> Any:
         counts = progress.counts
@@ -301,3 +290,31 @@ class LiveRecords:
                    ids: ChainIds) -> LiveSpan:
         return LiveSpan(tuple(tags), chain[-1], chain[-2] if len(chain) > 1 else None,
                         ids)
+
+
+class _PassCounts:
+    """The task counts of the spans one pass looks at, each worked out once."""
+
+    def __init__(self, spans: Mapping[str, Any], tracker: Any):
+        self._spans = spans
+        self._tracker = tracker
+        self._counted: dict[str, TaskCounts] = {}
+
+    def of(self, span_id: str) -> TaskCounts | None:
+        counted = self._counted.get(span_id)
+        if counted is None:
+            span = self._spans.get(span_id)
+            if span is None:
+                return None
+            counted = self._counted[span_id] = task_counts(span)
+        return counted
+
+    def over(self, span_id: str) -> bool:
+        """Whether nothing of the span runs and its block closed (or it is done and
+        idle): its last progress record is due."""
+        rec = self._tracker.record(span_id)
+        if rec is None or (rec.closed_at is None and rec.done_since is None):
+            return False  # (the common case, without counting)
+        counts = self.of(span_id)
+        return counts is not None and is_over(
+            counts, rec.closed_at is not None, rec.done_since is not None)

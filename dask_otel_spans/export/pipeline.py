@@ -19,8 +19,8 @@ from dask_otel_spans.export.metrics import (
     SeriesCap,
     SpanNameCap,
 )
-from dask_otel_spans.sdk.health import rate_limit_sdk_logs
 from dask_otel_spans.protocol.outcome import describe, waiting
+from dask_otel_spans.sdk.health import rate_limit_sdk_logs
 from dask_otel_spans.sdk.providers import (
     Providers,
     flush_provider,

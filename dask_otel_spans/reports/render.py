@@ -24,7 +24,7 @@ def interpolated(palette: tuple[str, ...], n: int) -> list[str]:
         i = min(int(x), len(rgb) - 2)
         f = x - i
         out.append("#" + "".join(f"{round(a + (b - a) * f):02X}"
-                                 for a, b in zip(rgb[i], rgb[i + 1])))
+                                 for a, b in zip(rgb[i], rgb[i + 1], strict=True)))
     return out
 
 
@@ -36,7 +36,7 @@ def activity_colours(data: dict[str, Any]) -> dict[str, str]:
                for activity, _ in row["breakdown"]}
     order = {activity: i for i, activity in enumerate(ACTIVITY_ORDER)}
     shown = sorted(present, key=lambda a: (order.get(a, len(order)), a))
-    return dict(zip(shown, interpolated(VIRIDIS11, len(shown))))
+    return dict(zip(shown, interpolated(VIRIDIS11, len(shown)), strict=True))
 
 _STYLE = """
 body{font:13px/1.4 system-ui,sans-serif;margin:0;color:#222}

@@ -92,6 +92,19 @@ GRPC_CHANNEL_OPTIONS = (
 )
 
 
+def _endpoint(environ: Mapping[str, str], signal: str, protocol: str) -> str | None:
+    """The signal's endpoint variable, else the generic one (for ``http/protobuf``
+    with the signal's path appended); None when neither is set."""
+    specific = environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
+    if specific:
+        return specific
+    generic = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if generic and protocol == "http/protobuf":
+        path = {"TRACES": "v1/traces", "METRICS": "v1/metrics", "LOGS": "v1/logs"}[signal]
+        return generic.rstrip("/") + "/" + path
+    return generic or None
+
+
 def otlp_exporter_kwargs(
     environ: Mapping[str, str], signal: str, protocol: str
 ) -> dict[str, Any]:
@@ -99,16 +112,9 @@ def otlp_exporter_kwargs(
     or ``LOGS``) from the standard variables in ``environ``; unset ones are left out
     so that the exporter's own defaults apply."""
     kwargs: dict[str, Any] = {}
-    path = {"TRACES": "v1/traces", "METRICS": "v1/metrics", "LOGS": "v1/logs"}[signal]
-    specific = environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
-    generic = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    if specific:
-        kwargs["endpoint"] = specific
-    elif generic:
-        if protocol == "http/protobuf":
-            kwargs["endpoint"] = generic.rstrip("/") + "/" + path
-        else:
-            kwargs["endpoint"] = generic
+    endpoint = _endpoint(environ, signal, protocol)
+    if endpoint:
+        kwargs["endpoint"] = endpoint
     headers = _signal_setting(environ, signal, "HEADERS")
     if headers:
         kwargs["headers"] = parse_headers(headers)

@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -416,6 +416,20 @@ def global_sdk_meter_provider() -> MeterProvider | None:
     return provider if isinstance(provider, MeterProvider) else None
 
 
+def _provider(out: Providers, kind: str, given: Any, global_provider: Any,
+              build: Callable[[], tuple[Any, str]]) -> tuple[Any, str]:
+    """One signal's provider and where it goes: the given one, else the global one,
+    else one built (then owned: shut down with the plugin)."""
+    if given is not None:
+        return given, f"the given {kind} provider"
+    if global_provider is not None:
+        return global_provider, f"the global {kind} provider"
+    provider, where = build()
+    if provider is not None:
+        out.owned.append(provider)
+    return provider, where
+
+
 def resolve_providers(
     *,
     tracer_provider: Any = None,
@@ -452,41 +466,24 @@ def resolve_providers(
             )
         return resource
 
-    if tracer_provider is not None:
-        out.tracer_provider, out.traces_to = tracer_provider, "the given tracer provider"
-    elif use_global and (glob := global_sdk_tracer_provider()) is not None:
-        out.tracer_provider, out.traces_to = glob, "the global tracer provider"
-    else:
-        out.tracer_provider, out.traces_to = build_tracer_provider(
-            environ, get_resource(), output_dir, out.health, delivery
-        )
-        if out.tracer_provider is not None:
-            out.owned.append(out.tracer_provider)
-
+    out.tracer_provider, out.traces_to = _provider(
+        out, "tracer", tracer_provider, global_sdk_tracer_provider() if use_global else None,
+        lambda: build_tracer_provider(environ, get_resource(), output_dir, out.health,
+                                      delivery))
     try:
-        if meter_provider is not None:
-            out.meter_provider = meter_provider
-            out.metrics_to = "the given meter provider"
-        elif use_global and (globm := global_sdk_meter_provider()) is not None:
-            out.meter_provider, out.metrics_to = globm, "the global meter provider"
-        else:
-            out.meter_provider, out.metrics_to = build_meter_provider(
-                environ, get_resource(), output_dir, out.health, metric_series_limit,
-                delivery,
-            )
-            if out.meter_provider is not None:
-                out.owned.append(out.meter_provider)
+        out.meter_provider, out.metrics_to = _provider(
+            out, "meter", meter_provider,
+            global_sdk_meter_provider() if use_global else None,
+            lambda: build_meter_provider(environ, get_resource(), output_dir, out.health,
+                                         metric_series_limit, delivery))
         out.exceptions = ExceptionSignals.from_environ(environ)
+        global_logs = global_sdk_logger_provider() if use_global else None
         if out.exceptions.logs or (live_records and live_records_wanted(
-                environ, out.tracer_provider in out.owned,
-                use_global and global_sdk_logger_provider() is not None)):
-            if use_global and (globl := global_sdk_logger_provider()) is not None:
-                out.logger_provider, out.logs_to = globl, "the global logger provider"
-            else:
-                out.logger_provider, out.logs_to = build_logger_provider(
-                    environ, get_resource(), output_dir, delivery, out.health)
-                if out.logger_provider is not None:
-                    out.owned.append(out.logger_provider)
+                environ, out.tracer_provider in out.owned, global_logs is not None)):
+            out.logger_provider, out.logs_to = _provider(
+                out, "logger", None, global_logs,
+                lambda: build_logger_provider(environ, get_resource(), output_dir,
+                                              delivery, out.health))
     except Exception:
         for provider in out.owned:
             provider.shutdown()

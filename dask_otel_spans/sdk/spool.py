@@ -127,33 +127,37 @@ class Spool:
         self._own, self._lock_file = own, lock
         self._adopt()
 
+    def _take_over(self, folder: str) -> None:
+        """Move the batches of the spool folder of an owner that ended into this
+        one's (nothing when its owner runs: its batches are its own)."""
+        assert self._own is not None
+        try:
+            lock = open(os.path.join(folder, _LOCK), "ab")
+        except OSError:
+            return
+        try:
+            if not _flock(lock, wait=False):
+                return
+            for file in os.listdir(folder):
+                if _NAME.match(file):
+                    os.rename(os.path.join(folder, file), os.path.join(self._own, file))
+            if not [f for f in os.listdir(folder) if f != _LOCK]:
+                os.unlink(os.path.join(folder, _LOCK))
+                os.rmdir(folder)
+        except OSError as e:
+            logger.warning("dask_otel_spans: cannot take over the spool folder %s (%s)",
+                           folder, e)
+        finally:
+            lock.close()
+
     def _adopt(self) -> None:
         """Move in the files of owners that ended, and load their entries."""
         assert self.directory is not None and self._own is not None
         found: list[Entry] = []
         for name in sorted(os.listdir(self.directory)):
             folder = os.path.join(self.directory, name)
-            if folder == self._own or not os.path.isdir(folder):
-                continue
-            try:
-                lock = open(os.path.join(folder, _LOCK), "ab")
-            except OSError:
-                continue
-            try:
-                if not _flock(lock, wait=False):
-                    continue  # its owner runs: its batches are its own
-                for file in os.listdir(folder):
-                    if _NAME.match(file):
-                        target = os.path.join(self._own, file)
-                        os.rename(os.path.join(folder, file), target)
-                if not [f for f in os.listdir(folder) if f != _LOCK]:
-                    os.unlink(os.path.join(folder, _LOCK))
-                    os.rmdir(folder)
-            except OSError as e:
-                logger.warning("dask_otel_spans: cannot take over the spool folder "
-                               "%s (%s)", folder, e)
-            finally:
-                lock.close()
+            if folder != self._own and os.path.isdir(folder):
+                self._take_over(folder)
         for file in os.listdir(self._own):
             match = _NAME.match(file)
             if match:

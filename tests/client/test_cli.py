@@ -70,7 +70,8 @@ def test_demo_writes_embedded_default_files_and_says_where(demo_run):
         and p["attributes"]["dask.span.name"] == "demo workflow/custom activity/model fit"
         for p in points
     )
-    assert any(p["name"] == "dask.span.activity.custom" and p["attributes"]["dask.unit"] == "rows" for p in points)
+    assert any(p["name"] == "dask.span.activity.custom"
+               and p["attributes"]["dask.unit"] == "rows" for p in points)
 
 
 @pytest.mark.cluster  # (the demo: a LocalCluster of processes)

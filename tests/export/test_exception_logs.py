@@ -124,7 +124,7 @@ async def test_the_export_process_sends_exception_logs_over_otlp(
     await async_wait_for(lambda: len(exception_records()) == 2, timeout=20)
     tasks = {(s["traceId"], s["spanId"]) for s in otlp_receiver.spans()
              if names.TASK_KEY in s["attributes"]}
-    for resource, record in exception_records():
+    for _, record in exception_records():
         assert record.event_name == names.EXCEPTION_EVENT
         assert (record.trace_id.hex(), record.span_id.hex()) in tasks
         assert {kv.key: kv.value.string_value for kv in record.attributes}[

@@ -102,7 +102,8 @@ async def test_the_plugin_says_once_that_the_export_process_would_help(
         await async_wait_for(lambda: plugin.ended_count >= 3, timeout=30)
         await async_wait_for(lambda: session.share_watch.reported, timeout=30)
         await plugin.close()
-    advice = [r for r in caplog.records if "export-process: auto (the default) moves" in r.getMessage()]
+    advice = [r for r in caplog.records
+              if "export-process: auto (the default) moves" in r.getMessage()]
     assert len(advice) == 1
     assert "of its CPU over the last" in advice[0].getMessage()
 

@@ -221,7 +221,8 @@ def test_pump_sends_the_sums_when_its_interval_runs_out(memory, instruments):
     pump.start()
     try:
         for _ in range(3):
-            pump.submit(DaskInstruments.add_worker_deltas, {("get-data", "network", "seconds"): 1.0})
+            pump.submit(DaskInstruments.add_worker_deltas,
+                        {("get-data", "network", "seconds"): 1.0})
         # no flush: the thread wakes up for the sums still unsent
         wait_for(lambda: memory.points(names.WORKER_ACTIVITY_TIME)
                  and memory.points(names.WORKER_ACTIVITY_TIME)[0][2] == 3.0, timeout=10)
@@ -336,7 +337,8 @@ def test_span_duration_buckets_suit_seconds(memory, instruments):
         for dp in m.data.data_points
     ]
     assert tuple(point.explicit_bounds) == SPAN_DURATION_BUCKETS
-    counts = dict(zip((*SPAN_DURATION_BUCKETS, float("inf")), point.bucket_counts))
+    counts = dict(zip((*SPAN_DURATION_BUCKETS, float("inf")), point.bucket_counts,
+                      strict=True))
     assert counts[0.5] == 2  # (0.25, 0.5]
     assert counts[60.0] == 1  # (30, 60]
     assert counts[7200.0] == 1  # (3600, 7200]

@@ -109,13 +109,15 @@ def test_trace_and_metrics_over_otlp_grpc_from_real_processes(cluster, otlp_rece
                 for attrs, value in otlp_receiver.latest_sums(metric).items():
                     a = dict(attrs)
                     if a[names.SPAN_NAME] == "etl/load":
-                        out[a[names.CONTEXT], a[names.TASK_PREFIX], a[names.ACTIVITY], a[names.UNIT]] = value
+                        out[a[names.CONTEXT], a[names.TASK_PREFIX], a[names.ACTIVITY],
+                            a[names.UNIT]] = value
             return out if set(out) == set(expected) and all(
                 out[k] == pytest.approx(v, rel=1e-6, abs=1e-9) for k, v in expected.items()
             ) else None
 
         got = wait_for(exported, timeout=30, interval=0.2)
-        sleep_seconds = sum(v for k, v in got.items() if k[1] == "sleepy" and k[2] in ("thread-cpu", "thread-noncpu"))
+        sleep_seconds = sum(v for k, v in got.items() if k[1] == "sleepy"
+                            and k[2] in ("thread-cpu", "thread-noncpu"))
         assert sleep_seconds == pytest.approx(0.6, abs=0.15)
 
 

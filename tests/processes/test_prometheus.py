@@ -161,7 +161,8 @@ def test_promql_sum_of_thread_time_matches_known_sleep(scraped):
 
 def test_worker_wide_transfer_metrics_in_prometheus(scraped):
     series = wait_for(
-        lambda: promql(scraped["prom"], 'dask_worker_activity_time_seconds_total{dask_context="gather-dep"}'),
+        lambda: promql(scraped["prom"], "dask_worker_activity_time_seconds_total"
+                                        '{dask_context="gather-dep"}'),
         timeout=30, interval=0.5,
     )
     assert "dask_span_name" not in series[0]["metric"]

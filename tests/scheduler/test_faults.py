@@ -151,7 +151,8 @@ async def test_registered_twice_hands_over_without_loss_or_duplicates(c, s, a, b
     await async_wait_for(lambda: memory.by_name("first"))
     with span("across"):
         slow = c.submit(slowinc, 1, delay=1.0, key="slow-1")
-        await async_wait_for(lambda: "slow-1" in s.tasks and s.tasks["slow-1"].state == "processing")
+        await async_wait_for(
+            lambda: "slow-1" in s.tasks and s.tasks["slow-1"].state == "processing")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # distributed: "overwriting"
             second = await install(c, memory)
@@ -196,7 +197,8 @@ async def test_an_unregistered_plugin_closes_itself_and_exports_what_it_held(
 async def test_registered_while_spans_already_exist(c, s, a, b):
     with span("early"):
         slow = c.submit(slowinc, 1, delay=1.0, key="slow-1")
-        await async_wait_for(lambda: "slow-1" in s.tasks and s.tasks["slow-1"].state == "processing")
+        await async_wait_for(
+            lambda: "slow-1" in s.tasks and s.tasks["slow-1"].state == "processing")
         memory = MemoryProviders()
         await install(c, memory)
         await slow
@@ -211,12 +213,14 @@ async def test_client_restart(c, s, a, b):
     await install(c, memory)
     with span("before restart"):
         slow = c.submit(slowinc, 1, delay=30, key="slow-1")
-        await async_wait_for(lambda: "slow-1" in s.tasks and s.tasks["slow-1"].state == "processing")
+        await async_wait_for(
+            lambda: "slow-1" in s.tasks and s.tasks["slow-1"].state == "processing")
         await c.restart()
         del slow
     with span("after restart"):
         assert await c.submit(inc, 1, key="inc-1") == 2
-    await async_wait_for(lambda: memory.by_name("before restart") and memory.by_name("after restart"), timeout=60)
+    await async_wait_for(lambda: memory.by_name("before restart")
+                         and memory.by_name("after restart"), timeout=60)
     await asyncio.sleep(0.5)
     assert len(memory.by_name("before restart")) == 1
     assert len(memory.by_name("after restart")) == 1

@@ -115,7 +115,8 @@ async def test_prefix_child_spans(c, s, a, b):
         await wait(y)
     await async_wait_for(lambda: memory.by_name("wf"))
     [wf] = memory.by_name("wf")
-    children = [sp for sp in memory.spans() if sp.parent and sp.parent.span_id == wf.context.span_id]
+    children = [sp for sp in memory.spans()
+                if sp.parent and sp.parent.span_id == wf.context.span_id]
     by_name = {sp.name: sp for sp in children}
     assert set(by_name) == {"inc", "slowinc"}
     assert by_name["inc"].attributes[names.TASK_GROUP_TASK_COUNT] == 5
@@ -293,7 +294,8 @@ async def test_shutdown_emits_open_span_as_incomplete(c, s, a, b):
     await install(c, memory)
     with span("long") as long_id:
         future = c.submit(wait_for_event, "release-slow-1", key="slow-1")
-        await async_wait_for(lambda: s.tasks.get("slow-1") is not None and s.tasks["slow-1"].state == "processing")
+        await async_wait_for(lambda: s.tasks.get("slow-1") is not None
+                             and s.tasks["slow-1"].state == "processing")
         await plugin_of(s).close()
         await Event("release-slow-1").set()
         [long] = memory.by_name("long")
@@ -321,7 +323,8 @@ async def test_metrics_agree_with_cumulative_worker_metrics(c, s, a, b):
     ):
         for _, attrs, value in memory.points(metric):
             assert attrs[names.SPAN_NAME] == "wf"
-            key = (attrs[names.CONTEXT], attrs[names.TASK_PREFIX], attrs[names.ACTIVITY], attrs[names.UNIT])
+            key = (attrs[names.CONTEXT], attrs[names.TASK_PREFIX], attrs[names.ACTIVITY],
+                   attrs[names.UNIT])
             got[key] = value
     assert set(got) == set(expected)
     for key, value in expected.items():

@@ -107,7 +107,8 @@ def test_a_retry_delay_the_receiver_asks_for_is_respected(protocol, tmp_path):
         assert len({s["spanId"] for s in receiver.spans()}) == 4
         # three refusals, then the answer: each attempt waits as long as the refusal
         # before it asked
-        gaps = [b - a for a, b in zip(receiver.attempts, receiver.attempts[1:])]
+        gaps = [b - a for a, b in zip(receiver.attempts, receiver.attempts[1:],
+                                      strict=False)]
         assert len(gaps) == 3
         assert min(gaps) >= delay * 0.95
     finally:

@@ -130,7 +130,8 @@ async def test_grpc_receiver_requiring_an_api_key_gets_it(c, s, a, b, keyed_rece
     await c.register_plugin(plugin)
     with span("authenticated"):
         await c.submit(inc, 1, key="inc-1")
-    await async_wait_for(lambda: any(sp["name"] == "authenticated" for sp in keyed_receiver.spans()))
+    await async_wait_for(
+        lambda: any(sp["name"] == "authenticated" for sp in keyed_receiver.spans()))
     await plugin.close()
     assert keyed_receiver.rejected == 0
     assert all(m["api-key"] == "s3cr3t" for m in keyed_receiver.metadata)

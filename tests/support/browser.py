@@ -18,7 +18,8 @@ PROBE = """<script>
 window.__probe = {errors: []};
 window.addEventListener("error", function(e){ __probe.errors.push(String(e.message)); });
 (function(){ var original = console.error; console.error = function(){
-  __probe.errors.push(Array.prototype.join.call(arguments, " ")); original.apply(console, arguments); }; })();
+  __probe.errors.push(Array.prototype.join.call(arguments, " "));
+  original.apply(console, arguments); }; })();
 window.addEventListener("load", function(){ setTimeout(function(){
   var b = document.body;
   b.setAttribute("data-probe-errors", JSON.stringify(__probe.errors));

@@ -40,7 +40,7 @@ class _Service:
         self.response = response
         self.delayed = delayed
 
-    def Export(self, request, context):  # noqa: N802 (the service's method name)
+    def Export(self, request, context):
         if self.delayed:
             time.sleep(self.receiver.delay)
             if self.receiver._refuse():
@@ -221,7 +221,7 @@ class OTLPHttpReceiver:
         }
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 (the handler's method name)
+            def do_POST(self):
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 if self.path not in kinds:
                     self.send_response(404)
