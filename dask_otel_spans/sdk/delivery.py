@@ -35,6 +35,9 @@ def backoff(attempt: int) -> float:
     return min(BACKOFF_MAX, BACKOFF_START * 2 ** (attempt - 1)) * random.uniform(0.8, 1.2)
 
 
+#: Attempts a flush waits for while the backend takes nothing (1 + 2 + 2 s apart)
+TRIES_IN_A_FLUSH = 3
+
 class Delivery:
     """Send what ``spool`` holds, per signal, on a thread of its own.
 
@@ -90,9 +93,9 @@ class Delivery:
     def drain(self, timeout: float, until_refused: bool = False) -> bool:
         """Wait until nothing waits, at most ``timeout`` seconds (less when every
         signal that waits is not due again before then; with ``until_refused``, less
-        when every one that waits was tried twice since the wait began and the
-        backend took neither: a backend that is down is not waited for, one that
-        is coming back gets a second try); True when nothing waits."""
+        when every one that waits was tried :data:`TRIES_IN_A_FLUSH` times since the
+        wait began and the backend took none: a backend that is down is not waited
+        for, one that is coming back gets its tries); True when nothing waits."""
         deadline = time.monotonic() + timeout
         attempts_before = dict(self._attempts)
         self._wake.set()
@@ -103,7 +106,8 @@ class Delivery:
             if now >= deadline or (due and min(due) > deadline):
                 return False
             if until_refused and all(
-                    self._attempts.get(s, 0) - attempts_before.get(s, 0) >= 2
+                    self._attempts.get(s, 0) - attempts_before.get(s, 0)
+                    >= TRIES_IN_A_FLUSH
                     for s in waiting):
                 return False
             time.sleep(min(0.05, deadline - now))

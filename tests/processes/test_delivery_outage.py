@@ -51,7 +51,9 @@ def through_an_outage(tmp_path_factory):
             wait_for(lambda: held(client) >= 2, timeout=60)
             time.sleep(max(0.0, OUTAGE - (time.monotonic() - down_since)))
             back = OTLPReceiver(port=port).start()
-            state = wait_for_export(client, timeout=60)
+            # (a flush waits for a few tries only: asked again until it delivered)
+            state = wait_for(lambda: (s := wait_for_export(client, timeout=60)).flushed
+                             and s, timeout=60)
             sums = {k: v for k, v in client.run_on_scheduler(
                 lambda dask_scheduler: dict(
                     dask_scheduler.extensions["spans"].spans[span_id]
