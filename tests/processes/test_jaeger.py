@@ -283,10 +283,16 @@ def test_promql_through_the_collector_returns_what_the_scheduler_recorded(
         got = promql(prometheus, LOAD_SERIES)
         raise AssertionError(f"recorded {recorded}, PromQL {got}") from None
     # the other names the contract promises, with their labels
-    families = {s["metric"]["__name__"] for s in promql(
-        prometheus, 'group by (__name__) ({__name__=~"dask_.*"})')}
-    assert {"dask_span_activity_time_seconds_total", "dask_span_duration_seconds_bucket",
-            "dask_span_duration_seconds_count", "dask_span_active"} <= families, families
+    promised = {"dask_span_activity_time_seconds_total", "dask_span_duration_seconds_bucket",
+                "dask_span_duration_seconds_count", "dask_span_active"}
+
+    def families() -> set[str] | None:
+        found = {s["metric"]["__name__"] for s in promql(
+            prometheus, 'group by (__name__) ({__name__=~"dask_.*"})')}
+        return found if promised <= found else None
+
+    # (a later scrape may bring a family the first one after the export missed)
+    wait_for(families, timeout=20, interval=0.5)
     (series, *_) = promql(prometheus, LOAD_SERIES)
     assert {"dask_span_name", "dask_context", "dask_task_prefix", "dask_activity",
             "dask_unit"} <= set(series["metric"])
