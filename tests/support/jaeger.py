@@ -122,18 +122,22 @@ class Jaeger:
         if self.metrics_port:
             sets["exporters.prometheus.endpoint"] = f"127.0.0.1:{self.metrics_port}"
         self.log = log
-        self._log_file = open(log, "w")
-        self.process = subprocess.Popen(
-            [jaeger_binary(), f"--config={config}",
-             *(f"--set={key}={value}" for key, value in sets.items())],
-            env={**os.environ, **(env or {})}, stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-        )
+        self._command = [jaeger_binary(), f"--config={config}",
+                         *(f"--set={key}={value}" for key, value in sets.items())]
+        self._env = {**os.environ, **(env or {})}
+        self.start()
+
+    def start(self) -> None:
+        """Start it (again, after :meth:`stop`: the same ports, empty storage)."""
+        self._log_file = open(self.log, "a")
+        self.process = subprocess.Popen(self._command, env=self._env,
+                                        stdout=self._log_file, stderr=subprocess.STDOUT)
         try:
             wait_for(self._ready, timeout=60, interval=0.2)
         except AssertionError:
             self.stop()
-            raise AssertionError(f"Jaeger did not start:\n{log.read_text()[-3000:]}") from None
+            raise AssertionError(
+                f"Jaeger did not start:\n{self.log.read_text()[-3000:]}") from None
 
     @property
     def otlp_grpc(self) -> str:
