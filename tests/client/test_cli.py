@@ -27,9 +27,21 @@ def run_demo(cwd) -> subprocess.CompletedProcess:
     return proc
 
 
+#: The traces file of an earlier demo run (another scheduler), which the run appends to
+EARLIER_RUN = (
+    '{"resourceSpans":[{"resource":{"attributes":[{"key":"dask.scheduler.address",'
+    '"value":{"stringValue":"tcp://127.0.0.1:1"}}]},"scopeSpans":[{"spans":[{'
+    '"traceId":"0af7651916cd43dd8448eb211c80319c","spanId":"b7ad6b7169203331",'
+    '"name":"demo workflow","startTimeUnixNano":"1000000","endTimeUnixNano":"3000000",'
+    '"attributes":[{"key":"dask.span.id","value":{"stringValue":"earlier"}}]}]}]}]}\n')
+
+
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
+    """One demo run, in a directory whose files hold an earlier run already."""
     cwd = tmp_path_factory.mktemp("demo")
+    (cwd / "dask-otel-spans").mkdir()
+    (cwd / "dask-otel-spans" / "traces.jsonl").write_text(EARLIER_RUN)
     proc = run_demo(cwd)
     return cwd, proc.stdout
 
@@ -90,12 +102,11 @@ def test_tree_command_reads_saved_files(demo_run):
 
 @pytest.mark.cluster  # (the demo: a LocalCluster of processes)
 def test_demo_prints_only_its_own_run_when_the_files_hold_earlier_ones(demo_run):
-    cwd, _ = demo_run
-    proc = run_demo(cwd)
-    # the traces file now holds two runs (two traces); the demo shows its own
+    cwd, output = demo_run
+    # the traces file holds two runs (two traces); the demo shows its own
     saved = read_spans(str(cwd / "dask-otel-spans" / "traces.jsonl"))
     assert len({s["traceId"] for s in saved if s["name"] == "demo workflow"}) == 2
-    printed = proc.stdout.splitlines()
+    printed = output.splitlines()
     assert sum(line.startswith("trace ") for line in printed) == 1
     assert sum(line.strip().startswith("demo workflow") for line in printed) == 1
 

@@ -638,9 +638,9 @@ async def test_a_stopped_export_process_loses_nothing_within_the_budget(
     c, s, a, b, tmp_path
 ):
     plugin = await install_process_plugin(c, tmp_path)
-    stopped, running = run_while_stopped(c, plugin, 300)
+    stopped, running = run_while_stopped(c, plugin, 120)
     await running
-    await async_wait_for(lambda: plugin.handed_over_count >= 300, timeout=60)
+    await async_wait_for(lambda: plugin.handed_over_count >= 120, timeout=60)
     await plugin.flush()
     dropped = plugin.export_stats()["dropped_by_kind"]
     await plugin.close()
