@@ -89,16 +89,17 @@ class ExportState:
         return describe(self.figures(), signal, where)
 
 
-async def scheduler_state(dask_scheduler: Scheduler, flush: bool = False
-                          ) -> ExportState | None:
+async def scheduler_state(dask_scheduler: Scheduler, flush: bool = False,
+                          exporters: bool = True) -> ExportState | None:
     """The scheduler's plugin's :class:`ExportState`, for a client:
     ``client.run_on_scheduler(scheduler_state)`` (``flush=True`` forwards what
-    happened so far and flushes the exporters first). None without the plugin."""
+    happened so far and lets the export session hand over what is ready, and with
+    ``exporters`` flushes the exporters, first). None without the plugin."""
     plugin = dask_scheduler.plugins.get(names.PLUGIN_NAME)
     export_state = getattr(plugin, "export_state", None)
     if export_state is None:  # (no plugin, or not the package's)
         return None
-    state: ExportState = await export_state(flush=flush)
+    state: ExportState = await export_state(flush=flush, exporters=exporters)
     return state
 
 
@@ -129,10 +130,14 @@ def wait_for_export(client: Any, timeout: float = 30.0) -> ExportState:
     """
     deadline = time.monotonic() + timeout
     # (each call forwards what happened so far and reads fresh figures: an export
-    # process reports its own twice a second otherwise)
-    state = client.run_on_scheduler(scheduler_state, flush=True)
+    # process reports its own twice a second otherwise; the exporters are flushed
+    # once, at the end: a flush is an export, and a Collector's Prometheus exporter
+    # keeps the exemplars of a series' latest export only)
+    state = client.run_on_scheduler(scheduler_state, flush=True, exporters=False)
     while state is not None and state.open and time.monotonic() < deadline:
         time.sleep(0.1)
+        state = client.run_on_scheduler(scheduler_state, flush=True, exporters=False)
+    if state is not None:
         state = client.run_on_scheduler(scheduler_state, flush=True)
     if state is None:
         raise PluginMissing(

@@ -113,12 +113,15 @@ class ExportSession:
         if messages:
             self.thread.put(messages)
 
-    def flush(self, timeout: float | None = None) -> bool:
-        """Apply everything sent so far, hand over what is ready now, then flush the
-        pipeline; False when it did not finish within ``timeout`` seconds."""
+    def flush(self, timeout: float | None = None, exporters: bool = True) -> bool:
+        """Apply everything sent so far, hand over what is ready now, then (with
+        ``exporters``) flush the pipeline; False when it did not finish within
+        ``timeout`` seconds."""
         timeout = 10.0 if timeout is None else timeout
         deadline = time.monotonic() + timeout
         ok = self.thread.flush(timeout)
+        if not exporters:
+            return ok
         return self.pipeline.flush(max(0.0, deadline - time.monotonic())) and ok
 
     def stop(self, timeout: float = 10) -> None:

@@ -22,16 +22,19 @@ FLUSH = "flush"
 
 
 class Flush(NamedTuple):
-    """Export what came before, flush, and answer :class:`Flushed` (as it crosses:
-    the plain tuple of :func:`flush_message`, in a batch of events)."""
+    """Apply what came before and hand over what is ready, flush the exporters too
+    (``exporters``), and answer :class:`Flushed` (as it crosses: the plain tuple of
+    :func:`flush_message`, in a batch of events)."""
 
     token: int
     timeout: float
+    exporters: bool = True
 
 
-def flush_message(token: int, timeout: float) -> tuple[str, int, float]:
+def flush_message(token: int, timeout: float, exporters: bool = True
+                  ) -> tuple[str, int, float, bool]:
     """The flush as it crosses, among the events."""
-    return (FLUSH, token, timeout)
+    return (FLUSH, token, timeout, exporters)
 
 
 def is_flush(message: tuple[Any, ...]) -> bool:

@@ -302,12 +302,14 @@ class OTelSpansPlugin(SchedulerPlugin):
                 None, self):
             self.scheduler.set_metadata(keys=list(names.PLUGIN_METADATA_KEYS), value=None)
 
-    async def export_state(self, flush: bool = False) -> ExportState:
+    async def export_state(self, flush: bool = False,
+                           exporters: bool = True) -> ExportState:
         """Where data goes and how far export got, as a client's
         :func:`~dask_otel_spans.client.wait_for_export` reads it (``flush``: forward
-        what happened so far and flush the exporters first)."""
+        what happened so far, let the session hand over what is ready, and with
+        ``exporters`` flush the exporters, first)."""
         idle = self.transport is None
-        flushed = (await self.flush() and not idle) if flush else None
+        flushed = (await self.flush(exporters=exporters) and not idle) if flush else None
         stats = self.export_stats()
         destinations = self.destinations
 
@@ -333,16 +335,18 @@ class OTelSpansPlugin(SchedulerPlugin):
             spool=stats.get("spool_directory"),
         )
 
-    async def flush(self, timeout: float = 10.0) -> bool:
+    async def flush(self, timeout: float = 10.0, exporters: bool = True) -> bool:
         """Forward what happened so far, let the export session hand over what is ready
-        now, then flush the exporters; False when it did not finish in time."""
-        if self.transport is None:
+        now, then (``exporters``) flush the exporters; False when it did not finish in
+        time."""
+        transport = self.transport
+        if transport is None:
             return True
         if not self._closed:
             with self._guard("flush"):
                 self._forward_all()
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, self.transport.flush, timeout)
+        return await loop.run_in_executor(None, transport.flush, timeout, exporters)
 
     # -- the heartbeats' deltas (scheduler/heartbeats.py taps them) -----------------
 

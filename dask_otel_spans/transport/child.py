@@ -217,7 +217,7 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
             session.send(messages)
             messages = []
             flush = read_flush(message)
-            ok = session.flush(flush.timeout)
+            ok = session.flush(flush.timeout, exporters=flush.exporters)
             outbox.send_with_figures(functools.partial(Flushed, flush.token, ok), session)
         session.send(messages)
     stopped.set()

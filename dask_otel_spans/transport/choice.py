@@ -52,8 +52,9 @@ class Transport(Protocol):
         span): the first position in the scheduler's span dict it may lack (the
         plugin forwards the running spans, and those from there on, again)."""
 
-    def flush(self, timeout: float) -> bool:
-        """Wait until everything sent so far is exported; False on timeout."""
+    def flush(self, timeout: float, exporters: bool = True) -> bool:
+        """Wait until everything sent so far is applied and what is ready handed
+        over, and (``exporters``) exported; False on timeout."""
 
     def stop(self, timeout: float) -> None:
         """Export what was sent, hand over the spans still open, stop."""
@@ -83,8 +84,8 @@ class ThreadTransport:
     def restarted(self) -> int | None:
         return None
 
-    def flush(self, timeout: float) -> bool:
-        return self.session.flush(timeout)
+    def flush(self, timeout: float, exporters: bool = True) -> bool:
+        return self.session.flush(timeout, exporters)
 
     def stop(self, timeout: float) -> None:
         self.session.stop(timeout)
@@ -118,8 +119,8 @@ class ChildTransport:
         self._launches = supervisor.launches
         return supervisor.confirmed_position + 1
 
-    def flush(self, timeout: float) -> bool:
-        return self.sender.flush(timeout)
+    def flush(self, timeout: float, exporters: bool = True) -> bool:
+        return self.sender.flush(timeout, exporters)
 
     def stop(self, timeout: float) -> None:
         # (the child waits ``timeout`` for its exporters itself, then exits)

@@ -92,15 +92,17 @@ class ChildSender:
         out["waiting"] = self.waiting
         return out
 
-    def flush(self, timeout: float | None = None) -> bool:
-        """Wait until the export process exported everything queued so far; False
-        when it did not answer within ``timeout`` seconds (or is gone)."""
+    def flush(self, timeout: float | None = None, exporters: bool = True) -> bool:
+        """Wait until the export process applied everything queued so far and
+        handed over what is ready, and (``exporters``) exported it; False when it
+        did not answer within ``timeout`` seconds (or is gone)."""
         if not self.thread.running:
             return True
         timeout = 10.0 if timeout is None else timeout
         deadline = time.monotonic() + timeout
         flush = self.supervisor.expect_flush()
-        if not self.thread.put_waiting(flush_message(flush.token, timeout), timeout):
+        if not self.thread.put_waiting(flush_message(flush.token, timeout, exporters),
+                                       timeout):
             self.supervisor.end_flush(flush.token)
             return False
         flush.done.wait(max(0.0, deadline - time.monotonic()))

@@ -96,3 +96,20 @@ def test_every_state_has_the_documented_fields():
     assert {f.name for f in dataclasses.fields(ExportState)} == documented
     assert all(f"{name}:" in ExportState.__doc__ or f"{name}," in ExportState.__doc__
                for name in documented)
+
+
+@pytest.mark.cluster  # (a LocalCluster)
+def test_the_exporters_are_flushed_once_however_long_it_waits(client, tmp_path,
+                                                              otlp_receiver):
+    """(A flush is an export: each one would replace what a Collector's Prometheus
+    exporter holds of a series, exemplars included.)"""
+    client.register_plugin(OTelSpansPlugin(
+        environ=otlp_grpc_env(otlp_receiver), use_global_providers=False,
+        export_process=False, export_delay=1.5, output_dir=str(tmp_path)))
+    run_one_span(client)
+    before = len(otlp_receiver.metric_requests)
+    started = time.monotonic()
+    state = wait_for_export(client, timeout=20)
+    assert time.monotonic() - started > 0.5  # (it polled while the span was open)
+    assert state.flushed is True and state.handed_over == 1
+    assert len(otlp_receiver.metric_requests) - before == 1
