@@ -39,7 +39,7 @@ DEFAULT_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True)
-class Answer:
+class Reply:
     """What one send of a request came to.
 
     Attributes
@@ -67,7 +67,7 @@ class RequestSender(Protocol):
     #: where it sends, in words
     where: str
 
-    def send(self, payload: bytes) -> Answer: ...
+    def send(self, payload: bytes) -> Reply: ...
 
     def close(self) -> None: ...
 
@@ -103,7 +103,7 @@ class GrpcRequestSender:
         #: where it sends, in words
         self.where = f"OTLP grpc to {kwargs.get('endpoint', 'the default endpoint')}"
 
-    def send(self, payload: bytes) -> Answer:
+    def send(self, payload: bytes) -> Reply:
         import grpc
 
         try:
@@ -111,9 +111,9 @@ class GrpcRequestSender:
         except grpc.RpcError as error:
             code = error.code() if hasattr(error, "code") else None
             name = getattr(code, "name", str(code))
-            return Answer(False, name in GRPC_RETRYABLE, _retry_info(error),
+            return Reply(False, name in GRPC_RETRYABLE, _retry_info(error),
                           f"gRPC {name}: {_details(error)}")
-        return Answer(True)
+        return Reply(True)
 
     def close(self) -> None:
         self._channel.close()
@@ -166,7 +166,7 @@ class HttpRequestSender:
         if self._context is not None and chain:
             self._context.load_cert_chain(chain, key)
 
-    def send(self, payload: bytes) -> Answer:
+    def send(self, payload: bytes) -> Reply:
         body = payload
         if self._compression == "gzip":
             body = gzip.compress(payload)
@@ -178,13 +178,13 @@ class HttpRequestSender:
             with urllib.request.urlopen(request, timeout=self._timeout,
                                         context=self._context) as response:
                 response.read()
-                return Answer(True)
+                return Reply(True)
         except urllib.error.HTTPError as e:
             retryable = e.code in HTTP_RETRYABLE
             after = retry_after(e.headers.get("Retry-After")) if retryable else None
-            return Answer(False, retryable, after, f"HTTP {e.code} {e.reason}")
+            return Reply(False, retryable, after, f"HTTP {e.code} {e.reason}")
         except (urllib.error.URLError, OSError) as e:
-            return Answer(False, True, None, f"{type(e).__name__}: {e}")
+            return Reply(False, True, None, f"{type(e).__name__}: {e}")
 
     def close(self) -> None:
         pass
