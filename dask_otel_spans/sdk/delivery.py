@@ -168,9 +168,9 @@ class Delivery:
         entry = self.spool.oldest(signal)
         if entry is None or entry.payload is None:
             return False
-        answer = self._senders[signal].send(entry.payload)
+        reply = self._senders[signal].send(entry.payload)
         health = self._health[signal]
-        if answer.delivered:
+        if reply.delivered:
             self.spool.done(entry)
             self.sent += 1
             self._attempts[signal] = 0
@@ -179,14 +179,14 @@ class Delivery:
             health.record(True, entry.items, dropped=self.spool.recovered(signal),
                           waiting=figures["held"] + figures["spooled"])
             return True
-        if not answer.retryable:
+        if not reply.retryable:
             self.spool.done(entry)
             self.refused += 1
-            health.refuse(entry.items, answer.reason)
+            health.refuse(entry.items, reply.reason)
             return True
         health.outage()
         attempts = self._attempts[signal] = self._attempts.get(signal, 0) + 1
-        delay = (min(answer.retry_after, RETRY_HINT_MAX) if answer.retry_after is not None
+        delay = (min(reply.retry_after, RETRY_HINT_MAX) if reply.retry_after is not None
                  else backoff(attempts))
         self._retry_at[signal] = time.monotonic() + delay
         return False
