@@ -89,7 +89,7 @@ def micro(calls: int, repeat: int) -> dict[str, float]:
 
 def _scheduler_pieces(calls: int, repeat: int) -> dict[str, float]:
     from dask_otel_spans.export.ender import HandOver, SpanEnder
-    from dask_otel_spans.scheduler.forwarder import collect_links
+    from dask_otel_spans.scheduler.graphs import collect_links
 
     carrier = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
     key = ("bare", 0)
