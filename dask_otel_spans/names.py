@@ -110,14 +110,18 @@ OTHER_SPAN_NAME = "__other__"
 SPAN_NAME_SEPARATOR = "/"
 
 # -- instruments -----------------------------------------------------------------------
-SPAN_ACTIVITY_TIME = "dask.span.activity.time"
-SPAN_ACTIVITY_DATA = "dask.span.activity.data"
-SPAN_ACTIVITY_COUNT = "dask.span.activity.count"
-SPAN_ACTIVITY_CUSTOM = "dask.span.activity.custom"
-WORKER_ACTIVITY_TIME = "dask.worker.activity.time"
-WORKER_ACTIVITY_DATA = "dask.worker.activity.data"
-WORKER_ACTIVITY_COUNT = "dask.worker.activity.count"
-WORKER_ACTIVITY_CUSTOM = "dask.worker.activity.custom"
+#: The fine metrics' instruments: ``<prefix><family>`` for each family of
+#: :data:`UNIT_FAMILIES` (``time``, ``data``, ``count``) and ``custom``
+SPAN_ACTIVITY_PREFIX = "dask.span.activity."
+WORKER_ACTIVITY_PREFIX = "dask.worker.activity."
+SPAN_ACTIVITY_TIME = SPAN_ACTIVITY_PREFIX + "time"
+SPAN_ACTIVITY_DATA = SPAN_ACTIVITY_PREFIX + "data"
+SPAN_ACTIVITY_COUNT = SPAN_ACTIVITY_PREFIX + "count"
+SPAN_ACTIVITY_CUSTOM = SPAN_ACTIVITY_PREFIX + "custom"
+WORKER_ACTIVITY_TIME = WORKER_ACTIVITY_PREFIX + "time"
+WORKER_ACTIVITY_DATA = WORKER_ACTIVITY_PREFIX + "data"
+WORKER_ACTIVITY_COUNT = WORKER_ACTIVITY_PREFIX + "count"
+WORKER_ACTIVITY_CUSTOM = WORKER_ACTIVITY_PREFIX + "custom"
 SPAN_DURATION = "dask.span.duration"
 SPAN_ACTIVE = "dask.span.active"
 

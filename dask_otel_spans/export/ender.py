@@ -162,7 +162,6 @@ class SpanEnder(ThreadWorker):
         #: OTel spans ended (a dask span's own, and its prefix spans')
         self.otel_spans = 0
         self._ids = _PinnedIdGenerator()
-        self.deterministic_ids = False
         self._tracer = self._make_tracer(tracer_provider)
         #: span names (user data: tags, prefixes) are cut to the attribute value
         #: length limit, as the SDK cuts attribute values; None: no limit
@@ -177,7 +176,6 @@ class SpanEnder(ThreadWorker):
             # provider's (cached) tracer.
             tracer = copy.copy(tracer)
             tracer.id_generator = self._ids
-            self.deterministic_ids = True
         else:
             logger.warning(
                 "dask_otel_spans: tracer provider %r is not the OpenTelemetry SDK's: "

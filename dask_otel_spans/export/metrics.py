@@ -229,8 +229,8 @@ class DaskInstruments:
         #: exemplars point at prefix spans (``prefix-spans``), else at dask spans
         self.prefix_spans = prefix_spans
         self.series_cap = series_cap if series_cap is not None else SeriesCap()
-        self._span_counters = self._counters(meter, "dask.span.activity.")
-        self._worker_counters = self._counters(meter, "dask.worker.activity.")
+        self._span_counters = self._counters(meter, names.SPAN_ACTIVITY_PREFIX)
+        self._worker_counters = self._counters(meter, names.WORKER_ACTIVITY_PREFIX)
         self.span_duration = meter.create_histogram(
             names.SPAN_DURATION,
             unit="s",
