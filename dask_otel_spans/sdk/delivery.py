@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from dask_otel_spans.sdk.health import ExportHealth
-from dask_otel_spans.sdk.otlpsend import RequestSender
-from dask_otel_spans.sdk.spool import Spool
+from dask_otel_spans.sdk.otlpsend import Reply, RequestSender
+from dask_otel_spans.sdk.spool import Entry, Spool
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +51,8 @@ class Delivery:
         self.spool = spool
         self._senders: dict[str, RequestSender] = {}
         self._health: dict[str, ExportHealth] = {}
+        #: a batch is on its way and its outcome not counted yet
+        self._sending = False
         self._retry_at: dict[str, float] = {}
         self._attempts: dict[str, int] = {}
         self._wake = threading.Event()
@@ -87,8 +89,9 @@ class Delivery:
         self._wake.set()
 
     def waiting(self) -> bool:
-        """Whether a batch of a signal this delivery sends still waits."""
-        return any(self.spool.waiting(s) for s in self._senders)
+        """Whether a batch of a signal this delivery sends still waits (or is being
+        sent, its outcome not counted yet)."""
+        return self._sending or any(self.spool.waiting(s) for s in self._senders)
 
     def drain(self, timeout: float, until_refused: bool = False) -> bool:
         """Wait until nothing waits, at most ``timeout`` seconds (less when every
@@ -105,7 +108,7 @@ class Delivery:
             due = [self._retry_at.get(s, 0.0) for s in waiting]
             if now >= deadline or (due and min(due) > deadline):
                 return False
-            if until_refused and all(
+            if until_refused and waiting and all(
                     self._attempts.get(s, 0) - attempts_before.get(s, 0)
                     >= TRIES_IN_A_FLUSH
                     for s in waiting):
@@ -168,7 +171,14 @@ class Delivery:
         entry = self.spool.oldest(signal)
         if entry is None or entry.payload is None:
             return False
-        reply = self._senders[signal].send(entry.payload)
+        self._sending = True
+        try:
+            return self._sent(signal, entry, self._senders[signal].send(entry.payload))
+        finally:
+            self._sending = False
+
+    def _sent(self, signal: str, entry: Entry, reply: Reply) -> bool:
+        """Count what came of sending ``entry``; True when it left the spool."""
         health = self._health[signal]
         if reply.delivered:
             self.spool.done(entry)
