@@ -5,6 +5,7 @@ scheduler, transport or export sides for it, nor the OTel SDK."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +68,33 @@ class ExportState:
     spooled: dict[str, int] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)
     spool: str | None = None
+
+    @classmethod
+    def from_figures(cls, figures: Mapping[str, Any], destinations: Mapping[str, Any],
+                     *, open: int, handed_over: int, flushed: bool | None) -> ExportState:
+        """The state from the export session's figures (``<signal>_delivered``,
+        ``_failed``, ``_held``, ``_spooled``, ``_dropped``, ``spool_directory``) and
+        where data goes (``traces_to``, ``metrics_to``, ``export_process``)."""
+        def count(key: str) -> int | None:
+            value = figures.get(key)
+            return None if value is None else int(value)
+
+        return cls(
+            traces_to=str(destinations.get("traces_to", IDLE)),
+            metrics_to=str(destinations.get("metrics_to", IDLE)),
+            export_process=bool(destinations.get("export_process", False)),
+            open=open, handed_over=handed_over,
+            traces_delivered=count("traces_delivered"),
+            traces_failed=count("traces_failed"),
+            metrics_delivered=count("metrics_delivered"),
+            metrics_failed=count("metrics_failed"),
+            flushed=flushed,
+            **{name: {signal: int(figures[f"{signal}_{name}"])
+                      for signal in ("traces", "metrics", "logs")
+                      if figures.get(f"{signal}_{name}") is not None}
+               for name in ("held", "spooled", "dropped")},
+            spool=figures.get("spool_directory"),
+        )
 
     def figures(self) -> dict[str, Any]:
         """The figures as flat ``<signal>_<figure>`` keys (as the exporters count)."""

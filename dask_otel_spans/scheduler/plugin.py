@@ -24,7 +24,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import IOLoop, PeriodicCallback
 
 from dask_otel_spans import names
-from dask_otel_spans.client.state import IDLE, ExportState
+from dask_otel_spans.client.state import ExportState
 from dask_otel_spans.config import TICK_INTERVAL, PluginConfig
 from dask_otel_spans.logonce import OnceLogger
 from dask_otel_spans.protocol import events
@@ -310,30 +310,9 @@ class OTelSpansPlugin(SchedulerPlugin):
         ``exporters`` flush the exporters, first)."""
         idle = self.transport is None
         flushed = (await self.flush(exporters=exporters) and not idle) if flush else None
-        stats = self.export_stats()
-        destinations = self.destinations
-
-        def count(key: str) -> int | None:
-            value = stats.get(key)
-            return None if value is None else int(value)
-
-        return ExportState(
-            traces_to=str(destinations.get("traces_to", IDLE)),
-            metrics_to=str(destinations.get("metrics_to", IDLE)),
-            export_process=bool(destinations.get("export_process", False)),
-            open=self.open_span_count,
-            handed_over=self.handed_over_count,
-            traces_delivered=count("traces_delivered"),
-            traces_failed=count("traces_failed"),
-            metrics_delivered=count("metrics_delivered"),
-            metrics_failed=count("metrics_failed"),
-            flushed=flushed,
-            **{name: {signal: int(stats[f"{signal}_{name}"])
-                      for signal in ("traces", "metrics", "logs")
-                      if stats.get(f"{signal}_{name}") is not None}
-               for name in ("held", "spooled", "dropped")},
-            spool=stats.get("spool_directory"),
-        )
+        return ExportState.from_figures(
+            self.export_stats(), self.destinations, open=self.open_span_count,
+            handed_over=self.handed_over_count, flushed=flushed)
 
     async def flush(self, timeout: float = 10.0, exporters: bool = True) -> bool:
         """Forward what happened so far, let the export session hand over what is ready
