@@ -19,6 +19,7 @@ from dask_otel_spans.background import QueueThread
 from dask_otel_spans.config import TICK_INTERVAL, PluginConfig
 from dask_otel_spans.export.bounded import BoundedMemory
 from dask_otel_spans.export.collisions import CollisionWarnings
+from dask_otel_spans.export.deltas import DeltaSums
 from dask_otel_spans.export.live import LiveRecords, LiveWriter
 from dask_otel_spans.export.metrics import DaskInstruments
 from dask_otel_spans.export.pipeline import ExportPipeline
@@ -88,6 +89,10 @@ class ExportSession:
         self._log_once = OnceLogger(logger)
         #: messages that were not of the protocol (skipped)
         self.unreadable = 0
+        #: heartbeat deltas of this pass, per span and worker-wide: they reach the
+        #: tree and the metrics once per pass (:meth:`_apply_deltas`)
+        self._span_deltas = DeltaSums()
+        self._worker_deltas = DeltaSums()
         self._dispatch = Dispatcher(self)
         #: the records of spans while they run (export/live.py)
         self.live = LiveRecords(
@@ -130,6 +135,7 @@ class ExportSession:
         at most about ``timeout`` seconds for the exporters."""
         self.thread.stop(timeout)
         try:
+            self._apply_deltas()
             self.tracker.close()
             self._hand_over()
         except Exception:
@@ -179,6 +185,7 @@ class ExportSession:
         """Run the tracker's pass and hand what it made ready to the pipeline."""
         self._next_pass = time.monotonic() + TICK_INTERVAL
         try:
+            self._apply_deltas()
             self.tracker.run_pass()
         finally:
             self._hand_over()
@@ -271,11 +278,23 @@ class ExportSession:
         self.tracker.client_gone(time, client)
 
     def on_span_deltas(self, deltas: Mapping[Hashable, float]) -> None:
-        self.tree.add_deltas(deltas)
+        self._span_deltas.add(deltas)
+
+    def _apply_deltas(self) -> None:
+        """The heartbeat deltas summed since the last pass, to the tree and (one
+        update per key) to the metrics."""
         pump = self.pipeline.pump
-        if pump is not None:
-            tags = span_tags_of(deltas, self.tree.tags)
-            pump.submit(DaskInstruments.add_span_deltas, deltas, tags, self._traces_of(tags))
+        if self._span_deltas:
+            deltas = self._span_deltas.take()
+            self.tree.add_deltas(deltas)
+            if pump is not None:
+                tags = span_tags_of(deltas, self.tree.tags)
+                pump.submit(DaskInstruments.add_span_deltas, deltas, tags,
+                            self._traces_of(tags))
+        if self._worker_deltas:
+            worker_deltas = self._worker_deltas.take()
+            if pump is not None:
+                pump.submit(DaskInstruments.add_worker_deltas, worker_deltas)
 
     def _traces_of(self, span_ids: Iterable[str]) -> dict[str, tuple[int, int, int]]:
         """``(trace id, OTel span id, trace flags)`` of the open spans among
@@ -297,9 +316,7 @@ class ExportSession:
         return out
 
     def on_worker_deltas(self, deltas: Mapping[Hashable, float]) -> None:
-        pump = self.pipeline.pump
-        if pump is not None:
-            pump.submit(DaskInstruments.add_worker_deltas, deltas)
+        self._worker_deltas.add(deltas)
 
     def on_nthreads_history(self, start: int,
                             entries: Sequence[tuple[float, int]]) -> None:
