@@ -132,7 +132,10 @@ def export_figures(dask_scheduler: Any) -> dict:
     """run_on_scheduler: the plugin's export figures as last reported (its export
     process's garbage collections included); empty without a plugin."""
     plugin = dask_scheduler.plugins.get("otel-spans")
-    stats = getattr(plugin, "export_stats", None)
+    figures = getattr(plugin, "export_figures", None)
+    if figures is not None:
+        return figures().flat()
+    stats = getattr(plugin, "export_stats", None)  # (before the typed figures)
     return dict(stats()) if stats is not None else {}
 
 

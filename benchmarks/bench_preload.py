@@ -212,7 +212,7 @@ def _scale_time(scale: float) -> None:
 
 
 # The plugin's figures, through its public statistics objects (``loop_stats``,
-# ``export_stats()``), or through the attributes of a plugin from before them
+# ``export_figures()``), or through the attributes of a plugin from before them
 # (commits before the one-path redesign, run with --against).
 
 
@@ -248,7 +248,9 @@ def _loop_figures(plugin) -> dict:
 
 def _export_figures(plugin) -> dict:
     """The export session's figures (cumulative)."""
-    if hasattr(plugin, "export_stats"):
+    if hasattr(plugin, "export_figures"):
+        return plugin.export_figures().flat()
+    if hasattr(plugin, "export_stats"):  # (before the typed figures)
         return plugin.export_stats()
     process = getattr(plugin, "export_process", None)
     if process is not None:  # (before the redesign, with its export process)

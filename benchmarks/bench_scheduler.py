@@ -821,7 +821,7 @@ async def _memory(checkpoints: list[int], export_process: bool) -> list[dict[str
                 "open": plugin.open_span_count,
             }
             if export_process:
-                child = plugin.export_stats()
+                child = plugin.export_figures().flat()
                 row["child_traced_bytes"] = child.get("traced_bytes", 0)
                 row["child_rss_bytes"] = child.get("rss_bytes", 0)
             out.append(row)

@@ -353,22 +353,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_resend(args: argparse.Namespace) -> int:
-    from dask_otel_spans.protocol.outcome import UNITS, describe, waiting
+    from dask_otel_spans.protocol.outcome import describe, settled
     from dask_otel_spans.sdk.delivery import resend
 
     if not os.path.isdir(args.directory):
         print(f"no such directory: {args.directory}", file=sys.stderr)
         return 1
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-    figures = resend(args.directory, os.environ, args.timeout)
-    found = [s for s in UNITS if f"{s}_to" in figures]
+    found = resend(args.directory, os.environ, args.timeout)
     if not found:
         print(f"nothing to send in {args.directory} (or only batches of running "
               "export processes)")
         return 0
-    for signal in found:
-        print(describe(figures, signal, figures[f"{signal}_to"]))
-    return 1 if any(waiting(figures, s) or figures.get(f"{s}_failed") for s in found) else 0
+    for signal, (where, figures) in found.items():
+        print(describe(figures, signal, where, spool_directory=args.directory))
+    return 0 if all(settled(figures) for _, figures in found.values()) else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

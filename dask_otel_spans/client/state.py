@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from dask_otel_spans import names
 from dask_otel_spans.client.plugin_check import PLUGIN_FIX
+from dask_otel_spans.protocol.figures import ExportFigures, SignalFigures
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -70,43 +71,34 @@ class ExportState:
     spool: str | None = None
 
     @classmethod
-    def from_figures(cls, figures: Mapping[str, Any], destinations: Mapping[str, Any],
+    def from_figures(cls, figures: ExportFigures, destinations: Mapping[str, Any],
                      *, open: int, handed_over: int, flushed: bool | None) -> ExportState:
-        """The state from the export session's figures (``<signal>_delivered``,
-        ``_failed``, ``_held``, ``_spooled``, ``_dropped``, ``spool_directory``) and
-        where data goes (``traces_to``, ``metrics_to``, ``export_process``)."""
-        def count(key: str) -> int | None:
-            value = figures.get(key)
-            return None if value is None else int(value)
-
+        """The state from the export session's figures and where data goes
+        (``traces_to``, ``metrics_to``, ``export_process``)."""
+        traces, metrics = figures.signal("traces"), figures.signal("metrics")
+        holding = {name: sig for name, sig in figures.signals.items()
+                   if sig.held is not None}
         return cls(
             traces_to=str(destinations.get("traces_to", IDLE)),
             metrics_to=str(destinations.get("metrics_to", IDLE)),
             export_process=bool(destinations.get("export_process", False)),
             open=open, handed_over=handed_over,
-            traces_delivered=count("traces_delivered"),
-            traces_failed=count("traces_failed"),
-            metrics_delivered=count("metrics_delivered"),
-            metrics_failed=count("metrics_failed"),
+            traces_delivered=traces.delivered, traces_failed=traces.failed,
+            metrics_delivered=metrics.delivered, metrics_failed=metrics.failed,
             flushed=flushed,
-            **{name: {signal: int(figures[f"{signal}_{name}"])
-                      for signal in ("traces", "metrics", "logs")
-                      if figures.get(f"{signal}_{name}") is not None}
-               for name in ("held", "spooled", "dropped")},
-            spool=figures.get("spool_directory"),
+            held={name: sig.held or 0 for name, sig in holding.items()},
+            spooled={name: sig.spooled or 0 for name, sig in holding.items()},
+            dropped={name: sig.dropped or 0 for name, sig in holding.items()},
+            spool=figures.spool_directory,
         )
 
-    def figures(self) -> dict[str, Any]:
-        """The figures as flat ``<signal>_<figure>`` keys (as the exporters count)."""
-        out: dict[str, Any] = {
-            "traces_delivered": self.traces_delivered, "traces_failed": self.traces_failed,
-            "metrics_delivered": self.metrics_delivered,
-            "metrics_failed": self.metrics_failed, "spool_directory": self.spool,
-        }
-        for name in ("held", "spooled", "dropped"):
-            for signal, value in getattr(self, name).items():
-                out[f"{signal}_{name}"] = value
-        return out
+    def signal(self, name: str) -> SignalFigures:
+        """What came of signal ``name`` (``traces``, ``metrics``, ``logs``)."""
+        return SignalFigures(
+            delivered=getattr(self, f"{name}_delivered", None),
+            failed=getattr(self, f"{name}_failed", None),
+            held=self.held.get(name), spooled=self.spooled.get(name),
+            dropped=self.dropped.get(name))
 
     def outcome(self, signal: str = "traces") -> str:
         """What came of ``signal``'s export, in words: delivered, failed, still
@@ -114,7 +106,7 @@ class ExportState:
         from dask_otel_spans.protocol.outcome import describe
 
         where = self.traces_to if signal == "traces" else self.metrics_to
-        return describe(self.figures(), signal, where)
+        return describe(self.signal(signal), signal, where, spool_directory=self.spool)
 
 
 async def scheduler_state(dask_scheduler: Scheduler, flush: bool = False,

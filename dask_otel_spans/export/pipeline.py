@@ -8,7 +8,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from dask_otel_spans import names
 from dask_otel_spans.config import PluginConfig
@@ -19,7 +18,8 @@ from dask_otel_spans.export.metrics import (
     SeriesCap,
     SpanNameCap,
 )
-from dask_otel_spans.protocol.outcome import describe, waiting
+from dask_otel_spans.protocol.figures import ExportFigures
+from dask_otel_spans.protocol.outcome import describe, settled
 from dask_otel_spans.sdk.health import rate_limit_sdk_logs
 from dask_otel_spans.sdk.providers import (
     Providers,
@@ -151,18 +151,16 @@ class ExportPipeline:
         figures = providers.delivery()
         signals = [("traces", providers.traces_to, self.ender.otel_spans),
                    ("metrics", providers.metrics_to, None)]
-        if figures.get("logs_delivered") is not None:
+        if figures["logs"].counted:
             signals.append(("logs", providers.logs_to, None))
-        clean = finished and not any(
-            waiting(figures, s) or figures.get(f"{s}_failed")
-            or figures.get(f"{s}_dropped") for s, _, _ in signals)
-        if clean:
+        if finished and all(settled(figures[s]) for s, _, _ in signals):
             return
         late = ("" if finished else
                 f"; the exporters did not finish within {timeout:.1f} s "
                 "(otel-spans.shutdown-timeout): what they had not reported on is lost")
         logger.warning("dask_otel_spans: at close, %s%s", "; ".join(
-            describe(figures, signal, where, handed) for signal, where, handed in signals
+            describe(figures[signal], signal, where, handed, providers.spool_directory)
+            for signal, where, handed in signals
         ), late)
 
     def cpu_seconds(self) -> float:
@@ -171,18 +169,17 @@ class ExportPipeline:
             self.pump.cpu_seconds if self.pump is not None else 0.0
         )
 
-    def stats(self) -> dict[str, Any]:
-        """Figures for tests and benchmarks."""
-        instruments = self.instruments
-        return {
-            "ended": self.ender.ended_count,
-            "ender_cpu_s": self.ender.cpu_seconds,
-            "metrics_cpu_s": self.pump.cpu_seconds if self.pump is not None else 0.0,
-            "dropped": self.ender.dropped
-            + (self.pump.dropped if self.pump is not None else 0),
-            "metric_updates": instruments.updates if instruments is not None else 0,
-            "metric_sdk_calls": instruments.sdk_calls if instruments is not None else 0,
-            # subtree summaries kept for parents still open
-            "summaries": len(self.ender.summaries),
-            **self.providers.delivery(),
-        }
+    def figures(self) -> ExportFigures:
+        """The pipeline's part of the export session's figures."""
+        instruments, pump, ender = self.instruments, self.pump, self.ender
+        return ExportFigures(
+            ended=ender.ended_count,
+            ender_cpu_s=ender.cpu_seconds,
+            metrics_cpu_s=pump.cpu_seconds if pump is not None else 0.0,
+            queue_dropped=ender.dropped + (pump.dropped if pump is not None else 0),
+            metric_updates=instruments.updates if instruments is not None else 0,
+            metric_sdk_calls=instruments.sdk_calls if instruments is not None else 0,
+            summaries=len(ender.summaries),
+            signals=self.providers.delivery(),
+            spool_directory=self.providers.spool_directory,
+        )

@@ -30,6 +30,7 @@ from dask_otel_spans.export.tracking.tree import SpanTree
 from dask_otel_spans.logonce import OnceLogger
 from dask_otel_spans.protocol.events import Dispatcher, Message, UnknownMessage
 from dask_otel_spans.protocol.exceptions import OTHER, exception_type
+from dask_otel_spans.protocol.figures import ExportFigures
 from dask_otel_spans.protocol.propagation import parse_carried, resolve_chain
 from dask_otel_spans.protocol.tasks import SLOWEST
 
@@ -142,20 +143,19 @@ class ExportSession:
             logger.exception("dask_otel_spans: cannot hand over the spans still open")
         self.pipeline.shut_down(timeout)
 
-    def stats(self) -> dict[str, Any]:
+    def figures(self) -> ExportFigures:
         """Figures of the tree, the tracker and the pipeline."""
         tracker, tree = self.tracker, self.tree
-        return {
-            **self.pipeline.stats(),
-            "open": tracker.open_count,
-            "handed_over": tracker.handed_over,
-            "readiness_checks": tracker.readiness_checks,
-            "received": tree.received,
-            "last_position": tree.last_position,
-            "tree_spans": len(tree.spans),
-            "unreadable": self.unreadable,
-            "session_cpu_s": self.cpu_seconds,
-        }
+        return self.pipeline.figures().replace(
+            open=tracker.open_count,
+            handed_over=tracker.handed_over,
+            readiness_checks=tracker.readiness_checks,
+            received=tree.received,
+            last_position=tree.last_position,
+            tree_spans=len(tree.spans),
+            unreadable=self.unreadable,
+            session_cpu_s=self.cpu_seconds,
+        )
 
     # -- the thread ----------------------------------------------------------------------
 

@@ -9,6 +9,8 @@ import pickle
 import struct
 from typing import IO, Any, NamedTuple
 
+from dask_otel_spans.protocol.figures import ExportFigures
+
 _HEADER = struct.Struct("!I")
 #: First byte of a frame's payload: how the rest is encoded (a batch of the sender's
 #: messages is marshalled, or else pickled; any other object is pickled)
@@ -63,7 +65,7 @@ class SetupFailed(NamedTuple):
 class Figures(NamedTuple):
     """The session's figures, when they changed (every half second at most)."""
 
-    figures: dict[str, Any]
+    figures: ExportFigures
 
 
 class Flushed(NamedTuple):
@@ -71,13 +73,13 @@ class Flushed(NamedTuple):
 
     token: int
     ok: bool
-    figures: dict[str, Any]
+    figures: ExportFigures
 
 
 class Stopped(NamedTuple):
     """The last figures, at the end of the process's stdin."""
 
-    figures: dict[str, Any]
+    figures: ExportFigures
 
 
 #: What the export process says

@@ -29,6 +29,7 @@ from dask_otel_spans.config import TICK_INTERVAL, PluginConfig
 from dask_otel_spans.logonce import OnceLogger
 from dask_otel_spans.protocol import events
 from dask_otel_spans.protocol.dask_facts import SETTLED_STATES, grace_period
+from dask_otel_spans.protocol.figures import ExportFigures
 from dask_otel_spans.scheduler.forwarder import SpanForwarder
 from dask_otel_spans.scheduler.heartbeats import tap_heartbeats, worker_wide_deltas
 from dask_otel_spans.scheduler.loopstats import EventLoopStats
@@ -132,34 +133,33 @@ class OTelSpansPlugin(SchedulerPlugin):
 
     # -- figures (tests, benchmarks, run_on_scheduler) -------------------------------
 
-    def export_stats(self) -> dict[str, Any]:
+    def export_figures(self) -> ExportFigures:
         """The export session's figures, by stage (as last reported when it runs in
-        the export process): ``received`` (spans forwarded to the session and taken
-        in), ``open`` (not handed over yet), ``handed_over`` (to the pipeline),
-        ``ended`` (ended in the tracer provider), ``traces_delivered``/
-        ``traces_failed`` and ``metrics_delivered``/``metrics_failed`` (as the
-        exporters reported them), and others for benchmarks."""
-        return self.transport.stats() if self.transport is not None else {}
+        the export process): spans received by the session, open (not handed over
+        yet), handed over (to the pipeline) and ended (in the tracer provider), and
+        what came of each signal's export (:class:`ExportFigures`)."""
+        return (self.transport.figures() if self.transport is not None
+                else ExportFigures())
 
     @property
     def open_span_count(self) -> int:
         """Spans not handed over yet, those forwarded and not received yet included."""
-        stats = self.export_stats()
+        figures = self.export_figures()
         forwarder = self.forwarder
         if forwarder is None:
             return 0
-        on_the_way = forwarder.forwarded_to_this_copy - int(stats.get("received", 0))
-        return int(stats.get("open", 0)) + max(0, on_the_way)
+        on_the_way = forwarder.forwarded_to_this_copy - figures.received
+        return figures.open + max(0, on_the_way)
 
     @property
     def handed_over_count(self) -> int:
         """Spans handed over to the pipeline."""
-        return int(self.export_stats().get("handed_over", 0))
+        return self.export_figures().handed_over
 
     @property
     def ended_count(self) -> int:
         """Spans ended in the tracer provider."""
-        return int(self.export_stats().get("ended", 0))
+        return self.export_figures().ended
 
     @property
     def grace(self) -> float:
@@ -311,7 +311,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         idle = self.transport is None
         flushed = (await self.flush(exporters=exporters) and not idle) if flush else None
         return ExportState.from_figures(
-            self.export_stats(), self.destinations, open=self.open_span_count,
+            self.export_figures(), self.destinations, open=self.open_span_count,
             handed_over=self.handed_over_count, flushed=flushed)
 
     async def flush(self, timeout: float = 10.0, exporters: bool = True) -> bool:

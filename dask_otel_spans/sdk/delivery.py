@@ -11,8 +11,8 @@ import random
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
 
+from dask_otel_spans.protocol.figures import SIGNALS, SignalFigures
 from dask_otel_spans.sdk.health import ExportHealth
 from dask_otel_spans.sdk.otlpsend import Reply, RequestSender
 from dask_otel_spans.sdk.spool import Entry, Spool
@@ -131,15 +131,13 @@ class Delivery:
             except Exception:
                 pass
 
-    def figures(self) -> dict[str, Any]:
-        """Per signal sent here: ``<signal>_held``, ``_spooled``, ``_dropped``; and
-        ``spool_directory`` (None: memory only)."""
-        out: dict[str, Any] = {}
-        for signal in self._senders:
-            for name, value in self.spool.figures(signal).items():
-                out[f"{signal}_{name}"] = value
-        out["spool_directory"] = self.spool.directory
-        return out
+    def figures(self, signal: str, delivered: int | None = None,
+                failed: int | None = None) -> SignalFigures:
+        """What came of ``signal``: ``delivered`` and ``failed`` as its exporters
+        counted them, with what this holds and dropped of it."""
+        if signal not in self._senders:
+            return SignalFigures(delivered, failed)
+        return SignalFigures(delivered, failed, **self.spool.figures(signal))
 
     # -- the thread ----------------------------------------------------------------------
 
@@ -203,14 +201,12 @@ class Delivery:
 
 
 def resend(directory: str, environ: Mapping[str, str], timeout: float
-           ) -> dict[str, Any]:
+           ) -> dict[str, tuple[str, SignalFigures]]:
     """Send what the spool ``directory`` holds (the folders of processes that
     ended) to the OTLP endpoints ``environ`` configures, for at most ``timeout``
-    seconds; what was not acknowledged stays there. The figures
-    (:meth:`Delivery.figures`, ``<signal>_delivered``, ``<signal>_failed``) and,
-    per signal found, where it went (``<signal>_to``)."""
+    seconds; what was not acknowledged stays there. Per signal found: where it went,
+    and what came of it."""
     from dask_otel_spans.sdk.otlpsend import request_sender
-    from dask_otel_spans.sdk.spool import SIGNALS
 
     spool = Spool(directory, max_memory=0, max_disk=2**62)
     delivery = Delivery(spool)
@@ -223,11 +219,8 @@ def resend(directory: str, environ: Mapping[str, str], timeout: float
             delivery.add_signal(signal, sender, healths[signal])
     delivery.start()
     delivery.drain(timeout)
-    figures = delivery.figures()
+    out = {signal: (health.where,
+                    delivery.figures(signal, health.delivered, health.failed))
+           for signal, health in healths.items()}
     delivery.close(0.0)
-    for signal, health in healths.items():
-        figures[f"{signal}_delivered"] = health.delivered
-        figures[f"{signal}_failed"] = health.failed
-        figures[f"{signal}_to"] = health.where
-    figures["spool_directory"] = directory
-    return figures
+    return out

@@ -27,6 +27,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
 from dask_otel_spans import names
+from dask_otel_spans.protocol.figures import SIGNALS, SignalFigures
 from dask_otel_spans.sdk.delivery import Delivery
 from dask_otel_spans.sdk.health import (
     ExportHealth,
@@ -107,23 +108,27 @@ class Providers:
         return tuple(p for p in (self.tracer_provider, self.meter_provider,
                                  self.logger_provider) if p is not None)
 
-    def delivery(self) -> dict[str, int | None]:
-        """What the exporters built here reported, per signal: ``traces_delivered``
-        and ``traces_failed`` (OTel spans), ``metrics_delivered`` and
-        ``metrics_failed`` (metric points). With several exporters for a signal,
-        delivered is the fewest any of them delivered and failed the most any of
-        them failed; None where no exporter of the signal was built here (given or
-        global providers, a pull reader such as Prometheus)."""
-        out: dict[str, Any] = {}
-        for signal in ("traces", "metrics", "logs"):
+    def delivery(self) -> dict[str, SignalFigures]:
+        """What the exporters built here reported, per signal (OTel spans, metric
+        points, log records). With several exporters for a signal, delivered is the
+        fewest any of them delivered and failed the most any of them failed; None
+        where no exporter of the signal was built here (given or global providers, a
+        pull reader such as Prometheus)."""
+        out = {}
+        for signal in SIGNALS:
             health = [h for h in self.health if h.signal == signal]
-            out[f"{signal}_delivered"] = (
-                min(h.delivered for h in health) if health else None
-            )
-            out[f"{signal}_failed"] = max(h.failed for h in health) if health else None
-        if self.redelivery is not None:
-            out.update(self.redelivery.figures())
+            delivered = min(h.delivered for h in health) if health else None
+            failed = max(h.failed for h in health) if health else None
+            out[signal] = (self.redelivery.figures(signal, delivered, failed)
+                           if self.redelivery is not None
+                           else SignalFigures(delivered, failed))
         return out
+
+    @property
+    def spool_directory(self) -> str | None:
+        """Where batches that could not be delivered are spooled (None: in memory
+        only, or nothing is held)."""
+        return self.redelivery.spool.directory if self.redelivery is not None else None
 
     def delivering(self) -> bool:
         """Whether the last export of every exporter built here succeeded (True

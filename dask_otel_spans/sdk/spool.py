@@ -24,13 +24,13 @@ from collections import deque
 from dataclasses import dataclass
 from typing import IO, Any
 
+from dask_otel_spans.protocol.figures import SIGNALS
+
 logger = logging.getLogger(__name__)
 
 #: Seconds a held batch waits in memory before it is written to the directory: what
 #: a SIGKILL of the process can lose of what it held
 SPILL_AFTER = 1.0
-#: The signals a spool keeps apart (each sent oldest first)
-SIGNALS = ("traces", "metrics", "logs")
 #: ``otel-spans.spool.directory: auto``: this folder below the user's cache directory
 AUTO = "auto"
 _LOCK = ".lock"

@@ -35,6 +35,7 @@ import psutil
 from dask_otel_spans.config import CPU_POLICIES
 from dask_otel_spans.export.pipeline import ExportPipeline
 from dask_otel_spans.export.session import ExportSession
+from dask_otel_spans.protocol.figures import ExportFigures, ProcessFigures
 from dask_otel_spans.protocol.wire import (
     Answer,
     Figures,
@@ -52,7 +53,7 @@ from dask_otel_spans.transport.spec import PipelineSpec
 logger = logging.getLogger("dask_otel_spans.transport.child")
 
 #: Seconds between two looks at whether the figures changed
-_STATS_INTERVAL = 0.5
+_FIGURES_INTERVAL = 0.5
 #: Allocations between two collections of the garbage collector's youngest
 #: generation in this process (Python's default: 700; :func:`settle_garbage_collector`)
 YOUNG_GC_THRESHOLD = 10_000
@@ -86,13 +87,13 @@ class _Outbox:
         with self._lock:
             self._write(message)
 
-    def send_with_figures(self, answer: Callable[[dict[str, Any]], Answer],
+    def send_with_figures(self, answer: Callable[[ExportFigures], Answer],
                           session: ExportSession) -> None:
         """Send ``answer(figures)``, the session's figures taken while no other frame
         is sent: of two answers with figures (the stats thread's and a flush's), the
         later one sent holds the later figures."""
         with self._lock:
-            self._write(answer(_stats(session)))
+            self._write(answer(_figures(session)))
 
     def _write(self, message: Answer) -> None:
         try:
@@ -125,41 +126,40 @@ def settle_garbage_collector() -> None:
     gc.callbacks.append(_time_collections)
 
 
-def _gc_figures() -> dict[str, float]:
-    """The garbage collector's figures: objects left out of collections, the
-    youngest generation's threshold, and collections of each generation so far."""
-    out = {"gc_frozen_objects": _frozen_objects,
-           "gc_young_threshold": gc.get_threshold()[0], "gc_cpu_s": _gc_cpu[0]}
-    for generation, figures in enumerate(gc.get_stats()):
-        out[f"gc_collections_{generation}"] = figures["collections"]
-    return out
-
-
-def _stats(session: ExportSession) -> dict[str, Any]:
-    """The session's figures, and this process's CPU seconds, garbage collector and
-    memory: resident set size, and Python's allocations still alive when
-    ``tracemalloc`` traces (``PYTHONTRACEMALLOC=1`` in the scheduler's
-    environment)."""
-    out = {**session.stats(), "process_cpu_s": time.process_time(), **_gc_figures()}
+def _process_figures() -> ProcessFigures:
+    """This process's CPU seconds, garbage collector and memory: resident set size,
+    and Python's allocations still alive when ``tracemalloc`` traces
+    (``PYTHONTRACEMALLOC=1`` in the scheduler's environment)."""
     try:
-        out["rss_bytes"] = psutil.Process().memory_info().rss
+        rss: int | None = psutil.Process().memory_info().rss
     except psutil.Error:  # pragma: no cover - /proc unreadable
-        pass
-    if tracemalloc.is_tracing():
-        out["traced_bytes"] = tracemalloc.get_traced_memory()[0]
-    return out
+        rss = None
+    return ProcessFigures(
+        pid=os.getpid(), cpu_s=time.process_time(), rss_bytes=rss,
+        traced_bytes=(tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing()
+                      else None),
+        gc_frozen_objects=_frozen_objects, gc_young_threshold=gc.get_threshold()[0],
+        gc_cpu_s=_gc_cpu[0],
+        gc_collections=tuple(figures["collections"] for figures in gc.get_stats()),
+    )
 
 
-def report_stats(session: ExportSession, outbox: _Outbox,
-                  stopped: threading.Event) -> None:
-    last: dict[str, Any] = {}
+def _figures(session: ExportSession) -> ExportFigures:
+    """The session's figures, with this process's."""
+    return session.figures().replace(process=_process_figures())
+
+
+def report_figures(session: ExportSession, outbox: _Outbox,
+                   stopped: threading.Event) -> None:
+    """Send the session's figures when they changed (CPU and memory, which always
+    change, are not compared), every :data:`_FIGURES_INTERVAL` at most."""
+    last: ExportFigures | None = None
     failed = False
-    while not stopped.wait(_STATS_INTERVAL):
+    while not stopped.wait(_FIGURES_INTERVAL):
         try:
-            stats = session.stats()
-            stats.pop("session_cpu_s", None)
-            if stats != last:  # CPU and memory always change: not compared
-                last = stats
+            figures = session.figures().replace(session_cpu_s=0.0)
+            if figures != last:
+                last = figures
                 outbox.send_with_figures(Figures, session)
         except Exception:
             # (the scheduler waits on these figures: the thread carries on)
@@ -193,7 +193,7 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
     settle_garbage_collector()
     stopped = threading.Event()
     reporter = threading.Thread(
-        target=report_stats, args=(session, outbox, stopped),
+        target=report_figures, args=(session, outbox, stopped),
         name="dask-otel-spans-export-stats", daemon=True,
     )
     reporter.start()

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from dask_otel_spans.export.pipeline import ExportPipeline
 from dask_otel_spans.export.session import ExportSession
 from dask_otel_spans.export.share import ExportShareWatch
+from dask_otel_spans.protocol.figures import ExportFigures
 from dask_otel_spans.sdk.otlp import ConfigurationError
 from dask_otel_spans.sdk.providers import (
     exporter_names,
@@ -59,7 +60,7 @@ class Transport(Protocol):
     def stop(self, timeout: float) -> None:
         """Export what was sent, hand over the spans still open, stop."""
 
-    def stats(self) -> dict[str, Any]:
+    def figures(self) -> ExportFigures:
         """The session's figures (as last reported, from a child)."""
 
 
@@ -90,8 +91,8 @@ class ThreadTransport:
     def stop(self, timeout: float) -> None:
         self.session.stop(timeout)
 
-    def stats(self) -> dict[str, Any]:
-        return self.session.stats()
+    def figures(self) -> ExportFigures:
+        return self.session.figures()
 
 
 class ChildTransport:
@@ -126,8 +127,8 @@ class ChildTransport:
         # (the child waits ``timeout`` for its exporters itself, then exits)
         self.sender.stop(timeout + CHILD_EXIT_MARGIN)
 
-    def stats(self) -> dict[str, Any]:
-        return self.sender.stats()
+    def figures(self) -> ExportFigures:
+        return self.sender.figures()
 
 
 def why_export_stays_here(

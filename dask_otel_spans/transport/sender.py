@@ -11,6 +11,7 @@ from typing import Any
 
 from dask_otel_spans.background import QueueThread
 from dask_otel_spans.protocol import events
+from dask_otel_spans.protocol.figures import ExportFigures, SenderFigures
 from dask_otel_spans.protocol.wire import encode_batch, flush_message, is_flush, read_flush
 from dask_otel_spans.transport.budget import ForwardBudget
 from dask_otel_spans.transport.supervisor import ChildSupervisor
@@ -82,15 +83,12 @@ class ChildSender:
         """Messages sent and not yet written to the export process (or lost)."""
         return self.budget.waiting
 
-    def stats(self) -> dict[str, Any]:
+    def figures(self) -> ExportFigures:
         """The export process's figures as last reported (its counts with those of
         the children that died), and what this side lost or dropped."""
-        out = self.supervisor.stats()
-        out["lost"] = self.lost
-        out["frames"] = self.frames
-        out["dropped_by_kind"] = dict(self.budget.dropped_by_kind)
-        out["waiting"] = self.waiting
-        return out
+        return self.supervisor.figures().replace(sender=SenderFigures(
+            lost=self.lost, frames=self.frames, waiting=self.waiting,
+            dropped_by_kind=dict(self.budget.dropped_by_kind)))
 
     def flush(self, timeout: float | None = None, exporters: bool = True) -> bool:
         """Wait until the export process applied everything queued so far and

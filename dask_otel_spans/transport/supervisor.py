@@ -12,6 +12,7 @@ import threading
 from itertools import count
 from typing import IO, Any
 
+from dask_otel_spans.protocol.figures import ExportFigures
 from dask_otel_spans.protocol.wire import (
     Answer,
     Figures,
@@ -31,7 +32,6 @@ logger = logging.getLogger(__name__)
 #: the scheduler's event loop goes first
 EXPORT_PROCESS_NICE = 10
 #: Counts of a child's figures that go on over a restart (:meth:`ChildSupervisor.total`)
-_CUMULATIVE = ("ended", "handed_over", "received")
 #: The module the export process runs (``python -m``)
 CHILD_MODULE = "dask_otel_spans.transport.child"
 
@@ -100,7 +100,7 @@ class ChildSupervisor:
         #: children started so far
         self.launches = 0
         #: the running child's figures (the session's), as last reported
-        self.child_stats: dict[str, Any] = {}
+        self.child_figures = ExportFigures()
         #: what the child said when it was ready: where traces and metrics go, pid
         self.info: dict[str, Any] = {}
         #: the highest place in the scheduler's span dict that an export process
@@ -114,8 +114,8 @@ class ChildSupervisor:
         self._gave_up = False
         #: pids of children whose end was logged
         self._deaths_logged: set[int] = set()
-        #: the child whose figures ``child_stats`` holds
-        self._stats_pid: int | None = None
+        #: the child whose figures ``child_figures`` holds
+        self._figures_pid: int | None = None
         #: counts of the children that died, of the figures :meth:`total` reads
         self._counts_of_dead: dict[str, int] = {}
 
@@ -132,16 +132,13 @@ class ChildSupervisor:
         return proc is not None and proc.poll() is None
 
     def total(self, name: str) -> int:
-        """A count of the export processes (``ended``, ``handed_over``,
-        ``received``), as last reported, with those of children that died."""
-        return self._counts_of_dead.get(name, 0) + int(self.child_stats.get(name, 0))
+        """A count of the export processes (one of ``ExportFigures.CUMULATIVE``), as
+        last reported, with those of children that died."""
+        return self._counts_of_dead.get(name, 0) + int(getattr(self.child_figures, name))
 
-    def stats(self) -> dict[str, Any]:
+    def figures(self) -> ExportFigures:
         """The running child's figures, its counts with those of the dead ones."""
-        out = dict(self.child_stats)
-        for name in _CUMULATIVE:
-            out[name] = self.total(name)
-        return out
+        return self.child_figures.plus_counts(self._counts_of_dead)
 
     # -- start, restart, end -----------------------------------------------------------
 
@@ -187,13 +184,12 @@ class ChildSupervisor:
             raise ExportProcessError(reason, setup_failed=isinstance(first, SetupFailed))
         self._proc, self._reader = proc, reader
         self.launches += 1
-        for name in _CUMULATIVE:
+        for name in ExportFigures.CUMULATIVE:
             self._counts_of_dead[name] = self.total(name)
-        self.confirmed_position = max(
-            self.confirmed_position, int(self.child_stats.get("last_position", -1))
-        )
-        self.child_stats = {}
-        self._stats_pid = proc.pid
+        self.confirmed_position = max(self.confirmed_position,
+                                      self.child_figures.last_position)
+        self.child_figures = ExportFigures()
+        self._figures_pid = proc.pid
         self.info = first.destinations
         return self.info
 
@@ -298,11 +294,11 @@ class ChildSupervisor:
                 answer.append(message)
                 ready.set()
             case Figures(figures) | Stopped(figures):
-                if proc.pid == self._stats_pid:
-                    self.child_stats = figures
+                if proc.pid == self._figures_pid:
+                    self.child_figures = figures
             case Flushed(token, ok, figures):
-                if proc.pid == self._stats_pid:
-                    self.child_stats = figures
+                if proc.pid == self._figures_pid:
+                    self.child_figures = figures
                 flush = self._flushes.get(token)
                 if flush is not None:
                     flush.ok = bool(ok)

@@ -47,8 +47,7 @@ async def test_collector_down_then_up_then_away_and_back(c, s, a, b, caplog):
     [trace_health] = [h for h in providers.health if h.signal == "traces"]
 
     def held() -> int:
-        figures = providers.delivery()
-        return figures["traces_held"] + figures["traces_spooled"]
+        return providers.delivery()["traces"].waiting
 
     # 1. collector down from the start: the spans are held
     for i in range(3):

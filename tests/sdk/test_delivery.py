@@ -62,8 +62,7 @@ def close(providers: Providers) -> None:
 
 
 def waiting(providers: Providers, signal: str = "traces") -> int:
-    figures = providers.delivery()
-    return figures[f"{signal}_held"] + figures[f"{signal}_spooled"]
+    return providers.delivery()[signal].waiting
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -83,7 +82,7 @@ def test_what_ends_while_the_receiver_is_down_arrives_once_when_it_is_back(
             assert sorted(ids) == sorted(set(ids)) and len(ids) == 6
             assert sorted(r.body.string_value for _, r in _records(back)) == [
                 "record-0", "record-1"]
-            assert providers.delivery()["traces_delivered"] == 6
+            assert providers.delivery()["traces"].delivered == 6
         finally:
             back.stop()
     finally:
@@ -122,8 +121,8 @@ def test_nothing_counts_as_delivered_or_flushed_while_anything_is_held(tmp_path)
     try:
         end_spans(providers, 3)
         wait_for(lambda: waiting(providers) == 3)
-        figures = providers.delivery()
-        assert figures["traces_delivered"] == 0 and figures["traces_failed"] == 0
+        figures = providers.delivery()["traces"]
+        assert figures.delivered == 0 and figures.failed == 0
         assert providers.delivering() is False
     finally:
         close(providers)
@@ -135,9 +134,9 @@ def test_memory_stays_within_max_memory_and_the_rest_goes_to_disk(tmp_path):
     try:
         end_spans(providers, 5)
         wait_for(lambda: waiting(providers) == 5)
-        figures = providers.delivery()
-        assert figures["traces_held"] == 0 and figures["traces_spooled"] == 5
-        assert figures["spool_directory"] == str(tmp_path)
+        figures = providers.delivery()["traces"]
+        assert figures.held == 0 and figures.spooled == 5
+        assert providers.spool_directory == str(tmp_path)
     finally:
         close(providers)
 
@@ -151,11 +150,11 @@ def test_a_spool_left_at_close_is_sent_from_anywhere_by_resend(tmp_path):
     close(providers)
     receiver.start()
     try:
-        figures = resend(str(tmp_path), environ, timeout=20)
-        assert figures["traces_delivered"] == 3 and figures["traces_spooled"] == 0
+        [(where, figures)] = resend(str(tmp_path), environ, timeout=20).values()
+        assert figures.delivered == 3 and figures.spooled == 0
         assert len({s["spanId"] for s in receiver.spans()}) == 3
         again = resend(str(tmp_path), environ, timeout=5)  # (acknowledged: gone)
-        assert "traces_to" not in again
+        assert "traces" not in again
     finally:
         receiver.stop()
 

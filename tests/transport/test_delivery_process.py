@@ -38,7 +38,7 @@ async def install(c, port: int, spool) -> OTelSpansPlugin:
 
 
 def spooled(plugin: OTelSpansPlugin) -> int:
-    return int(plugin.export_stats().get("traces_spooled") or 0)
+    return plugin.export_figures().signal("traces").spooled or 0
 
 
 def dask_span_names(receiver: OTLPReceiver) -> list[str]:

@@ -24,6 +24,7 @@ from support.providers import MemoryProviders
 
 from dask_otel_spans import OTelSpansPlugin, names, span
 from dask_otel_spans.config import PluginConfig
+from dask_otel_spans.protocol.figures import ExportFigures
 from dask_otel_spans.protocol.wire import Figures
 from dask_otel_spans.sdk.otlpjson import latest_points, read_metric_points, read_spans
 from dask_otel_spans.transport.sender import ChildSender
@@ -105,7 +106,7 @@ async def test_span_code_reaches_the_export_process_in_a_pickled_batch(
         c, tmp_path, include_code=True, max_code_length=200
     )
     await export_one_span(c, plugin, "coded")
-    lost = plugin.export_stats()["lost"]
+    lost = plugin.export_figures().sender.lost
     await plugin.close()
     [coded] = [
         sp for sp in exported_spans(tmp_path)
@@ -131,14 +132,14 @@ async def test_export_process_reports_its_memory(c, s, a, b, tmp_path, monkeypat
     monkeypatch.setenv("PYTHONTRACEMALLOC", "1")
     plugin = await install_process_plugin(c, tmp_path)
     await export_one_span(c, plugin, "measured")
-    stats = plugin.export_stats()
+    figures = plugin.export_figures()
     rss = psutil.Process(child_pid(plugin)).memory_info().rss
     await plugin.close()
-    assert stats["ended"] >= 1
+    assert figures.ended >= 1
     # the child's own resident set, of the order psutil sees from outside
-    assert 0.5 * rss < stats["rss_bytes"] < 2 * rss
+    assert 0.5 * rss < figures.process.rss_bytes < 2 * rss
     # Python's allocations still alive in the child: imports alone are megabytes
-    assert stats["traced_bytes"] > 2**20
+    assert figures.process.traced_bytes > 2**20
 
 
 @gen_cluster(client=True, timeout=120)
@@ -228,23 +229,23 @@ def test_the_export_process_figures_thread_carries_on_after_an_error(monkeypatch
     class Session:
         calls = 0
 
-        def stats(self) -> dict:
+        def figures(self) -> ExportFigures:
             self.calls += 1
             if self.calls == 1:
                 raise RuntimeError("figures not ready")
-            return {"open": 1}
+            return ExportFigures(open=1)
 
     class Outbox:
         def __init__(self) -> None:
             self.sent: list = []
 
         def send_with_figures(self, answer, session) -> None:
-            self.sent.append(answer(session.stats()))
+            self.sent.append(answer(session.figures()))
 
-    monkeypatch.setattr(export_child, "_STATS_INTERVAL", 0.01)
+    monkeypatch.setattr(export_child, "_FIGURES_INTERVAL", 0.01)
     outbox, stopped = Outbox(), threading.Event()
     thread = threading.Thread(
-        target=export_child.report_stats, args=(Session(), outbox, stopped),
+        target=export_child.report_figures, args=(Session(), outbox, stopped),
         daemon=True,
     )
     thread.start()
@@ -253,7 +254,7 @@ def test_the_export_process_figures_thread_carries_on_after_an_error(monkeypatch
     finally:
         stopped.set()
         thread.join(5)
-    assert isinstance(outbox.sent[0], Figures) and outbox.sent[0].figures["open"] == 1
+    assert isinstance(outbox.sent[0], Figures) and outbox.sent[0].figures.open == 1
 
 
 @gen_cluster(client=True, timeout=120)
@@ -320,7 +321,7 @@ def test_messages_past_the_budget_are_dropped_counted_and_said_once(caplog):
         process.send([("span", ("a",), ("a",), 0.0, 0, 0), ("deltas", {})])
         process.send([("deltas", {})] * 3)
     assert process.waiting == 4
-    assert process.stats()["dropped_by_kind"] == {"span": 1, "deltas": 4}
+    assert process.figures().sender.dropped_by_kind == {"span": 1, "deltas": 4}
     [warning] = [r.getMessage() for r in caplog.records]
     assert "5 messages wait" not in warning and "4 messages wait" in warning
     assert "otel-spans.forward-budget, now 5" in warning and "CPU policy idle" in warning
@@ -603,12 +604,12 @@ def test_export_process_leaves_its_setup_out_of_garbage_collections(tmp_path):
     process.start()
     try:
         assert process.flush(30)
-        stats = process.stats()
+        figures = process.figures().process
         # the containers of the SDK's, distributed's and the package's modules
         # (about 70,000 with Python 3.11)
-        assert stats["gc_frozen_objects"] > 10_000
-        assert stats["gc_young_threshold"] == YOUNG_GC_THRESHOLD
-        assert stats["gc_collections_2"] >= 1  # the one collection before freezing
+        assert figures.gc_frozen_objects > 10_000
+        assert figures.gc_young_threshold == YOUNG_GC_THRESHOLD
+        assert figures.gc_collections[2] >= 1  # the one collection before freezing
     finally:
         process.stop(5)
 
@@ -642,7 +643,7 @@ async def test_a_stopped_export_process_loses_nothing_within_the_budget(
     await running
     await async_wait_for(lambda: plugin.handed_over_count >= 120, timeout=60)
     await plugin.flush()
-    dropped = plugin.export_stats()["dropped_by_kind"]
+    dropped = plugin.export_figures().sender.dropped_by_kind
     await plugin.close()
     assert set(stopped) <= exported_names(tmp_path)
     assert dropped == {}
@@ -660,7 +661,7 @@ async def test_past_the_budget_a_stopped_export_process_drops_the_newest_and_say
     await async_wait_for(lambda: plugin.transport.sender.waiting == 0)
     await export_one_span(c, plugin, "after")
     await async_wait_for(lambda: "after" in exported_names(tmp_path), timeout=60)
-    dropped = plugin.export_stats()["dropped_by_kind"]
+    dropped = plugin.export_figures().sender.dropped_by_kind
     await plugin.close()
     exported = exported_names(tmp_path)
     kept = [name for name in stopped if name in exported]

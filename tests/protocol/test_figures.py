@@ -1,0 +1,63 @@
+"""The export side's figures: typed records that cross the pipe, add up over export
+processes, and read in words."""
+from __future__ import annotations
+
+import io
+
+from dask_otel_spans.protocol.figures import (
+    ExportFigures,
+    ProcessFigures,
+    SenderFigures,
+    SignalFigures,
+)
+from dask_otel_spans.protocol.outcome import describe, settled
+from dask_otel_spans.protocol.wire import Figures, read_frame, write_frame
+
+FIGURES = ExportFigures(
+    received=10, handed_over=8, ended=7, open=2, last_position=9,
+    signals={"traces": SignalFigures(delivered=5, failed=0, held=1, spooled=2,
+                                     dropped=0),
+             "metrics": SignalFigures()},
+    spool_directory="/tmp/spool",
+    process=ProcessFigures(pid=7, cpu_s=1.5, gc_collections=(3, 2, 1)),
+    sender=SenderFigures(lost=1, frames=4, dropped_by_kind={"deltas": 2}),
+)
+
+
+def test_figures_cross_the_pipe_whole():
+    pipe = io.BytesIO()
+    write_frame(pipe, Figures(FIGURES))
+    pipe.seek(0)
+    assert read_frame(pipe) == Figures(FIGURES)
+
+
+def test_only_the_cumulative_counts_add_those_of_ended_processes():
+    earlier = {"received": 100, "handed_over": 90, "ended": 80, "open": 5}
+    total = FIGURES.plus_counts(earlier)
+    assert (total.received, total.handed_over, total.ended) == (110, 98, 87)
+    assert total.open == 2 and total.last_position == 9
+
+
+def test_flat_figures_keep_the_names_benchmarks_read():
+    flat = FIGURES.flat()
+    assert flat["traces_delivered"] == 5 and flat["traces_spooled"] == 2
+    assert flat["metrics_delivered"] is None
+    assert flat["process_cpu_s"] == 1.5 and flat["gc_collections_2"] == 1
+    assert flat["lost"] == 1 and flat["dropped_by_kind"] == {"deltas": 2}
+    assert flat["ended"] == 7
+
+
+def test_a_signal_not_counted_says_so():
+    assert "no figures" in describe(SignalFigures(), "metrics", "Prometheus")
+
+
+def test_held_and_spooled_items_are_said_with_the_spool_directory():
+    text = describe(FIGURES.signal("traces"), "traces", "the collector",
+                    handed=10, spool_directory="/tmp/spool")
+    assert text.startswith("traces to the collector: 5 spans delivered, 0 failed")
+    assert "1 still held in memory" in text
+    assert "2 still held in the spool /tmp/spool" in text
+    assert "dask-otel-spans resend /tmp/spool" in text
+    assert "2 not attempted" in text
+    assert not settled(FIGURES.signal("traces"))
+    assert settled(SignalFigures(delivered=3, failed=0, held=0, spooled=0, dropped=0))
