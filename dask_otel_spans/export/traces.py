@@ -222,7 +222,7 @@ def _base_attributes(
     }
 
 
-def _error(summary: SpanSummary) -> str | None:
+def error_description(summary: SpanSummary) -> str | None:
     """The status description of a span whose tasks erred: how many, and of which
     exception types (the most frequent first, a few)."""
     if not summary.erred_count:
@@ -307,7 +307,7 @@ def prefix_fields(
                 end_ns=max([to_ns(stop), *(t.end_ns for t in tasks)]),
                 attributes=attributes,
                 tasks=tasks,
-                error=_error(fig),
+                error=error_description(fig),
             )
         )
     return out
@@ -406,7 +406,7 @@ def span_fields(
         end_ns=max([to_ns(stop), *(p.end_ns for p in prefixes),
                     *(t.end_ns for t in tasks)]),
         attributes=attributes,
-        error=_error(summary),
+        error=error_description(summary),
         prefixes=prefixes,
         tasks=tasks,
     )

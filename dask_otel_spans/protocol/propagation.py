@@ -84,12 +84,6 @@ def carrier_from_context(ctx: Context | None = None) -> dict[str, str]:
     return carrier
 
 
-def carrier_for(span_context: SpanContext) -> dict[str, str]:
-    """W3C headers for an explicit span context."""
-    ctx = trace.set_span_in_context(trace.NonRecordingSpan(span_context))
-    return carrier_from_context(ctx)
-
-
 def span_context_from_carrier(carrier: Any) -> SpanContext | None:
     """The remote span context in a carried W3C carrier, or None.
 

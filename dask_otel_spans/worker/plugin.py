@@ -137,7 +137,7 @@ class OTelWorkerPlugin(WorkerPlugin):
             # (the SDK shuts them down at exit; the global providers cannot be
             # taken back from task code that holds them)
             loop = asyncio.get_running_loop()
-            await loop.run_in_executor(None, _flush, installed, FLUSH_TIMEOUT)
+            await loop.run_in_executor(None, flush_providers, installed, FLUSH_TIMEOUT)
 
     def _service_name(self) -> str:
         provider = self.providers.tracer_provider
@@ -164,7 +164,7 @@ class OTelWorkerPlugin(WorkerPlugin):
             otel_context.detach(token)
 
 
-def _flush(providers: list[Any], timeout: float) -> None:
+def flush_providers(providers: list[Any], timeout: float) -> None:
     """Flush ``providers``, a meter provider's push readers only (a pull reader,
     such as Prometheus's, is never flushed:
     :func:`~dask_otel_spans.sdk.providers.flush_provider`)."""

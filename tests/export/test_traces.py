@@ -294,13 +294,13 @@ def test_a_group_settled_again_keeps_the_times_of_its_earlier_erred_tasks():
 
 
 def test_the_description_names_the_three_most_frequent_error_types_and_counts_the_rest():
-    from dask_otel_spans.export.traces import SpanSummary, _error, error_type
+    from dask_otel_spans.export.traces import SpanSummary, error_description, error_type
 
     summary = SpanSummary(erred_count=12, errors={
         "ValueError": 5, "KeyError": 3, "a.B": 2, "OSError": 1, "x.Y": 1})
     assert error_type(summary) == "ValueError"
-    assert _error(summary) == ("12 tasks erred: 5 ValueError, 3 KeyError, 2 a.B, "
-                               "2 of 2 other types")
+    assert error_description(summary) == (
+        "12 tasks erred: 5 ValueError, 3 KeyError, 2 a.B, 2 of 2 other types")
 
 
 def test_erred_work_of_no_known_exception_type_is_other():

@@ -10,8 +10,6 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from dask_otel_spans.protocol.propagation import (
-    _id_bits,
-    carrier_for,
     carrier_from_context,
     otel_span_id,
     otel_trace_id,
@@ -20,6 +18,13 @@ from dask_otel_spans.protocol.propagation import (
     resolve_chain,
     span_context_from_carrier,
 )
+
+
+def carrier_for(span_context: SpanContext) -> dict[str, str]:
+    """W3C headers for an explicit span context."""
+    return carrier_from_context(
+        trace.set_span_in_context(trace.NonRecordingSpan(span_context)))
+
 
 ROOT = "9cd7531a-e510-4f61-837a-ca1e4437bd90"
 CHILD = "0eadd631-e68b-495e-b072-7765d0d61002"
@@ -52,7 +57,7 @@ def test_non_uuid_ids_hash_stably_and_never_zero():
 @pytest.mark.parametrize("prefix", ["sum", "read-parquet", "", "ünï", "x" * 300])
 def test_prefix_span_id_is_the_low_64_bits_of_uuid5(dask_id, prefix):
     # the id scheme is part of the data contract: it must not drift with the code
-    namespace = uuid.UUID(int=_id_bits(dask_id))
+    namespace = uuid.UUID(int=otel_trace_id(dask_id))  # (the id's 128 bits)
     expected = (uuid.uuid5(namespace, prefix).int & ((1 << 64) - 1)) or 1
     assert prefix_span_id(dask_id, prefix) == expected
 

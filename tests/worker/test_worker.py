@@ -21,7 +21,7 @@ from dask_otel_spans.protocol.propagation import (
     otel_trace_id,
     prefix_span_id,
 )
-from dask_otel_spans.worker.plugin import _flush
+from dask_otel_spans.worker.plugin import flush_providers
 from dask_otel_spans.worker.providers import (
     WorkerProviders,
     build_worker_providers,
@@ -300,7 +300,7 @@ def test_the_teardown_flush_leaves_pull_readers_alone():
     reader.force_flush = lambda timeout_millis=0: flushed.append(timeout_millis) or True
     provider = MeterProvider(metric_readers=[reader])
     try:
-        _flush([provider], 1.0)
+        flush_providers([provider], 1.0)
     finally:
         provider.shutdown()
     assert flushed == []
