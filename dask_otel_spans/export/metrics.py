@@ -8,7 +8,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from opentelemetry.context import Context
 from opentelemetry.metrics import Counter, Meter
@@ -25,6 +25,8 @@ from dask_otel_spans.protocol.propagation import prefix_span_id
 from dask_otel_spans.sdk.providers import SDK_DEFAULT_CARDINALITY_LIMIT
 
 logger = logging.getLogger(__name__)
+
+V = TypeVar("V")
 
 
 #: Bucket boundaries (seconds) of ``dask.span.duration``, given to the SDK as advice:
@@ -193,21 +195,21 @@ class _Series:
         self.key = (id(instrument), *attributes.values())
 
 
-class _SeriesCache:
-    """LRU of series by heartbeat key, so that steady-state adds allocate nothing."""
+class _Recent(Generic[V]):
+    """LRU of values by key, so that steady-state adds allocate nothing."""
 
     def __init__(self, maxsize: int = 4096):
         self.maxsize = maxsize
-        self._data: OrderedDict[Hashable, _Series] = OrderedDict()
+        self._data: OrderedDict[Hashable, V] = OrderedDict()
 
-    def get(self, key: Hashable) -> _Series | None:
-        series = self._data.get(key)
-        if series is not None:
+    def get(self, key: Hashable) -> V | None:
+        value = self._data.get(key)
+        if value is not None:
             self._data.move_to_end(key)
-        return series
+        return value
 
-    def put(self, key: Hashable, series: _Series) -> None:
-        self._data[key] = series
+    def put(self, key: Hashable, value: V) -> None:
+        self._data[key] = value
         if len(self._data) > self.maxsize:
             self._data.popitem(last=False)
 
@@ -248,7 +250,10 @@ class DaskInstruments:
             description="Tasks of the open dask spans by state, as of their last "
                         "progress (live.interval)",
         )
-        self._cache = _SeriesCache()
+        self._cache: _Recent[_Series] = _Recent()
+        #: exemplar contexts by (span id, prefix): a running span's heartbeats reuse
+        #: its context
+        self._contexts: _Recent[Context] = _Recent()
         #: (instrument, span name) -> the series of the instruments whose one
         #: attribute is the span name (duration, active spans)
         self._by_name: dict[tuple[int, str], _Series] = {}
@@ -283,41 +288,59 @@ class DaskInstruments:
         get exemplars of the span's prefix span (or of the span itself, without
         prefix spans)."""
         span_names: dict[Any, str] = {}  # the name of each span, once per call
-        # the exemplar context of each (span, prefix), once per call: a span's keys
-        # of one prefix (one per activity and unit) share it
-        contexts: dict[tuple[Any, str | None], Context | None] = {}
+        cache = self._cache
         for key, value in deltas.items():
             if not isinstance(key, tuple) or len(key) < 4:
                 continue
             if not isinstance(value, (int, float)) or value <= 0:
                 # counters are monotonic; dask's deltas are never negative
                 continue
-            series = self._cache.get(key)
+            span_id = key[1]
+            name = span_names.get(span_id)
+            if name is None:
+                tags = span_tags.get(span_id, (str(span_id),))
+                name = span_names[span_id] = self.span_names(tags)
+            prefix = key[2] if len(key) >= 5 else None
+            # (the series of a span name, context, prefix, activity and unit: the
+            # spans of one name share it, so a new span seldom makes one)
+            series = cache.get((name, key[0], prefix, key[-2], key[-1]))
             if series is None:
-                context, span_id, *middle, activity, unit = key
-                name = span_names.get(span_id)
-                if name is None:
-                    tags = span_tags.get(span_id, (str(span_id),))
-                    name = span_names[span_id] = self.span_names(tags)
-                attrs = {
-                    names.SPAN_NAME: name,
-                    names.CONTEXT: str(context),
-                    names.TASK_PREFIX: str(middle[0]) if middle else "",
-                    names.ACTIVITY: str(activity),
-                    names.UNIT: str(unit),
-                }
-                series = self._series(self._span_counters[unit_family(unit)[0]], attrs)
-                prefix = (attrs[names.TASK_PREFIX] if self.prefix_spans and middle
-                          and middle[0] != names.IDLE_PREFIX else None)
-                at = (span_id, prefix)
-                if at not in contexts:
-                    trace = (span_traces or {}).get(span_id)
-                    if trace is not None and prefix is not None:
-                        trace = (trace[0], prefix_span_id(span_id, prefix), trace[2])
-                    contexts[at] = exemplar_context(trace)
-                series.context = contexts[at]
-                self._cache.put(key, series)
+                series = self._span_series(name, key, prefix)
+            series.context = self._exemplar_context(span_id, prefix, span_traces)
             self._sum(series, value)
+
+    def _span_series(self, name: str, key: tuple[Any, ...], prefix: Any) -> _Series:
+        """The series of heartbeat ``key`` of a span named ``name`` (made once)."""
+        unit = key[-1]
+        attrs = {
+            names.SPAN_NAME: name,
+            names.CONTEXT: str(key[0]),
+            names.TASK_PREFIX: "" if prefix is None else str(prefix),
+            names.ACTIVITY: str(key[-2]),
+            names.UNIT: str(unit),
+        }
+        series = self._series(self._span_counters[unit_family(unit)[0]], attrs)
+        self._cache.put((name, key[0], prefix, key[-2], unit), series)
+        return series
+
+    def _exemplar_context(self, span_id: Any, prefix: Any,
+                          span_traces: Mapping[str, tuple[int, int, int]] | None
+                          ) -> Context | None:
+        """The context of the span whose points are exemplars of ``span_id``'s
+        keys of ``prefix``: its prefix span's (its own without prefix spans, and
+        for the idle prefix)."""
+        context = self._contexts.get((span_id, prefix))
+        if context is not None:
+            return context
+        trace = (span_traces or {}).get(span_id)
+        if trace is None:
+            return None
+        if self.prefix_spans and prefix is not None and prefix != names.IDLE_PREFIX:
+            trace = (trace[0], prefix_span_id(span_id, str(prefix)), trace[2])
+        context = exemplar_context(trace)
+        if context is not None:
+            self._contexts.put((span_id, prefix), context)
+        return context
 
     def add_worker_deltas(self, deltas: Mapping[Hashable, float]) -> None:
         """Worker-wide heartbeat deltas ``{(context, ..., activity, unit): value}``."""
