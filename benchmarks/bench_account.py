@@ -103,8 +103,19 @@ def _callgrind(pid: int, *options: str) -> None:
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
 
 
-def _callgrind_totals(path: str, pid: int) -> dict[str, int]:
-    """Event totals of the dumps of ``pid`` (``Ir``, ``sysCount``, ``sysTime``)."""
+def _callgrind_totals(path: str, pid: int, timeout: float = 120.0) -> dict[str, int]:
+    """Event totals of the dumps of ``pid`` (``Ir``, ``sysCount``, ``sysTime``),
+    waiting up to ``timeout`` seconds for a dump to be written whole
+    (``callgrind_control --dump`` may return before its file is)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        out = _dumped_totals(path, pid)
+        if out.get("Ir") or time.monotonic() > deadline:
+            return out
+        time.sleep(0.5)
+
+
+def _dumped_totals(path: str, pid: int) -> dict[str, int]:
     out: dict[str, int] = defaultdict(int)
     folder, stem = os.path.split(f"{path}.{pid}")
     for name in os.listdir(folder or "."):
