@@ -203,7 +203,8 @@ class DirectWriter(SpanWriter):
     processors' ``on_end``, as the SDK's tracer would after ``start_span`` and
     ``end``: the provider's sampler decides, with the same arguments; its resource,
     the tracer's instrumentation scope and the provider's span limits are applied;
-    ``on_start`` is not called (the package's own processors do nothing there).
+    ``on_start`` (and the SDK's experimental ``_on_ending``) is not called: the
+    package's own batch processors do nothing there.
 
     Parameters
     ----------
