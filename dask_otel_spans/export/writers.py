@@ -296,7 +296,7 @@ class DirectWriter(SpanWriter):
 def span_attributes(attributes: Mapping[str, Any], limits: SpanLimits) -> Mapping[str, Any]:
     """A span's attributes as the SDK keeps them under ``limits``: a plain copy (its
     sequences as tuples) when no value needs the SDK's cleaning and nothing is past a
-    limit (most spans: the SDK's ``BoundedAttributes`` costs about 2 µs an
+    limit (most spans: the SDK's ``BoundedAttributes`` costs over 1 µs an
     attribute), else ``BoundedAttributes``, which cuts, drops and counts as the SDK
     does for ``start_span``."""
     count = limits.max_span_attributes

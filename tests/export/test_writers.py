@@ -37,7 +37,7 @@ from dask_otel_spans.protocol.propagation import (
     resolve_chain,
     task_span_id,
 )
-from dask_otel_spans.sdk.providers import Providers
+from dask_otel_spans.sdk.providers import Providers, resolve_providers
 
 RESOURCE = Resource.create({"service.name": "dask-scheduler",
                             "service.instance.id": "5c0ffee0-0000-4000-8000-000000000001"})
@@ -259,15 +259,30 @@ def test_direct_spans_are_never_started_in_the_processors():
     assert spans and recorder.started == 0
 
 
-@pytest.mark.parametrize("owned, writer", [(True, DirectWriter), (False, ApiWriter)])
-def test_the_pipeline_builds_spans_directly_only_for_its_own_provider(owned, writer):
-    provider = TracerProvider(resource=RESOURCE)
-    providers = Providers(tracer_provider=provider, owned=[provider] if owned else [])
+def writer_of(providers: Providers) -> type:
+    """The type of writer the pipeline built over ``providers`` ends spans with."""
     pipeline = ExportPipeline.build(providers, PluginConfig.from_dask_config())
     try:
-        assert type(pipeline.ender.writer) is writer
+        return type(pipeline.ender.writer)
     finally:
         pipeline.shut_down(5)
+
+
+#: the package builds its own providers: traces and metrics nowhere but the console
+CONSOLE = {"OTEL_TRACES_EXPORTER": "console", "OTEL_METRICS_EXPORTER": "none"}
+
+
+def test_the_packages_own_providers_get_spans_built_directly(tmp_path):
+    providers = resolve_providers(environ=CONSOLE, use_global=False,
+                                  output_dir=str(tmp_path), live_records=False)
+    assert writer_of(providers) is DirectWriter
+
+
+def test_a_given_tracer_provider_keeps_the_api_path(tmp_path):
+    providers = resolve_providers(tracer_provider=TracerProvider(resource=RESOURCE),
+                                  environ=CONSOLE, use_global=False,
+                                  output_dir=str(tmp_path), live_records=False)
+    assert writer_of(providers) is ApiWriter
 
 
 def test_a_users_tracer_provider_gets_on_start_for_every_span():
