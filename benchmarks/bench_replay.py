@@ -78,7 +78,10 @@ def replay(path: str) -> dict[str, float]:
         recording = pickle.load(f)
     tracer_provider, meter_provider = batch_providers(NullSpanExporter())
     config = PluginConfig.from_dask_config()
-    pipeline = ExportPipeline.build(Providers(tracer_provider, meter_provider), config)
+    # (owned, as the package's own providers are: the embedded default, OTEL_*)
+    pipeline = ExportPipeline.build(Providers(tracer_provider, meter_provider,
+                                              owned=[tracer_provider, meter_provider]),
+                                    config)
     session = ExportSession(pipeline, config)
     session.start()
     try:  # (the export process sets its garbage collector so, once set up)

@@ -897,6 +897,7 @@ def part_export_cost(repeat: int) -> dict:
 
     from dask_otel_spans.export.ender import SpanEnder
     from dask_otel_spans.export.traces import span_fields, subtree_summary
+    from dask_otel_spans.export.writers import span_writer
     from dask_otel_spans.protocol.propagation import resolve_chain
     from dask_otel_spans.protocol.snapshots import snapshot_span
 
@@ -936,7 +937,7 @@ def part_export_cost(repeat: int) -> dict:
     translation = (time.perf_counter() - t0) / repeat
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(bench_preload.LatencyExporter()))
-    ender = SpanEnder(tracer_provider)
+    ender = SpanEnder(span_writer(tracer_provider, owned=True))
     t0 = time.perf_counter()
     for _ in range(repeat):
         ender.export(f)

@@ -89,6 +89,7 @@ def micro(calls: int, repeat: int) -> dict[str, float]:
 
 def _scheduler_pieces(calls: int, repeat: int) -> dict[str, float]:
     from dask_otel_spans.export.ender import HandOver, SpanEnder
+    from dask_otel_spans.export.writers import span_writer
     from dask_otel_spans.scheduler.graphs import collect_links
 
     carrier = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
@@ -101,7 +102,7 @@ def _scheduler_pieces(calls: int, repeat: int) -> dict[str, float]:
             pass
 
     forward = _best_per_call(one_graph, calls, repeat)
-    ender = SpanEnder(TracerProvider())
+    ender = SpanEnder(span_writer(TracerProvider(), owned=True))
     root = str(uuid.uuid4())
     headers = tuple(
         {"traceparent": f"00-0af7651916cd43dd8448eb211c80319c-{i + 1:016x}-01"}

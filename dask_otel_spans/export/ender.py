@@ -2,16 +2,11 @@
 OTel spans and hands them to the tracer provider, on a thread of its own."""
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from opentelemetry import trace
-from opentelemetry.context import Context
-from opentelemetry.sdk.trace import SpanLimits
-from opentelemetry.sdk.trace.id_generator import IdGenerator
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from dask_otel_spans import names
 from dask_otel_spans.background import QueueThread, ThreadWorker
@@ -23,6 +18,7 @@ from dask_otel_spans.export.traces import (
     subtree_summary,
     unseen_span_fields,
 )
+from dask_otel_spans.export.writers import Parent, SpanWriter, parent_of
 from dask_otel_spans.protocol.propagation import (
     parse_carried,
     resolve_chain,
@@ -30,7 +26,9 @@ from dask_otel_spans.protocol.propagation import (
 )
 
 if TYPE_CHECKING:
-    from dask_otel_spans.export.task_spans import TaskSpanFields
+    from opentelemetry.trace import SpanContext
+
+    from dask_otel_spans.export.task_spans import TaskEvent, TaskSpanFields
     from dask_otel_spans.protocol.snapshots import SpanSnapshot
 
 logger = logging.getLogger(__name__)
@@ -38,36 +36,6 @@ logger = logging.getLogger(__name__)
 _IDLE_ATTRIBUTE = f"{names.METRICS_ATTRIBUTE_PREFIX}{names.IDLE_ACTIVITY}.seconds"
 #: Spans ended whose metric updates go to the pump in one queue operation at most
 METRIC_CALLS_PER_HAND_OVER = 256
-
-
-class _PinnedIdGenerator(IdGenerator):
-    """Hands the SDK the ids derived from dask span ids."""
-
-    trace_id = 0
-    span_id = 0
-
-    def generate_span_id(self) -> int:
-        return self.span_id
-
-    def generate_trace_id(self) -> int:
-        return self.trace_id
-
-    def is_trace_id_random(self) -> bool:
-        return False
-
-
-def attribute_length_limit(provider: Any) -> int | None:
-    """The attribute value length limit that spans of ``provider`` get: the SDK
-    provider's own span limits when it has them, else the environment's
-    (``OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT``, then
-    ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT``); None when there is none."""
-    limits = getattr(provider, "_span_limits", None)
-    if not isinstance(limits, SpanLimits):
-        try:
-            limits = SpanLimits()
-        except ValueError:  # a malformed value: the SDK says so when it builds spans
-            return None
-    return limits.max_span_attribute_length
 
 
 class HandOver(NamedTuple):
@@ -102,8 +70,10 @@ class SpanEnder(ThreadWorker):
 
     Parameters
     ----------
-    tracer_provider:
-        Provider of the OTel spans; None to translate only (metrics still recorded)
+    writer:
+        How the OTel spans are ended (:func:`~dask_otel_spans.export.writers.span_writer`
+        picks it for a tracer provider); None to translate only (metrics still
+        recorded)
     pump:
         Metrics thread that records each span's duration and idle time
     prefix_spans:
@@ -129,7 +99,7 @@ class SpanEnder(ThreadWorker):
 
     def __init__(
         self,
-        tracer_provider: Any,
+        writer: SpanWriter | None,
         pump: MetricsPump | None = None,
         *,
         prefix_spans: bool = True,
@@ -161,27 +131,7 @@ class SpanEnder(ThreadWorker):
         self.ended_count = 0
         #: OTel spans ended (a dask span's own, and its prefix spans')
         self.otel_spans = 0
-        self._ids = _PinnedIdGenerator()
-        self._tracer = self._make_tracer(tracer_provider)
-        #: span names (user data: tags, prefixes) are cut to the attribute value
-        #: length limit, as the SDK cuts attribute values; None: no limit
-        self.max_name_length = attribute_length_limit(tracer_provider)
-
-    def _make_tracer(self, provider: Any) -> Any:
-        if provider is None:
-            return None
-        tracer = provider.get_tracer(names.INSTRUMENTATION_SCOPE, names.VERSION)
-        if hasattr(tracer, "id_generator"):
-            # A private copy, so that the pinned ids affect no other user of the
-            # provider's (cached) tracer.
-            tracer = copy.copy(tracer)
-            tracer.id_generator = self._ids
-        else:
-            logger.warning(
-                "dask_otel_spans: tracer provider %r is not the OpenTelemetry SDK's: "
-                "span ids will not follow the dask span ids", type(provider).__name__,
-            )
-        return tracer
+        self.writer = writer
 
     def end(self, request: HandOver) -> None:
         self.thread.put(request)
@@ -262,73 +212,66 @@ class SpanEnder(ThreadWorker):
         return fields
 
     def export(self, fields: SpanFields) -> None:
-        tracer = self._tracer
-        if tracer is None:
+        """End the OTel spans of ``fields``: the dask span's, its prefix spans' and
+        its task spans' (children before their parent)."""
+        writer = self.writer
+        if writer is None:
             return
-        parent = fields.ids.parent_context
-        ctx = (
-            trace.set_span_in_context(trace.NonRecordingSpan(parent))
-            if parent is not None
-            else Context()
-        )
-        self._ids.trace_id = fields.ids.trace_id
-        otel_span = self._start_span(
-            tracer, fields.name, fields.ids.span_id, ctx, fields.attributes,
-            fields.start_ns, [Link(caller) for caller in fields.links],
-        )
-        if fields.error:
-            otel_span.set_status(Status(StatusCode.ERROR, fields.error))
-        if otel_span.is_recording():
-            child_ctx = trace.set_span_in_context(otel_span)
+        ids = fields.ids
+        span = writer.start(fields.name, ids.trace_id, ids.span_id,
+                            parent_of(ids.parent_context), fields.attributes,
+                            fields.start_ns, fields.links)
+        if span.recording:
+            below = writer.below(span)
             for prefix in fields.prefixes:
-                child = self._start_span(
-                    tracer, prefix.name, prefix.span_id, child_ctx, prefix.attributes,
-                    prefix.start_ns,
-                )
-                if prefix.error:
-                    child.set_status(Status(StatusCode.ERROR, prefix.error))
+                child = writer.start(prefix.name, ids.trace_id, prefix.span_id, below,
+                                     prefix.attributes, prefix.start_ns)
                 if prefix.tasks:
-                    self._task_spans(tracer, prefix.tasks,
-                                     trace.set_span_in_context(child))
-                child.end(end_time=prefix.end_ns)
+                    self._task_spans(writer, prefix.tasks, ids.trace_id,
+                                     writer.below(child))
+                writer.end(child, prefix.end_ns, error=prefix.error)
                 self.otel_spans += 1
-            self._task_spans(tracer, fields.tasks, child_ctx)
-        otel_span.end(end_time=fields.end_ns)
+            self._task_spans(writer, fields.tasks, ids.trace_id, below)
+        writer.end(span, fields.end_ns, error=fields.error)
         self.otel_spans += 1
 
-    def _task_spans(self, tracer: Any, tasks: list[TaskSpanFields],
-                    parent: Context) -> None:
+    def _task_spans(self, writer: SpanWriter, tasks: list[TaskSpanFields],
+                    trace_id: int, parent: Parent) -> None:
         for task in tasks:
-            span = self._start_span(tracer, task.name, task.span_id, parent,
-                                    task.attributes, task.start_ns)
-            for event in task.events:
-                if event.name != names.EXCEPTION_EVENT:
-                    span.add_event(event.name, event.attributes,
-                                   timestamp=event.time_ns)
-                    continue
-                if self.exception_events:
-                    span.add_event(event.name, event.attributes,
-                                   timestamp=event.time_ns)
-                if self._exception_logger is not None:
-                    try:
-                        self._log_exception(span, event)
-                    except Exception as e:  # the span is ended whatever happens here
-                        self._exception_logger = None
-                        logger.error(
-                            "dask_otel_spans: cannot emit exception log events (%s: "
-                            "%s; an OpenTelemetry SDK older than the log API's keyword "
-                            "form?); exceptions are span events from now on",
-                            type(e).__name__, e)
-                        if not self.exception_events:
-                            self.exception_events = True
-                            span.add_event(event.name, event.attributes,
-                                           timestamp=event.time_ns)
-            if task.error:
-                span.set_status(Status(StatusCode.ERROR, task.error))
-            span.end(end_time=task.end_ns)
+            span = writer.start(task.name, trace_id, task.span_id, parent,
+                                task.attributes, task.start_ns)
+            events = self._events(task.events, span.span_context) if task.events else ()
+            writer.end(span, task.end_ns, events, task.error)
             self.otel_spans += 1
 
-    def _log_exception(self, span: Any, event: Any) -> None:
+    def _events(self, events: list[TaskEvent],
+                context: SpanContext) -> list[TaskEvent]:
+        """The events a task span gets; its ``exception`` event also as a log event
+        in its context, when asked for."""
+        out = []
+        for event in events:
+            if event.name != names.EXCEPTION_EVENT:
+                out.append(event)
+                continue
+            if self.exception_events:
+                out.append(event)
+            if self._exception_logger is None:
+                continue
+            try:
+                self._log_exception(context, event)
+            except Exception as e:  # the span is ended whatever happens here
+                self._exception_logger = None
+                logger.error(
+                    "dask_otel_spans: cannot emit exception log events (%s: "
+                    "%s; an OpenTelemetry SDK older than the log API's keyword "
+                    "form?); exceptions are span events from now on",
+                    type(e).__name__, e)
+                if not self.exception_events:
+                    self.exception_events = True
+                    out.append(event)
+        return out
+
+    def _log_exception(self, context: SpanContext, event: TaskEvent) -> None:
         """An erred task's exception as a log event named ``exception``, in its task
         span's context (the semantic conventions' exception log event)."""
         from opentelemetry._logs import SeverityNumber
@@ -336,21 +279,8 @@ class SpanEnder(ThreadWorker):
         assert self._exception_logger is not None  # (asked for: the caller checks)
         self._exception_logger.emit(
             timestamp=event.time_ns, observed_timestamp=event.time_ns,
-            context=trace.set_span_in_context(span),
+            context=trace.set_span_in_context(trace.NonRecordingSpan(context)),
             severity_number=SeverityNumber.ERROR, severity_text="ERROR",
             event_name=names.EXCEPTION_EVENT, attributes=event.attributes,
         )
         self.exception_logs += 1
-
-    def _start_span(
-        self, tracer: Any, name: str, span_id: int, context: Context,
-        attributes: dict[str, Any], start_ns: int, links: list[Link] | None = None,
-    ) -> Any:
-        self._ids.span_id = span_id
-        limit = self.max_name_length
-        if limit is not None and len(name) > limit:
-            name = name[:limit]
-        return tracer.start_span(
-            name, context=context, kind=SpanKind.INTERNAL, attributes=attributes,
-            links=links, start_time=start_ns,
-        )

@@ -18,6 +18,7 @@ from dask_otel_spans.export.metrics import (
     SeriesCap,
     SpanNameCap,
 )
+from dask_otel_spans.export.writers import span_writer
 from dask_otel_spans.protocol.figures import ExportFigures
 from dask_otel_spans.protocol.outcome import describe, settled
 from dask_otel_spans.sdk.health import rate_limit_sdk_logs
@@ -56,8 +57,10 @@ class ExportPipeline:
                 prefix_spans=config.prefix_spans,
             )
             pump = MetricsPump(instruments)
+        tracer_provider = providers.tracer_provider
         ender = SpanEnder(
-            providers.tracer_provider,
+            # the package's own providers: spans built directly; a user's: the API
+            span_writer(tracer_provider, owned=tracer_provider in providers.owned),
             pump,
             prefix_spans=config.prefix_spans,
             code_max_length=config.max_code_length if config.include_code else None,

@@ -38,3 +38,13 @@ def test_the_zero_code_benchmark_reports_the_client_and_link_costs(capsys):
         assert re.search(rf"{case} +-?[0-9.]+ µs", out), out
     assert re.search(r"one-task bare graph -?[0-9.]+ µs", out)
     assert re.search(r"128 links [0-9]+ µs, without [0-9]+ µs", out)
+
+
+def test_the_writer_benchmark_reports_both_paths_per_dask_span(capsys):
+    from bench_writers import main as writers_main
+
+    assert writers_main(["--spans", "200", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    for writer in ("api", "direct"):
+        assert re.search(rf"{writer}: [0-9.]+ µs of CPU per one-task dask span", out), out
+    assert re.search(r"direct / api: [0-9.]+", out)

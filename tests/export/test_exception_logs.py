@@ -144,19 +144,22 @@ class RefusingLoggerProvider:
 def test_a_logger_that_refuses_the_record_loses_no_span(memory, caplog):
     """An SDK whose log API takes no keywords: one ERROR line, and the exception goes
     back to being a span event; every span is still ended."""
-    from opentelemetry.context import Context
-
     from dask_otel_spans.export.ender import SpanEnder
     from dask_otel_spans.export.task_spans import TaskEvent, TaskSpanFields
+    from dask_otel_spans.export.traces import SpanFields
+    from dask_otel_spans.export.writers import span_writer
+    from dask_otel_spans.protocol.propagation import resolve_chain
 
-    ender = SpanEnder(memory.tracer_provider, exception_events=False,
-                          logger_provider=RefusingLoggerProvider())
+    ender = SpanEnder(span_writer(memory.tracer_provider, owned=False),
+                      exception_events=False, logger_provider=RefusingLoggerProvider())
     event = TaskEvent(names.EXCEPTION_EVENT, 2_000, {names.EXCEPTION_TYPE: "ValueError"})
     tasks = [TaskSpanFields("inc", i + 1, 1_000, 3_000, {}, [event], "ValueError")
              for i in range(2)]
-    tracer = ender._tracer
+    ids = resolve_chain(["0eadd631-e68b-495e-b072-7765d0d61002"], {})
     with caplog.at_level("ERROR", logger="dask_otel_spans"):
-        ender._task_spans(tracer, tasks, Context())
-    assert len(memory.spans()) == 2
-    assert all([e.name for e in s.events] == [names.EXCEPTION_EVENT] for s in memory.spans())
+        ender.export(SpanFields("wf", ids, 1_000, 3_000, {}, None, [], tasks))
+    task_spans = memory.by_name("inc")
+    assert len(task_spans) == 2
+    assert all([e.name for e in s.events] == [names.EXCEPTION_EVENT] for s in task_spans)
     assert len([r for r in caplog.records if "exception log events" in r.message]) == 1
+

@@ -196,10 +196,11 @@ class CountingPump(MetricsPump):
 
 def test_spans_emitted_together_reach_the_pump_in_one_queue_operation(memory, instruments):
     from dask_otel_spans.export.ender import HandOver, SpanEnder
+    from dask_otel_spans.export.writers import span_writer
 
     pump = CountingPump(instruments, max_queue_size=100)
     pump.handed = []
-    ender = SpanEnder(memory.tracer_provider, pump)
+    ender = SpanEnder(span_writer(memory.tracer_provider, owned=False), pump)
     pump.start()
     ender.start()
     try:
