@@ -60,11 +60,9 @@ def group_counts(entries: list[tuple[str, int, int, int, int, int]]) -> Message:
     """The tasks by state of running task groups, of those whose counts changed since
     they were last sent: ``[(span id, group, total, erred, running, waiting), ...]``
     (``group`` as in :func:`group_running`, whose message goes first; the counts as
-    :func:`~dask_otel_spans.protocol.dask_facts.state_counts`). Sent for the groups
-    touched at each tick, and for every running group at each sweep (every
-    ``live.interval``, 1 s at most): done, erred and total are as of the last tick
-    (they change only as tasks are added or settle, which touches their group),
-    running and waiting as of the last sweep at the oldest."""
+    :func:`~dask_otel_spans.protocol.dask_facts.state_counts`). Sent with a group's
+    first ``run`` message, then for every running group at each sweep (every
+    ``live.interval``, 1 s at most; :mod:`~dask_otel_spans.scheduler.counts`)."""
     return (COUNTS, entries)
 
 

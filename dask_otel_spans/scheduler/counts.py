@@ -2,13 +2,14 @@
 (``dask.span.progress``): read from the counts dask keeps (``TaskGroup.states``),
 never per task.
 
-The forwarder reads a group's counts when its tick handles the group (a task of it
-was added or settled: :func:`note_counts`), and every running group's at each sweep
-(:class:`CountsSweep`, every ``live.interval``, 1 s at most), for the tasks that
-start or wait while nothing of their group settles. Only counts that changed since
-they were last sent are sent. Cost on the event loop: a few dict reads per group
-handled, and per running group per sweep (benchmarks/README.md, "Live: task counts by
-state").
+The forwarder reads a group's counts when it first forwards the group as running
+(:func:`note_counts`: the export side knows its total from then on), then every
+running group's at each sweep (:class:`CountsSweep`, every ``live.interval``, 1 s at
+most), whatever moved: tasks added, started, settled. Only counts that changed since
+they were last sent are sent. So the cost on the event loop does not grow with the
+tasks' rate: a few dict reads per group when it starts to run, and per running group
+per sweep (benchmarks/README.md, "Live: task counts by state"); a group's counts on the
+export side are a sweep old at most.
 """
 from __future__ import annotations
 
@@ -65,10 +66,13 @@ class CountsSweep:
         ``step`` groups read (O(running groups)); a group that left ``running``
         between two steps is skipped."""
         self._next = self._clock() + self.interval
-        groups = list(running)
-        for at in range(0, len(groups), max(1, step)):
+        groups = list(running.items())
+        step = max(1, step)
+        for at in range(0, len(groups), step):
             entries: list[Entry] = []
-            for tg in groups[at:at + step]:
-                if tg in running:
-                    note_counts(running, tg, entries)
+            for tg, last in groups[at:at + step]:
+                counts = state_counts(tg)
+                if counts != last and tg in running:
+                    running[tg] = counts
+                    entries.append((tg.span_id, id(tg), *counts))
             yield entries

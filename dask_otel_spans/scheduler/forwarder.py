@@ -401,9 +401,8 @@ class SpanForwarder:
             out.append(events.group_done(
                 span_id, id(tg), done_figures(tg, self.sampler.take_erred_window(tg))))
             self._tasks_of(tg, span_id, out)
-        else:
-            if tg not in running:
-                out.append(events.group_running(span_id, id(tg), str(tg.prefix.name)))
+        elif tg not in running:  # (its counts: now, then at each sweep)
+            out.append(events.group_running(span_id, id(tg), str(tg.prefix.name)))
             note_counts(running, tg, counts)
 
     def _tasks_of(self, tg: Any, span_id: str, out: list[Message]) -> None:

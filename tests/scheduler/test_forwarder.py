@@ -529,15 +529,6 @@ def test_a_running_group_handled_at_a_tick_sends_its_counts_after_its_run(tree, 
     assert counts_sent(sink) == [("c", id(group), 7, 0, 2, 4)]
 
 
-def test_counts_that_did_not_change_are_not_sent_again(tree, sink):
-    group = task_group("inc-1", "c")
-    forwarder = forwarder_of(tree, sink)
-    for _ in range(2):
-        touch(forwarder, group)
-        forwarder.tick(2)
-    assert len(counts_sent(sink)) == 1
-
-
 class Clock:
     """A clock the test moves."""
 
@@ -546,6 +537,32 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def test_counts_that_did_not_change_are_not_sent_again(tree, sink):
+    clock = Clock()
+    group = task_group("inc-1", "c")
+    forwarder = forwarder_of(tree, sink, clock=clock)
+    for _ in range(3):
+        touch(forwarder, group)
+        forwarder.tick(2)
+        clock.now += 1.0
+    assert len(counts_sent(sink)) == 1
+
+
+def test_a_running_groups_counts_wait_for_the_sweep_whatever_moved(tree, sink):
+    clock = Clock()
+    group = task_group("inc-1", "c", running=2)
+    forwarder = forwarder_of(tree, sink, clock=clock)
+    touch(forwarder, group)
+    forwarder.tick(2)
+    group.states.update(processing=1, memory=1)
+    touch(forwarder, group, "memory", "processing")  # (a task settled)
+    forwarder.tick(2)
+    assert len(counts_sent(sink)) == 1
+    clock.now += 1.0
+    forwarder.tick(2)
+    assert counts_sent(sink)[-1] == ("c", id(group), 2, 0, 1, 0)
 
 
 def test_tasks_that_start_while_nothing_settles_are_counted_at_the_next_sweep(

@@ -9,13 +9,10 @@ makes what it says (:mod:`dask_otel_spans.export.live`).
 
 What is counted (:func:`task_counts`), over the span's tree: the tasks of its groups
 by state. A settled group's come with its ``done`` message; a running group's
-(``run``) with ``counts`` messages, which the forwarder sends for the groups its tick
-handles (a task of the group was added or settled: ``total``, ``done`` and ``erred``
-are as of that tick) and for every running group at each sweep (``running`` and
-``waiting``, which move without a task settling, as of the last sweep: 1 s at most,
-``live.interval`` when shorter). A task counts as erred once seen erring (dask's
-counts forget an error once the task is released), as done when it settled
-otherwise (finished, released or forgotten).
+(``run``) with ``counts`` messages, which the forwarder sends with its first ``run``
+and at each sweep (every ``live.interval``, 1 s at most): a sweep old at most. A task
+counts as erred once seen erring (dask's counts forget an error once the task is
+released), as done when it settled otherwise (finished, released or forgotten).
 """
 from __future__ import annotations
 
