@@ -69,7 +69,7 @@ def progress_attributes(progress: Progress, not_reported: int) -> dict[str, Any]
     return out
 
 
-def tasks_by_state(counts: TaskCounts) -> dict[str, int]:
+def _tasks_by_state(counts: TaskCounts) -> dict[str, int]:
     """The tasks of a span by ``dask.task.state``, as ``dask.span.tasks`` counts them."""
     return {names.TASK_STATE_DONE: counts.done, names.TASK_STATE_ERRED: counts.erred,
             names.TASK_STATE_RUNNING: counts.running,
@@ -279,7 +279,7 @@ class LiveRecords:
         return items
 
     def _moved(self, tags: tuple[str, ...], progress: Progress) -> Any:
-        by_state = tasks_by_state(progress.counts)
+        by_state = _tasks_by_state(progress.counts)
         _, before = self._counted.get(progress.span_id, (tags, {}))
         self._counted[progress.span_id] = (tags, by_state)
         return (DaskInstruments.span_tasks_moved, (tags, {

@@ -54,7 +54,7 @@ def is_over(counts: TaskCounts, closed: bool, done: bool) -> bool:
     return not counts.groups_running and (closed or done)
 
 
-def group_tasks(tg: Any) -> tuple[int, int, int, int, int]:
+def _group_tasks(tg: Any) -> tuple[int, int, int, int, int]:
     """A group's tasks ``(total, done, erred, running, waiting)`` (a group of the span
     tree copy: :class:`~dask_otel_spans.export.tracking.tree.TreeGroup`). A running
     group not counted yet (no ``counts`` message) counts its erred tasks only."""
@@ -83,7 +83,7 @@ def task_counts(span: Any) -> TaskCounts:
                 groups_running += 1
             else:
                 settled += 1
-            for i, n in enumerate(group_tasks(tg)):
+            for i, n in enumerate(_group_tasks(tg)):
                 sums[i] += n
         for key, value in node._cumulative_worker_metrics.items():
             unit = key[-1] if isinstance(key, tuple) and key else None
