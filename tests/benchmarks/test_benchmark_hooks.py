@@ -38,3 +38,12 @@ def test_the_zero_code_benchmark_reports_the_client_and_link_costs(capsys):
         assert re.search(rf"{case} +-?[0-9.]+ µs", out), out
     assert re.search(r"one-task bare graph -?[0-9.]+ µs", out)
     assert re.search(r"128 links [0-9]+ µs, without [0-9]+ µs", out)
+
+
+def test_the_tick_benchmark_reports_a_cost_per_group_handled_and_swept(capsys):
+    from bench_tick import main as tick_main
+
+    assert tick_main(["--groups", "20", "--ticks", "5", "--repeat", "2"]) == 0
+    out = capsys.readouterr().out
+    for case in ("handled", "sweep"):
+        assert re.search(rf"{case}: -?[0-9.]+ µs per group per tick", out), out
