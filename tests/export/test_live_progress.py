@@ -156,6 +156,17 @@ def test_errors_seen_count_though_the_groups_counts_forgot_them(running_tree):
     assert (counts.done, counts.erred) == (1, 2)
 
 
+def test_tasks_done_do_not_drop_when_a_task_errs_between_two_counts(running_tree):
+    tree = running_tree
+    tree.group_counts([("c", 3, 10, 0, 2, 3)])
+    done = [task_counts(tree.spans["c"]).done]
+    tree.group_erred("c", 3, 1)  # (seen at a tick; the counts come at the sweep)
+    done.append(task_counts(tree.spans["c"]).done)
+    tree.group_counts([("c", 3, 10, 1, 2, 2)])
+    done.append(task_counts(tree.spans["c"]).done)
+    assert done == [5, 5, 5]
+
+
 def test_a_settled_group_is_counted_from_its_figures_not_its_last_counts(running_tree):
     tree = running_tree
     tree.group_counts([("c", 3, 10, 0, 2, 5)])

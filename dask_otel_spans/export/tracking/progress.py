@@ -10,9 +10,10 @@ makes what it says (:mod:`dask_otel_spans.export.live`).
 What is counted (:func:`task_counts`), over the span's tree: the tasks of its groups
 by state. A settled group's come with its ``done`` message; a running group's
 (``run``) with ``counts`` messages, which the forwarder sends with its first ``run``
-and at each sweep (every ``live.interval``, 1 s at most): a sweep old at most. A task
-counts as erred once seen erring (dask's counts forget an error once the task is
-released), as done when it settled otherwise (finished, released or forgotten).
+and at each sweep (every ``live.interval``, 1 s at most): a sweep old at most, all of
+one instant. A task counts as erred once seen erring (dask's counts forget an error
+once the task is released), as done when it settled otherwise (finished, released or
+forgotten).
 """
 from __future__ import annotations
 
@@ -65,9 +66,9 @@ def _group_tasks(tg: Any) -> tuple[int, int, int, int, int]:
         return (done + erred, done, erred, 0, 0)
     if tg.counts is None:
         return (0, 0, tg.erred_seen, 0, 0)
-    total, erred_now, running, waiting = tg.counts
+    total, erred, running, waiting = tg.counts  # (one instant: they add up)
     settled = max(0, total - running - waiting)
-    erred = min(settled, max(erred_now, tg.erred_seen))
+    erred = min(settled, erred)
     return (total, settled - erred, erred, running, waiting)
 
 

@@ -69,7 +69,8 @@ class TreeGroup:
         #: ``exception.type`` -> tasks of it that erred while they ran
         self.errors: dict[str, int] = {}
         #: while it runs, its tasks ``(total, erred, running, waiting)`` as last
-        #: forwarded (the ``counts`` message); None when settled or not told yet
+        #: forwarded (the ``counts`` message; erred: at least those seen erring by
+        #: then); None when settled or not told yet
         self.counts: tuple[int, int, int, int] | None = None
 
     def settle(self, figures: Any) -> None:
@@ -194,12 +195,16 @@ class SpanTree:
     def group_counts(self, entries: Iterable[Any]) -> None:
         """The tasks by state of running groups (the ``counts`` message's entries:
         ``(span id, group key, total, erred, running, waiting)``); an entry of a
-        group not in the copy, or settled, changes nothing."""
+        group not in the copy, or settled, changes nothing. The errors seen by then
+        count (dask's counts forget an error once its task is released); those seen
+        later wait for the next counts, which say which tasks settled meanwhile (so
+        that the tasks done never drop)."""
         groups = self.groups
         for span_id, key, total, erred, running, waiting in entries:
             tg = groups.get((span_id, key))
             if tg is not None and tg.states is RUNNING:
-                tg.counts = (int(total), int(erred), int(running), int(waiting))
+                tg.counts = (int(total), max(int(erred), tg.erred_seen), int(running),
+                             int(waiting))
 
     def group_erred(self, span_id: str, key: int, count: int,
                     types: Iterable[tuple[str, int]] = ()) -> None:
