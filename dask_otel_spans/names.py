@@ -156,11 +156,18 @@ SPAN_PARENT_ID = "dask.span.parent_id"
 SPAN_PARENT_SPAN_ID = "dask.span.parent_span_id"
 #: Seconds since the span was enqueued on the scheduler
 SPAN_ELAPSED = "dask.span.elapsed"
-#: Tasks of the span's tree in task groups that settled: finished, and erred (erred
-#: also counts tasks of groups still running that erred)
+#: Tasks of the span's tree: settled without erring (finished, released or
+#: forgotten), and seen erring
 SPAN_TASKS_DONE = "dask.span.tasks.done"
 SPAN_TASKS_ERRED = "dask.span.tasks.erred"
-#: Task groups of the span's tree with a task running now, and settled
+#: Tasks of the span's tree in the task groups submitted so far (done + erred +
+#: running + waiting), running (``processing``), and waiting to run (``waiting``,
+#: ``queued``, ``no-worker``)
+SPAN_TASKS_TOTAL = "dask.span.tasks.total"
+SPAN_TASKS_RUNNING = "dask.span.tasks.running"
+SPAN_TASKS_WAITING = "dask.span.tasks.waiting"
+#: Task groups of the span's tree with a task not settled (running or waiting), and
+#: settled
 SPAN_GROUPS_RUNNING = "dask.span.task_groups.running"
 SPAN_GROUPS_DONE = "dask.span.task_groups.done"
 #: Activity so far, from the heartbeats: seconds (every ``seconds`` activity) and bytes
@@ -175,3 +182,5 @@ SPAN_TASKS = "dask.span.tasks"
 TASK_STATE = "dask.task.state"
 TASK_STATE_DONE = "done"
 TASK_STATE_ERRED = "erred"
+TASK_STATE_RUNNING = "running"
+TASK_STATE_WAITING = "waiting"

@@ -56,6 +56,9 @@ def progress_attributes(progress: Progress, not_reported: int) -> dict[str, Any]
         names.SPAN_ELAPSED: round(progress.elapsed, 3),
         names.SPAN_TASKS_DONE: counts.done,
         names.SPAN_TASKS_ERRED: counts.erred,
+        names.SPAN_TASKS_RUNNING: counts.running,
+        names.SPAN_TASKS_WAITING: counts.waiting,
+        names.SPAN_TASKS_TOTAL: counts.total,
         names.SPAN_GROUPS_RUNNING: counts.groups_running,
         names.SPAN_GROUPS_DONE: counts.groups_done,
         names.SPAN_ACTIVITY_SECONDS: float(counts.activity_seconds),
@@ -64,6 +67,13 @@ def progress_attributes(progress: Progress, not_reported: int) -> dict[str, Any]
     if not_reported:
         out[names.LIVE_SPANS_NOT_REPORTED] = not_reported
     return out
+
+
+def _tasks_by_state(counts: TaskCounts) -> dict[str, int]:
+    """The tasks of a span by ``dask.task.state``, as ``dask.span.tasks`` counts them."""
+    return {names.TASK_STATE_DONE: counts.done, names.TASK_STATE_ERRED: counts.erred,
+            names.TASK_STATE_RUNNING: counts.running,
+            names.TASK_STATE_WAITING: counts.waiting}
 
 
 class LiveWriter:
@@ -196,8 +206,8 @@ class LiveRecords:
         self.writer = writer
         self.pump = pump
         self.clock = clock
-        #: span id -> (tags, done, erred) last counted in ``dask.span.tasks``
-        self._counted: dict[str, tuple[tuple[str, ...], int, int]] = {}
+        #: span id -> (tags, its tasks by state) last counted in ``dask.span.tasks``
+        self._counted: dict[str, tuple[tuple[str, ...], dict[str, int]]] = {}
 
     @property
     def active(self) -> bool:
@@ -221,9 +231,9 @@ class LiveRecords:
             span_id = request.ids[-1]
             counted = self._counted.pop(span_id, None)
             if counted is not None and self.pump is not None:
-                tags, done, erred = counted
+                tags, by_state = counted
                 self.pump.submit(DaskInstruments.span_tasks_moved, tags, {
-                    names.TASK_STATE_DONE: -done, names.TASK_STATE_ERRED: -erred})
+                    state: -n for state, n in by_state.items()})
             if self.progress.ended(span_id) and self.writer.writes_records:
                 ids = resolve_chain(request.ids, parse_carried(request.carried) or {})
                 span = self._live_span(request.tags, request.ids, ids)
@@ -269,12 +279,11 @@ class LiveRecords:
         return items
 
     def _moved(self, tags: tuple[str, ...], progress: Progress) -> Any:
-        counts = progress.counts
-        _, done, erred = self._counted.get(progress.span_id, (tags, 0, 0))
-        self._counted[progress.span_id] = (tags, counts.done, counts.erred)
+        by_state = _tasks_by_state(progress.counts)
+        _, before = self._counted.get(progress.span_id, (tags, {}))
+        self._counted[progress.span_id] = (tags, by_state)
         return (DaskInstruments.span_tasks_moved, (tags, {
-            names.TASK_STATE_DONE: counts.done - done,
-            names.TASK_STATE_ERRED: counts.erred - erred}))
+            state: n - before.get(state, 0) for state, n in by_state.items()}))
 
     def _open_live_span(self, span_id: str) -> LiveSpan | None:
         """The ids of an open span, as the translation will work them out."""

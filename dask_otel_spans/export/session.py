@@ -242,6 +242,9 @@ class ExportSession:
         if tg is not None:
             self.tracker.group_done(span_id, tg.stop)
 
+    def on_group_counts(self, entries: list[tuple[str, int, int, int, int, int]]) -> None:
+        self.tree.group_counts(entries)
+
     def on_group_erred(self, span_id: str, group: int, count: int,
                        classes: list[tuple[Any, str, int]]) -> None:
         self.tree.group_erred(span_id, group, count, [

@@ -23,6 +23,7 @@ Message = tuple[Any, ...]
 
 #: The kinds (each message's first field)
 SPAN, RUN, DONE, ERRED, TASKS = "span", "run", "done", "erred", "tasks"
+COUNTS = "counts"
 METRICS, CODE, WORKERS = "metrics", "code", "workers"
 GRAPH, NOTICE, CLIENT_GONE = "graph", "notice", "client-gone"
 DELTAS, WORKER_DELTAS, HISTORY = "deltas", "worker-deltas", "history"
@@ -53,6 +54,16 @@ def group_done(span_id: str, group: int, figures: tuple[Any, ...]) -> Message:
     the group's, then the earliest start and the latest stop of the compute of its
     tasks that erred since it was last done."""
     return (DONE, span_id, group, figures)
+
+
+def group_counts(entries: list[tuple[str, int, int, int, int, int]]) -> Message:
+    """The tasks by state of running task groups, of those whose counts changed since
+    they were last sent: ``[(span id, group, total, erred, running, waiting), ...]``
+    (``group`` as in :func:`group_running`, whose message goes first; the counts as
+    :func:`~dask_otel_spans.protocol.dask_facts.state_counts`). Sent with a group's
+    first ``run`` message, then for every running group at each sweep (every
+    ``live.interval``, 1 s at most; :mod:`~dask_otel_spans.scheduler.counts`)."""
+    return (COUNTS, entries)
 
 
 def group_erred(span_id: str, group: int, count: int,
@@ -140,6 +151,9 @@ class EventHandler(Protocol):
     def on_group_done(self, span_id: str, group: int,
                       figures: tuple[Any, ...]) -> None: ...
 
+    def on_group_counts(self,
+                        entries: list[tuple[str, int, int, int, int, int]]) -> None: ...
+
     def on_group_erred(self, span_id: str, group: int, count: int,
                        classes: list[tuple[Any, str, int]]) -> None: ...
 
@@ -177,6 +191,7 @@ def dispatch_table(handler: EventHandler) -> dict[str, tuple[int, Callable[..., 
         (SPAN, span_added, handler.on_span_added),
         (RUN, group_running, handler.on_group_running),
         (DONE, group_done, handler.on_group_done),
+        (COUNTS, group_counts, handler.on_group_counts),
         (ERRED, group_erred, handler.on_group_erred),
         (TASKS, group_tasks, handler.on_group_tasks),
         (METRICS, span_metrics, handler.on_span_metrics),

@@ -88,19 +88,24 @@ def is_running(attributes: Mapping[str, Any]) -> bool:
 
 
 def running_label(attributes: Mapping[str, Any]) -> str:
-    """``running 12m, 840 tasks done, 2 erred, 3 groups running`` (from the last
-    progress record; ``running`` alone before the first)."""
-    parts = []
+    """``running 12m, 840/2000 tasks, 2 erred, 12 running`` (from the last progress
+    record: tasks done of the total, erred, running now); from records without a
+    total, ``running 12m, 840 tasks done, 2 erred, 3 groups running``; ``running``
+    alone before the first."""
     elapsed = attributes.get(names.SPAN_ELAPSED)
-    if isinstance(elapsed, (int, float)):
-        parts.append(f"running {_duration(float(elapsed))}")
-    else:
-        parts.append("running")
-    if names.SPAN_TASKS_DONE in attributes:
+    parts = [f"running {_duration(float(elapsed))}"
+             if isinstance(elapsed, (int, float)) else "running"]
+    total = attributes.get(names.SPAN_TASKS_TOTAL)
+    if total and names.SPAN_TASKS_DONE in attributes:
+        parts.append(f"{attributes[names.SPAN_TASKS_DONE]}/{total} tasks")
+    elif names.SPAN_TASKS_DONE in attributes:
         parts.append(f"{attributes[names.SPAN_TASKS_DONE]} tasks done")
     if attributes.get(names.SPAN_TASKS_ERRED):
         parts.append(f"{attributes[names.SPAN_TASKS_ERRED]} erred")
-    if attributes.get(names.SPAN_GROUPS_RUNNING):
+    if total:
+        if attributes.get(names.SPAN_TASKS_RUNNING):
+            parts.append(f"{attributes[names.SPAN_TASKS_RUNNING]} running")
+    elif attributes.get(names.SPAN_GROUPS_RUNNING):
         n = attributes[names.SPAN_GROUPS_RUNNING]
         parts.append(f"{n} group{'s' if n != 1 else ''} running")
     return ", ".join(parts)

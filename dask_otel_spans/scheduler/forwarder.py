@@ -26,6 +26,7 @@ from dask_otel_spans.protocol.dask_private import (
 from dask_otel_spans.protocol.events import Message
 from dask_otel_spans.protocol.snapshots import done_figures
 from dask_otel_spans.protocol.tasks import NONE
+from dask_otel_spans.scheduler.counts import COUNTS_INTERVAL, Counts, CountsSweep, note_counts
 from dask_otel_spans.scheduler.graphs import (
     collect_links,
     collect_span_ids,
@@ -104,9 +105,9 @@ class Forwarded:
     n_known: int
     #: the number of workers last forwarded (-1: none yet)
     workers: int = -1
-    #: task groups forwarded as running and not as done since (as many as the
-    #: groups running now): not told again while they run
-    running: set[Any] = field(default_factory=set)
+    #: task groups forwarded as running and not as done since (as many as the groups
+    #: running now), not told again while they run: their tasks by state as sent
+    running: dict[Any, Counts] = field(default_factory=dict)
     #: span id -> code snippets forwarded (``include-code``)
     code: dict[str, int] = field(default_factory=dict)
     #: spans forwarded (adopted ones too)
@@ -150,7 +151,11 @@ class SpanForwarder:
         The extension's spans by name (``spans_search_by_name``): where the default
         span is
     clock:
-        The time of the hooks' events (default: distributed's ``time``)
+        The time of the hooks' events and of the counts' sweeps (default:
+        distributed's ``time``)
+    live_interval:
+        ``live.interval``: every running group's tasks by state are read again this
+        often, every ``COUNTS_INTERVAL`` (1 s) at most
     """
 
     def __init__(
@@ -162,6 +167,7 @@ class SpanForwarder:
         sampler: TaskSampler | None = None,
         by_name: Mapping[tuple[str, ...], list[Span]] | None = None,
         clock: Callable[[], float] = time,
+        live_interval: float = COUNTS_INTERVAL,
     ):
         self.spans = spans
         self.clock = clock
@@ -172,6 +178,7 @@ class SpanForwarder:
         self.sampler = sampler if sampler is not None else TaskSampler(NONE, 0)
         self.changes = Changes()
         self.forwarded = Forwarded(n_known=len(spans))
+        self.sweep = CountsSweep(min(COUNTS_INTERVAL, live_interval), clock)
 
     # -- what the hooks tell it (O(1) each) ----------------------------------------------
 
@@ -257,9 +264,11 @@ class SpanForwarder:
         out.extend(map(span_message, reversed(fresh), range(start, n)))
         self.forwarded.spans += len(fresh)
 
-    def _send(self, out: list[Message]) -> None:
-        """Send ``out``, the spans created meanwhile first: what the messages name
-        is known where they arrive."""
+    def _send(self, out: list[Message], counts: list[Any] | None = None) -> None:
+        """Send ``out`` (then the ``counts`` message of ``counts``), the spans created
+        meanwhile first: what the messages name is known where they arrive."""
+        if counts:
+            out.append(events.group_counts(counts))
         spans: list[Message] = []
         self._new_spans(spans)
         if spans or out:
@@ -267,9 +276,11 @@ class SpanForwarder:
 
     def idle(self, n_workers: int) -> bool:
         """Whether a tick would forward nothing: no span, hook event, task group or
-        worker count came since the last one (O(1))."""
+        worker count came since the last one, and no sweep of the running groups'
+        counts is due (O(1))."""
         return (n_workers == self.forwarded.workers
-                and len(self.spans) <= self.forwarded.n_known and not self.changes)
+                and len(self.spans) <= self.forwarded.n_known and not self.changes
+                and not self.sweep.due(self.forwarded.running))
 
     def tick(self, n_workers: int) -> None:
         """Forward what came since the last tick, in one go (:meth:`tick_steps`)."""
@@ -278,15 +289,18 @@ class SpanForwarder:
 
     def tick_steps(self, n_workers: int) -> Iterator[None]:
         """Forward what came since the last tick: the worker count, the new spans,
-        the hooks' events in the order they came, then the task groups touched.
-        Pauses (yields) every ``SPANS_PER_STEP`` spans, keys or groups, each time
-        after sending what it has."""
+        the hooks' events in the order they came, then the task groups touched, then
+        the running groups' counts when a sweep is due. Pauses (yields) every
+        ``SPANS_PER_STEP`` spans, keys or groups, each time after sending what it
+        has."""
         changes, self.changes = self.changes, Changes()
         self._forward_workers(n_workers)
         yield from self._forward_new_spans()
         yield from self._forward_hook_events(changes.pending)
         # (after the graphs: the groups of their tasks are known there by then)
         yield from self._forward_groups(changes.touched, changes.erred)
+        if self.sweep.due(self.forwarded.running):
+            yield from self._sweep_counts()
 
     def _forward_workers(self, n_workers: int) -> None:
         if n_workers != self.forwarded.workers:
@@ -353,34 +367,43 @@ class SpanForwarder:
     def _forward_groups(self, touched: set[Any], erred: dict[Any, int]
                         ) -> Iterator[None]:
         """The groups' errors, then each touched group when it is done, or when it
-        runs and was not running there."""
+        runs and was not running there, then the counts of the running ones that
+        changed."""
         take_classes = self.sampler.take_erred_classes
         out = [events.group_erred(tg.span_id, id(tg), n, classes)
                for tg, n in erred.items()
                # (taken for every group: none is left behind)
                for classes in (take_classes(tg),) if tg.span_id is not None]
+        counts: list[Any] = []
         for i, tg in enumerate(touched, 1):
             if i % SPANS_PER_STEP == 0:
-                self._send(out)
-                out = []
+                self._send(out, counts)
+                out, counts = [], []
                 yield
-            self._group_message(tg, out)
-        self._send(out)
+            self._group_message(tg, out, counts)
+        self._send(out, counts)
 
-    def _group_message(self, tg: Any, out: list[Message]) -> None:
+    def _sweep_counts(self) -> Iterator[None]:
+        """Every running group's counts, those that changed (scheduler/counts.py)."""
+        for entries in self.sweep.entries(self.forwarded.running, SPANS_PER_STEP):
+            if entries:
+                self.sink.send([events.group_counts(entries)])
+            yield
+
+    def _group_message(self, tg: Any, out: list[Message], counts: list[Any]) -> None:
         running = self.forwarded.running
         span_id = tg.span_id
         if span_id is None:
             if group_done(tg):
                 self.sampler.take_erred_window(tg)  # (no span to tell)
         elif group_done(tg):
-            running.discard(tg)
+            running.pop(tg, None)
             out.append(events.group_done(
                 span_id, id(tg), done_figures(tg, self.sampler.take_erred_window(tg))))
             self._tasks_of(tg, span_id, out)
-        elif tg not in running:
-            running.add(tg)
+        elif tg not in running:  # (its counts: now, then at each sweep)
             out.append(events.group_running(span_id, id(tg), str(tg.prefix.name)))
+            note_counts(running, tg, counts)
 
     def _tasks_of(self, tg: Any, span_id: str, out: list[Message]) -> None:
         """The ``tasks`` message of a group, when the sampler kept some."""
@@ -457,14 +480,17 @@ class SpanForwarder:
         """The messages of an adopted span: itself, its groups, its metrics."""
         out.append(span_message(span, position))
         self.forwarded.spans += 1
+        counts: list[Any] = []
         for tg in list(span.groups):
             if group_done(tg):
                 out.append(events.group_done(
                     span.id, id(tg),
                     done_figures(tg, self.sampler.take_erred_window(tg))))
             else:  # (the ticks need not send it again)
-                self.forwarded.running.add(tg)
                 out.append(events.group_running(span.id, id(tg), str(tg.prefix.name)))
+                note_counts(self.forwarded.running, tg, counts)
+        if counts:
+            out.append(events.group_counts(counts))
         metrics = cumulative_metrics(span)
         if metrics:
             out.append(events.span_metrics(span.id, dict(metrics)))

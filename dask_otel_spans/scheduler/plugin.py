@@ -211,6 +211,7 @@ class OTelSpansPlugin(SchedulerPlugin):
             ext.spans, scheduler.tasks, transport, self.config.include_code,
             TaskSampler(self.config.task_spans, self.config.max_task_spans),
             getattr(ext, "spans_search_by_name", None),
+            live_interval=self.config.live_interval,
         )
         self._task_moved = forwarder.task_moved
         if previous is not None and previous.transport is self.transport:

@@ -48,3 +48,12 @@ def test_the_writer_benchmark_reports_both_paths_per_dask_span(capsys):
     for writer in ("api", "direct"):
         assert re.search(rf"{writer}: [0-9.]+ µs of CPU per one-task dask span", out), out
     assert re.search(r"direct / api: [0-9.]+", out)
+
+
+def test_the_tick_benchmark_reports_a_cost_per_group_handled_and_swept(capsys):
+    from bench_tick import main as tick_main
+
+    assert tick_main(["--groups", "20", "--ticks", "5", "--repeat", "2"]) == 0
+    out = capsys.readouterr().out
+    for case in ("handled", "sweep"):
+        assert re.search(rf"{case}: -?[0-9.]+ µs per group per tick", out), out

@@ -110,7 +110,7 @@ def test_a_span_without_counts_gets_no_progress_record():
     assert p.look(101.0, lambda span_id: None).progress == []
 
 
-def test_task_counts_sum_the_tree_settled_groups_as_tasks_running_ones_as_groups():
+def test_task_counts_sum_the_tree_settled_groups_tasks_and_count_running_groups():
     tree = SpanTree([(0.0, 4)])
     tree.add_span(("r",), ("wf",), 1.0, 0)
     tree.add_span(("r", "c"), ("wf", "part"), 1.0, 0)
@@ -123,8 +123,57 @@ def test_task_counts_sum_the_tree_settled_groups_as_tasks_running_ones_as_groups
                      ("execute", "r", "load", "disk-read", "count"): 3.0})
     assert task_counts(tree.spans["r"]) == TaskCounts(
         done=4 + 7, erred=1 + 2, groups_running=1, groups_done=2,
-        activity_seconds=1.5, activity_bytes=100.0)
+        activity_seconds=1.5, activity_bytes=100.0, total=5 + 7)
     assert isinstance(tree.spans["r"], Span)
+
+
+@pytest.fixture
+def running_tree() -> SpanTree:
+    """``wf`` with a settled group (5 tasks, 1 erred) and, in ``part`` below it, a
+    running group not counted yet."""
+    tree = SpanTree([(0.0, 4)])
+    tree.add_span(("r",), ("wf",), 1.0, 0)
+    tree.add_span(("r", "c"), ("wf", "part"), 1.0, 0)
+    tree.group("r", 1, "load", ("load", 1.0, 2.0, 10, 1.0, 5, 1))
+    tree.group("c", 3, "score")
+    return tree
+
+
+def test_a_running_groups_counts_add_its_tasks_by_state(running_tree):
+    tree = running_tree
+    # (total, erred, running, waiting): 10 tasks, 3 settled of which 1 erred
+    tree.group_counts([("c", 3, 10, 1, 2, 5)])
+    counts = task_counts(tree.spans["r"])
+    assert (counts.total, counts.done, counts.erred, counts.running, counts.waiting) == (
+        5 + 10, 4 + 2, 1 + 1, 2, 5)
+
+
+def test_errors_seen_count_though_the_groups_counts_forgot_them(running_tree):
+    tree = running_tree
+    tree.group_erred("c", 3, 2)  # (both released since: settled, not erred)
+    tree.group_counts([("c", 3, 10, 0, 2, 5)])
+    counts = task_counts(tree.spans["c"])
+    assert (counts.done, counts.erred) == (1, 2)
+
+
+def test_tasks_done_do_not_drop_when_a_task_errs_between_two_counts(running_tree):
+    tree = running_tree
+    tree.group_counts([("c", 3, 10, 0, 2, 3)])
+    done = [task_counts(tree.spans["c"]).done]
+    tree.group_erred("c", 3, 1)  # (seen at a tick; the counts come at the sweep)
+    done.append(task_counts(tree.spans["c"]).done)
+    tree.group_counts([("c", 3, 10, 1, 2, 2)])
+    done.append(task_counts(tree.spans["c"]).done)
+    assert done == [5, 5, 5]
+
+
+def test_a_settled_group_is_counted_from_its_figures_not_its_last_counts(running_tree):
+    tree = running_tree
+    tree.group_counts([("c", 3, 10, 0, 2, 5)])
+    tree.group("c", 3, "score", ("score", 1.0, 2.0, 10, 1.0, 10, 0))
+    tree.group_counts([("c", 3, 10, 0, 2, 5)])  # (late: changes nothing)
+    counts = task_counts(tree.spans["c"])
+    assert (counts.total, counts.done, counts.running, counts.waiting) == (10, 10, 0, 0)
 
 
 def test_a_span_over_gets_one_last_progress_record_at_once_then_none():

@@ -2,7 +2,9 @@
 dask_otel_spans`` (its export process) and a ``dask worker``, exporting OTLP/gRPC to a
 real receiver and the embedded default's files. One workflow of a few seconds runs
 once for the module (``live.after`` 0.5 s, ``live.interval`` 0.5 s, pending spans
-on), then a span whose scheduler is killed; each test checks one behaviour of it."""
+on): three stages of 4 tasks, each task depending on one of the stage before,
+submitted at once (so the scheduler knows its 12 tasks from the start); then a span
+whose scheduler is killed; each test checks one behaviour of it."""
 from __future__ import annotations
 
 import shutil
@@ -94,6 +96,8 @@ def run(module_otlp_receiver, tmp_path_factory) -> dict[str, Any]:
             with span("live-wf") as span_id:
                 out["t_submit"] = time.time()
                 stage = client.map(load, STAGE, pure=False)
+                scores = client.map(score, client.map(fit, stage, pure=False),
+                                    pure=False)
                 wait_for(lambda: records(receiver, names.SPAN_STARTED_EVENT, span_id),
                          timeout=30, interval=0.02)
                 out["t_started_arrived"] = time.time()
@@ -106,8 +110,7 @@ def run(module_otlp_receiver, tmp_path_factory) -> dict[str, Any]:
                     for r in read_log_records(str(logs))), timeout=30)
                 out["snapshot"] = shutil.copytree(cwd / "dask-otel-spans",
                                                   cwd / "snapshot")
-                client.gather(client.map(fit, STAGE, pure=False))
-                client.gather(client.map(score, STAGE, pure=False))
+                client.gather(scores)
             out["span_id"] = span_id
             wait_for(lambda: dask_spans(receiver, span_id), timeout=30)
             out["arrival"] = [(s["name"], s["attributes"].get(names.SPAN_STATE))
@@ -144,15 +147,33 @@ def test_started_record_has_the_ids_the_span_is_exported_with(run):
     assert attrs.get(names.SPAN_PARENT_SPAN_ID, "") == exported.get("parentSpanId", "")
 
 
+def progress_of(run: dict[str, Any]) -> list[tuple[Any, dict]]:
+    """The progress records of the workflow's span, in time order."""
+    return sorted(records(run["receiver"], names.SPAN_PROGRESS_EVENT, run["span_id"]),
+                  key=lambda ra: ra[0].time_unix_nano)
+
+
 def test_progress_done_counts_grow_to_the_span_task_count(run):
     [exported] = dask_spans(run["receiver"], run["span_id"])
-    progress = sorted(records(run["receiver"], names.SPAN_PROGRESS_EVENT,
-                              run["span_id"]), key=lambda ra: ra[0].time_unix_nano)
+    progress = progress_of(run)
     done = [a[names.SPAN_TASKS_DONE] for _, a in progress]
     assert len(done) >= 2 and done == sorted(done)
     assert done[-1] == exported["attributes"][names.SPAN_TASK_COUNT] == 12
     [trace_id] = {r.trace_id.hex() for r, _ in progress}
     assert trace_id == exported["traceId"]
+
+
+def test_progress_total_is_the_span_task_count_from_the_first_record(run):
+    [exported] = dask_spans(run["receiver"], run["span_id"])
+    totals = [a[names.SPAN_TASKS_TOTAL] for _, a in progress_of(run)]
+    assert set(totals) == {exported["attributes"][names.SPAN_TASK_COUNT]}
+
+
+def test_progress_tasks_by_state_add_up_to_the_total(run):
+    by_state = [(a[names.SPAN_TASKS_DONE] + a[names.SPAN_TASKS_ERRED]
+                 + a[names.SPAN_TASKS_RUNNING] + a[names.SPAN_TASKS_WAITING],
+                 a[names.SPAN_TASKS_TOTAL]) for _, a in progress_of(run)]
+    assert all(tasks == total for tasks, total in by_state)
 
 
 def test_no_progress_record_is_made_after_the_span_ended(run):
@@ -185,7 +206,7 @@ def test_pending_spans_arrive_before_the_span_and_none_after(run):
 def test_tree_shows_the_running_span_from_a_snapshot_taken_mid_run(run, capsys):
     assert cli_main(["tree", str(run["snapshot"])]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if "live-wf" in x)
-    assert "[running" in line and "tasks done" in line
+    assert "[running" in line and "/12 tasks" in line
 
 
 def test_report_shows_the_running_span_from_a_snapshot_taken_mid_run(run):

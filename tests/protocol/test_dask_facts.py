@@ -4,7 +4,12 @@ from __future__ import annotations
 import pytest
 from distributed.scheduler import ALL_TASK_STATES, TaskGroup, TaskPrefix
 
-from dask_otel_spans.protocol.dask_facts import group_done
+from dask_otel_spans.protocol.dask_facts import (
+    RUNNING_STATES,
+    WAITING_STATES,
+    group_done,
+    state_counts,
+)
 
 
 @pytest.mark.parametrize("state", sorted(ALL_TASK_STATES))
@@ -14,6 +19,20 @@ def test_the_group_verdict_is_taskgroup_done(state):
         tg.states["memory"] = others
         tg.states[state] += 1
         assert group_done(tg) is tg.done
+
+
+def test_a_task_not_settled_is_running_or_waiting():
+    assert {"processing", *WAITING_STATES} == set(RUNNING_STATES)
+
+
+def test_the_counts_by_state_cover_every_task_of_the_group():
+    tg = TaskGroup("g", TaskPrefix("g"))
+    for i, state in enumerate(sorted(ALL_TASK_STATES), 1):
+        tg.states[state] += i
+    total, erred, running, waiting = state_counts(tg)
+    assert total == sum(tg.states.values())
+    assert (erred, running) == (tg.states["erred"], tg.states["processing"])
+    assert waiting == sum(tg.states[s] for s in WAITING_STATES)
 
 
 def test_the_installed_distributed_has_every_private_name_the_package_uses():

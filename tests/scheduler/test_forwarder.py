@@ -56,10 +56,11 @@ def sink() -> Sink:
 def forwarder_of(spans: dict, sink: Sink, tasks: dict | None = None,
                  **kwargs: Any) -> SpanForwarder:
     """A forwarder that knows none of ``spans`` yet (as if they were made after it
-    started); the hooks' events happen at time 10.0."""
+    started); the hooks' events happen at time 10.0 (unless ``clock`` says)."""
     known = dict(spans)
     spans.clear()
-    forwarder = SpanForwarder(spans, tasks or {}, sink, clock=lambda: 10.0, **kwargs)
+    kwargs.setdefault("clock", lambda: 10.0)
+    forwarder = SpanForwarder(spans, tasks or {}, sink, **kwargs)
     spans.update(known)
     return forwarder
 
@@ -250,9 +251,10 @@ def test_adoption_forwards_running_spans_with_ancestors_groups_and_metrics(sink)
     forwarder = SpanForwarder(spans, {}, sink)
     for _ in forwarder.adopt():
         pass
-    assert [item[0] for item in sink.items] == ["span", "span", "run", "metrics"]
+    assert [item[0] for item in sink.items] == [
+        "span", "span", "run", "counts", "metrics"]
     assert sink.items[0][1] == ("r",) and sink.items[1][1] == ("r", "a")
-    assert sink.items[3] == (
+    assert sink.items[4] == (
         "metrics", "a", {("execute", "inc", "thread-cpu", "seconds"): 2.0}
     )
 
@@ -354,7 +356,7 @@ def test_a_group_still_running_is_not_forwarded_again_at_each_tick(tree, sink):
     assert [item[0] for item in sink.items if item[0] in ("run", "done")] == [
         "run", "done"
     ]
-    assert forwarder.forwarded.running == set()
+    assert forwarder.forwarded.running == {}
 
 
 def test_a_group_that_runs_again_after_it_was_done_is_forwarded_running_again(
@@ -480,8 +482,8 @@ def test_every_message_the_forwarder_sends_is_of_the_protocol(tree, sink):
         dispatch(message)
     assert {name for name, _ in recorder.calls} == {
         "on_worker_count", "on_span_added", "on_graph_submitted", "on_close_notice",
-        "on_client_gone", "on_group_running", "on_span_deltas", "on_span_code",
-        "on_span_metrics",
+        "on_client_gone", "on_group_running", "on_group_counts", "on_span_deltas",
+        "on_span_code", "on_span_metrics",
     }
 
 
@@ -506,3 +508,100 @@ def test_the_exception_classes_of_erred_tasks_go_with_their_count(tree, sink):
     (erred,) = [item for item in sink.items if item[0] == "erred"]
     assert sorted(erred[4]) == [(None, "KeyError", 1), (None, "ZeroDivisionError", 2)]
     assert forwarder.sampler.erred_classes == {}
+
+
+# -- the running groups' tasks by state (scheduler/counts.py) --------------------------
+
+def counts_sent(sink: Sink) -> list[tuple[Any, ...]]:
+    """The entries of the ``counts`` messages, in order."""
+    return [entry for item in sink.items if item[0] == "counts" for entry in item[1]]
+
+
+def test_a_running_group_handled_at_a_tick_sends_its_counts_after_its_run(tree, sink):
+    group = task_group("inc-1", "c", running=2, memory=1)
+    group.states.update(waiting=3, queued=1)
+    forwarder = forwarder_of(tree, sink)
+    touch(forwarder, group)
+    forwarder.tick(2)
+    kinds = [item[0] for item in sink.items if item[0] in ("run", "counts")]
+    assert kinds == ["run", "counts"]
+    # (span, group, total, erred, running, waiting)
+    assert counts_sent(sink) == [("c", id(group), 7, 0, 2, 4)]
+
+
+class Clock:
+    """A clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 10.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_counts_that_did_not_change_are_not_sent_again(tree, sink):
+    clock = Clock()
+    group = task_group("inc-1", "c")
+    forwarder = forwarder_of(tree, sink, clock=clock)
+    for _ in range(3):
+        touch(forwarder, group)
+        forwarder.tick(2)
+        clock.now += 1.0
+    assert len(counts_sent(sink)) == 1
+
+
+def test_a_running_groups_counts_wait_for_the_sweep_whatever_moved(tree, sink):
+    clock = Clock()
+    group = task_group("inc-1", "c", running=2)
+    forwarder = forwarder_of(tree, sink, clock=clock)
+    touch(forwarder, group)
+    forwarder.tick(2)
+    group.states.update(processing=1, memory=1)
+    touch(forwarder, group, "memory", "processing")  # (a task settled)
+    forwarder.tick(2)
+    assert len(counts_sent(sink)) == 1
+    clock.now += 1.0
+    forwarder.tick(2)
+    assert counts_sent(sink)[-1] == ("c", id(group), 2, 0, 1, 0)
+
+
+def test_tasks_that_start_while_nothing_settles_are_counted_at_the_next_sweep(
+    tree, sink
+):
+    clock = Clock()
+    group = task_group("inc-1", "c", running=1)
+    group.states["queued"] = 3
+    forwarder = forwarder_of(tree, sink, clock=clock, live_interval=0.5)
+    touch(forwarder, group)
+    forwarder.tick(2)
+    group.states.update(processing=2, queued=2)  # (no hook call: nothing settled)
+    clock.now += 0.4
+    assert forwarder.idle(2)
+    clock.now += 0.1
+    assert not forwarder.idle(2)
+    forwarder.tick(2)
+    assert counts_sent(sink)[-1] == ("c", id(group), 4, 0, 2, 2)
+    assert forwarder.idle(2)
+
+
+def test_the_sweep_comes_every_second_at_most(tree, sink):
+    clock = Clock()
+    group = task_group("inc-1", "c")
+    forwarder = forwarder_of(tree, sink, clock=clock, live_interval=30.0)
+    touch(forwarder, group)
+    forwarder.tick(2)
+    clock.now += 1.0
+    assert not forwarder.idle(2)
+
+
+def test_a_group_done_leaves_the_sweep(tree, sink):
+    clock = Clock()
+    group = task_group("inc-1", "c")
+    forwarder = forwarder_of(tree, sink, clock=clock)
+    touch(forwarder, group)
+    forwarder.tick(2)
+    group.states.update(processing=0, memory=1)
+    touch(forwarder, group, "memory", "processing")
+    forwarder.tick(2)
+    clock.now += 5.0
+    assert forwarder.forwarded.running == {} and forwarder.idle(2)

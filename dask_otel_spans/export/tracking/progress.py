@@ -7,11 +7,13 @@ Pure policy: no OTel, no threads, no clock of its own. The export session feeds 
 :meth:`LiveProgress.ended`), asks it at each pass (:meth:`LiveProgress.look`) and
 makes what it says (:mod:`dask_otel_spans.export.live`).
 
-What is counted (:func:`task_counts`): the export side knows a task group's task
-count when the group settles (the forwarder's ``done`` message) and that a group runs
-(``run``); so ``done`` and ``erred`` are the tasks of the span's tree in groups that
-settled (``erred`` also the erred tasks of groups still running), and running groups
-are counted as groups, not tasks.
+What is counted (:func:`task_counts`), over the span's tree: the tasks of its groups
+by state. A settled group's come with its ``done`` message; a running group's
+(``run``) with ``counts`` messages, which the forwarder sends with its first ``run``
+and at each sweep (every ``live.interval``, 1 s at most): a sweep old at most, all of
+one instant. A task counts as erred once seen erring (dask's counts forget an error
+once the task is released), as done when it settled otherwise (finished, released or
+forgotten).
 """
 from __future__ import annotations
 
@@ -27,17 +29,23 @@ MAX_SPANS_PER_INTERVAL = 50
 class TaskCounts(NamedTuple):
     """What the export side knows of a span's tree so far."""
 
-    #: tasks of settled groups that finished (did not err)
+    #: tasks that settled without erring (finished, released or forgotten)
     done: int = 0
-    #: tasks that erred (settled groups, and those seen erring in running groups)
+    #: tasks that erred (seen erring, in settled and running groups)
     erred: int = 0
-    #: task groups with a task running now, and groups settled
+    #: task groups with a task not settled (running or waiting), and groups settled
     groups_running: int = 0
     groups_done: int = 0
     #: activity so far (heartbeat deltas): seconds of every ``seconds`` activity, and
     #: bytes of every ``bytes`` one
     activity_seconds: float = 0.0
     activity_bytes: float = 0.0
+    #: tasks of the groups submitted so far (``done + erred + running + waiting``),
+    #: tasks running (``processing``) and tasks waiting to run (``waiting``,
+    #: ``queued``, ``no-worker``)
+    total: int = 0
+    running: int = 0
+    waiting: int = 0
 
 
 def is_over(counts: TaskCounts, closed: bool, done: bool) -> bool:
@@ -47,28 +55,46 @@ def is_over(counts: TaskCounts, closed: bool, done: bool) -> bool:
     return not counts.groups_running and (closed or done)
 
 
+def _group_tasks(tg: Any) -> tuple[int, int, int, int, int]:
+    """A group's tasks ``(total, done, erred, running, waiting)`` (a group of the span
+    tree copy: :class:`~dask_otel_spans.export.tracking.tree.TreeGroup`). A running
+    group not counted yet (no ``counts`` message) counts its erred tasks only."""
+    states = tg.states
+    if "processing" not in states:  # (settled: its ``done`` figures)
+        erred = states.get("erred", 0)
+        done = states.get("memory", 0)
+        return (done + erred, done, erred, 0, 0)
+    if tg.counts is None:
+        return (0, 0, tg.erred_seen, 0, 0)
+    total, erred, running, waiting = tg.counts  # (one instant: they add up)
+    settled = max(0, total - running - waiting)
+    erred = min(settled, erred)
+    return (total, settled - erred, erred, running, waiting)
+
+
 def task_counts(span: Any) -> TaskCounts:
     """The :class:`TaskCounts` of ``span`` (a span of the span tree copy) and its
     descendants."""
-    done = erred = running = settled = 0
+    sums = [0, 0, 0, 0, 0]  # (total, done, erred, running, waiting)
+    groups_running = settled = 0
     seconds = nbytes = 0.0
     for node in span.traverse_spans():
         for tg in node.groups:
-            states = tg.states
-            if "processing" in states:
-                running += 1
-                erred += tg.erred_seen
+            if "processing" in tg.states:
+                groups_running += 1
             else:
                 settled += 1
-                erred += states.get("erred", 0)
-                done += states.get("memory", 0)
+            for i, n in enumerate(_group_tasks(tg)):
+                sums[i] += n
         for key, value in node._cumulative_worker_metrics.items():
             unit = key[-1] if isinstance(key, tuple) and key else None
             if unit == "seconds":
                 seconds += value
             elif unit == "bytes":
                 nbytes += value
-    return TaskCounts(done, erred, running, settled, seconds, nbytes)
+    total, done, erred, running, waiting = sums
+    return TaskCounts(done, erred, groups_running, settled, seconds, nbytes, total,
+                      running, waiting)
 
 
 class Progress(NamedTuple):

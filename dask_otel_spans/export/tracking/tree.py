@@ -46,7 +46,8 @@ class TreeGroup:
     snapshots read, as last forwarded."""
 
     __slots__ = ("key", "prefix", "span_id", "states", "start", "stop", "duration",
-                 "nbytes_total", "erred_seen", "erred_start", "erred_stop", "errors")
+                 "nbytes_total", "erred_seen", "erred_start", "erred_stop", "errors",
+                 "counts")
 
     def __init__(self, key: int, prefix: str, span_id: str):
         #: tells the span's groups apart
@@ -67,6 +68,10 @@ class TreeGroup:
         self.erred_start = self.erred_stop = 0.0
         #: ``exception.type`` -> tasks of it that erred while they ran
         self.errors: dict[str, int] = {}
+        #: while it runs, its tasks ``(total, erred, running, waiting)`` as last
+        #: forwarded (the ``counts`` message; erred: at least those seen erring by
+        #: then); None when settled or not told yet
+        self.counts: tuple[int, int, int, int] | None = None
 
     def settle(self, figures: Any) -> None:
         """Take the figures of a ``done`` message
@@ -91,6 +96,7 @@ class TreeGroup:
         self.nbytes_total = nbytes_total
         erred = min(task_count, max(erred, self.erred_seen))
         self.states = {"memory": task_count - erred, "erred": erred}
+        self.counts = None
 
 
 class TreeSpan(Span):
@@ -185,6 +191,20 @@ class SpanTree:
         else:
             tg.settle(figures)
         return tg
+
+    def group_counts(self, entries: Iterable[Any]) -> None:
+        """The tasks by state of running groups (the ``counts`` message's entries:
+        ``(span id, group key, total, erred, running, waiting)``); an entry of a
+        group not in the copy, or settled, changes nothing. The errors seen by then
+        count (dask's counts forget an error once its task is released); those seen
+        later wait for the next counts, which say which tasks settled meanwhile (so
+        that the tasks done never drop)."""
+        groups = self.groups
+        for span_id, key, total, erred, running, waiting in entries:
+            tg = groups.get((span_id, key))
+            if tg is not None and tg.states is RUNNING:
+                tg.counts = (int(total), max(int(erred), tg.erred_seen), int(running),
+                             int(waiting))
 
     def group_erred(self, span_id: str, key: int, count: int,
                     types: Iterable[tuple[str, int]] = ()) -> None:

@@ -1,0 +1,267 @@
+"""The export process's CPU per dask span against its floor, in one run: the package
+as shipped, and the OpenTelemetry SDK alone making the same OTel spans and metric
+points, both delivering OTLP/gRPC to a receiver in another process.
+
+    python benchmarks/bench_replay.py /tmp/nested.msgs --record   # once: a real cluster
+    python benchmarks/bench_target.py /tmp/nested.msgs --repeat 5
+
+- **package**: the recording (what a scheduler sent its export session on ``nested``:
+  one-task leaf spans three levels deep) replayed into an export session whose
+  providers the package builds from ``OTEL_*`` (``OTEL_EXPORTER_OTLP_ENDPOINT``, the
+  OTLP exporters, its delivery), as the export process builds them.
+- **floor**: the OTel spans that replay ends (captured once, before the clock, with an
+  in-memory exporter) rebuilt from plain fields as the SDK's ``ReadableSpan`` with one
+  shared ``Resource`` and scope and handed to a ``BatchSpanProcessor`` with the SDK's
+  OTLP exporter; and as many metric points as the package recorded (its counter
+  ``add`` calls over the same series, one duration record per dask span) through a
+  ``MeterProvider`` with the SDK's OTLP exporter.
+
+CPU of the whole process (every thread) from the first span to the providers flushed,
+per dask span; each side in a fresh process, alternating; best of ``--repeat``. The
+receiver decodes and counts in its own process, which is not measured; a side whose
+spans did not all arrive says so.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import gc
+import os
+import pickle
+import subprocess
+import sys
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+
+def _environ(port: int) -> dict[str, str]:
+    return {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_METRICS_EXPORTER": "otlp", "OTEL_LOGS_EXPORTER": "none",
+            "OTEL_SERVICE_NAME": "dask"}
+
+
+def _session(environ: dict[str, str], tracer_provider: Any = None,
+             meter_provider: Any = None) -> Any:
+    from dask_otel_spans.config import PluginConfig
+    from dask_otel_spans.export.pipeline import ExportPipeline
+    from dask_otel_spans.export.session import ExportSession
+    from dask_otel_spans.sdk.providers import Providers
+    from dask_otel_spans.transport.spec import PipelineSpec
+
+    config = PluginConfig.from_dask_config()
+    providers = (Providers(tracer_provider, meter_provider) if tracer_provider
+                 else PipelineSpec(config, environ=environ).resolve_providers())
+    session = ExportSession(ExportPipeline.build(providers, config), config)
+    session.start()
+    return session
+
+
+def _replay(session: Any, recording: dict[str, Any]) -> int:
+    """Every message in one batch: the session applies them all before its next
+    pass, so that every run hands over the same spans, with all their groups (fed
+    batch by batch, faster than they came, a span whose close notice came before
+    its groups' messages can be handed over without them, as many as the clock
+    decides)."""
+    expected = recording["handed_over"]
+    session.send([message for batch in recording["batches"] for message in batch])
+    deadline = time.monotonic() + 600
+    while session.tracker.handed_over < expected and time.monotonic() < deadline:
+        session.flush(60, exporters=False)
+    session.flush(60)
+    return int(session.tracker.handed_over)
+
+
+def _settle() -> None:
+    """The export process's garbage collector settings, on both sides."""
+    from dask_otel_spans.transport.child import settle_garbage_collector
+
+    settle_garbage_collector()
+
+
+def capture(recording_path: str, out: str) -> None:
+    """Replay once into in-memory exporters: the OTel spans as plain fields, the
+    metric series, and the package's counts of SDK calls."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+        InMemorySpanExporter,
+    )
+
+    with open(recording_path, "rb") as f:
+        recording = pickle.load(f)
+    exporter, reader = InMemorySpanExporter(), InMemoryMetricReader()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    meter_provider = MeterProvider(metric_readers=[reader])
+    session = _session({}, tracer_provider, meter_provider)
+    dask_spans = _replay(session, recording)
+    session.pipeline.pump.send_sums()
+    session.flush(60)
+    figures = session.figures()
+    spans = []
+    for s in exporter.get_finished_spans():
+        parent = s.parent
+        spans.append((
+            s.name, s.context.trace_id, s.context.span_id, int(s.context.trace_flags),
+            None if parent is None else (parent.trace_id, parent.span_id,
+                                         parent.is_remote, int(parent.trace_flags)),
+            s.start_time, s.end_time, dict(s.attributes or {}),
+            [(e.name, dict(e.attributes or {}), e.timestamp) for e in s.events],
+            [(link.context.trace_id, link.context.span_id, int(link.context.trace_flags),
+              dict(link.attributes or {})) for link in s.links],
+            s.status.status_code.value, s.status.description,
+        ))
+    series: dict[str, list[dict[str, Any]]] = {}
+    data = reader.get_metrics_data()
+    for rm in data.resource_metrics if data else ():
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                series[metric.name] = [dict(p.attributes or {})
+                                       for p in metric.data.data_points]
+    session.stop(10)
+    with open(out, "wb") as f:
+        pickle.dump({"spans": spans, "series": series, "dask_spans": dask_spans,
+                     "counter_adds": figures.metric_sdk_calls}, f)
+    print(f"captured {len(spans)} OTel spans of {dask_spans} dask spans, "
+          f"{figures.metric_sdk_calls} counter adds over "
+          f"{sum(map(len, series.values()))} series")
+
+
+def run_package(recording_path: str, port: int) -> dict[str, Any]:
+    with open(recording_path, "rb") as f:
+        recording = pickle.load(f)
+    session = _session(_environ(port))
+    _settle()
+    cpu0 = time.process_time()
+    dask_spans = _replay(session, recording)
+    cpu = time.process_time() - cpu0
+    otel_spans = session.pipeline.ender.otel_spans
+    session.stop(10)
+    return {"cpu_s": cpu, "dask_spans": dask_spans, "otel_spans": otel_spans}
+
+
+def run_floor(capture_path: str, port: int) -> dict[str, Any]:
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import Event, ReadableSpan
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+    from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+    with open(capture_path, "rb") as f:
+        captured = pickle.load(f)
+    endpoint = f"http://127.0.0.1:{port}"
+    resource = Resource.create({"service.name": "dask"})
+    scope = InstrumentationScope("dask_otel_spans", "0")
+    processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, insecure=True),
+                                   max_queue_size=max(2048, len(captured["spans"])))
+    meter_provider = MeterProvider(resource=resource, metric_readers=[
+        PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=endpoint, insecure=True))])
+    meter = meter_provider.get_meter("dask_otel_spans", "0")
+    instruments = {name: (meter.create_histogram(name) if name == "dask.span.duration"
+                          else meter.create_counter(name))
+                   for name in captured["series"]}
+    counters = [(instruments[name], attrs) for name, points in captured["series"].items()
+                if name != "dask.span.duration" for attrs in points]
+    histogram = instruments.get("dask.span.duration")
+    durations = captured["series"].get("dask.span.duration") or [{}]
+    adds, dask_spans = captured["counter_adds"], captured["dask_spans"]
+    _settle()
+    cpu0 = time.process_time()
+    for (name, trace_id, span_id, flags, parent, start, end, attrs, events, links,
+         code, description) in captured["spans"]:
+        processor.on_end(ReadableSpan(
+            name=name,
+            context=SpanContext(trace_id, span_id, False, TraceFlags(flags)),
+            parent=None if parent is None else SpanContext(
+                parent[0], parent[1], parent[2], TraceFlags(parent[3])),
+            resource=resource, attributes=attrs,
+            events=[Event(n, a, t) for n, a, t in events],
+            links=[Link(SpanContext(t, s, True, TraceFlags(f)), a)
+                   for t, s, f, a in links],
+            kind=SpanKind.INTERNAL, status=Status(StatusCode(code), description),
+            start_time=start, end_time=end, instrumentation_scope=scope,
+        ))
+    for i in range(adds):
+        counter, attrs = counters[i % len(counters)]
+        counter.add(1e-4, attrs)
+    if histogram is not None:
+        for i in range(dask_spans):
+            histogram.record(0.002, durations[i % len(durations)])
+    processor.force_flush()
+    meter_provider.force_flush()
+    cpu = time.process_time() - cpu0
+    processor.shutdown()
+    meter_provider.shutdown()
+    return {"cpu_s": cpu, "dask_spans": dask_spans, "otel_spans": len(captured["spans"])}
+
+
+def _child(side: str, path: str, port: int) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, HERE, *sys.path])}
+    env = {k: v for k, v in env.items() if not k.startswith("OTEL_")}
+    out = subprocess.run([sys.executable, __file__, path, "--one", side, "--port",
+                          str(port)], env=env, cwd=HERE, capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"{side} failed:\n{out.stderr[-3000:]}")
+    figures: dict[str, Any] = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("path", help="the recording (bench_replay.py --record)")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--one", choices=("package", "floor"), help=argparse.SUPPRESS)
+    parser.add_argument("--capture", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.capture:
+        capture(args.path, args.capture)
+        return 0
+    if args.one == "package":
+        print(repr(run_package(args.path, args.port)))
+        return 0
+    if args.one == "floor":
+        print(repr(run_floor(args.path, args.port)))
+        return 0
+    from bench_between import ReceiverProcess
+
+    captured = args.path + ".capture"
+    subprocess.run([sys.executable, __file__, args.path, "--capture", captured],
+                   check=True, cwd=HERE,
+                   env={**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, HERE])})
+    receiver = ReceiverProcess()
+    best: dict[str, float] = {}
+    try:
+        for i in range(args.repeat):
+            for side, path in (("package", args.path), ("floor", captured)):
+                before = receiver.counts()["spans"]
+                figures = _child(side, path, receiver.port)
+                arrived = receiver.counts()["spans"] - before
+                per_span = figures["cpu_s"] / max(1, figures["dask_spans"]) * 1e6
+                best[side] = min(best.get(side, float("inf")), per_span)
+                note = ("" if arrived >= figures["otel_spans"] else
+                        f" ({arrived} of {figures['otel_spans']} OTel spans arrived)")
+                print(f"  run {i + 1}, {side}: {per_span:.1f} µs of CPU per dask span"
+                      f"{note}", flush=True)
+    finally:
+        receiver.stop()
+    gc.collect()
+    for side, value in best.items():
+        print(f"{side}: {value:.1f} µs of CPU per dask span, best of {args.repeat}")
+    print(f"package / floor: {best['package'] / best['floor']:.2f} (target: at most 1.3)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
