@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The cost of a span on a leased many-core machine, in one go (about 6 minutes on 16
-# cores): the export process's floor, the accounting of `small` (8 pairs), the export
-# process on one-task spans (`nested`), and one pair of the default workloads.
+# cores): the export process against its floor (bench_target.py, on a recording of
+# `nested`), the scheduler process between fresh clusters (bench_between.py, 8 pairs),
+# and the export process against the scheduler on one-task spans (`nested`).
 #
 #     benchmarks/leased.sh OUTDIR            # figures into OUTDIR/*.txt
 #     PYTHON=/path/to/python benchmarks/leased.sh OUTDIR
@@ -30,7 +31,6 @@ step() {  # step NAME COMMAND...: run COMMAND, its output into OUTDIR/NAME.txt
     "$py" -c "import distributed, opentelemetry.sdk.version as v; print('distributed', distributed.__version__, 'otel sdk', v.__version__)"
 } | tee "$out/machine.txt"
 
-step floor bash -c "'$py' '$here/bench_floor.py' --prefixes 0 --metric-calls 4 && '$py' '$here/bench_floor.py' --prefixes 1 --metric-calls 4"
-step small-account "$py" "$here/bench_account.py" --pairs 8
+step target bash -c "'$py' '$here/bench_replay.py' '/tmp/leased-nested.msgs' --record && '$py' '$here/bench_target.py' '/tmp/leased-nested.msgs' --repeat 3"
+step between "$py" "$here/bench_between.py" --pairs 8
 step nested-account "$py" "$here/bench_account.py" --workload nested --spans 2000 --pairs 2
-step default "$py" "$here/bench_scheduler.py" --parts throughput --export-process --pairs 1 --time-limit 150
