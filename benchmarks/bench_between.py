@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -185,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.quick:
         args.pairs, args.spans, args.settle = 1, 30, 1.0
+    # (the client's WARNING that a baseline scheduler runs no plugin, once a cluster)
+    logging.getLogger("dask_otel_spans").setLevel(logging.ERROR)
     print(f"machine: {os.cpu_count()} cores; small: {args.spans} spans x 2 tasks; "
           f"{args.pairs} pairs of fresh clusters, alternating order; settle "
           f"{args.settle:g} s")
