@@ -117,6 +117,15 @@ def _median_line(label: str, values: list[float]) -> str:
             f"(pairs {min(values):.3f}-{max(values):.3f})")
 
 
+def _pair_line(i: int, base: dict[str, Any], plugin: dict[str, Any]) -> None:
+    print(f"  pair {i + 1} ({'baseline' if i % 2 == 0 else 'plugin'} first): tasks/s "
+          f"{plugin['tasks/s'] / base['tasks/s']:.3f} ({base['tasks/s']:.0f} / "
+          f"{plugin['tasks/s']:.0f}), scheduler CPU "
+          f"{plugin['cpu/task'] / base['cpu/task']:.3f}, with children "
+          f"{plugin['tree cpu/task'] / base['tree cpu/task']:.3f}; dask spans handed "
+          f"over, OTel spans delivered, open: {plugin['delivered']}", flush=True)
+
+
 def report(runs: dict[bool, list[dict[str, Any]]]) -> None:
     """The medians of the ratios, and each side's modules, objects and threads."""
     print("plugin / baseline:")
@@ -124,9 +133,19 @@ def report(runs: dict[bool, list[dict[str, Any]]]) -> None:
                        ("scheduler CPU per task", "cpu/task"),
                        ("scheduler + children CPU per task", "tree cpu/task")):
         print(_median_line(label, _ratios(runs, key)))
+    ratios = _ratios(runs, "tasks/s")
+    if len(ratios) > 1:  # (the order's effect: the machine, not the plugin)
+        print(f"  tasks/s by order: baseline first median "
+              f"{statistics.median(ratios[0::2]):.3f}, plugin first median "
+              f"{statistics.median(ratios[1::2]):.3f}")
     for with_plugin in (False, True):
         side = runs[with_plugin]
         last = side[-1]
+        print(f"{'plugin' if with_plugin else 'baseline'} (median): "
+              f"{statistics.median(r['tasks/s'] for r in side):.0f} tasks/s, scheduler "
+              f"CPU {statistics.median(r['cpu/task'] for r in side) * 1e6:.0f} µs per "
+              f"task, with children "
+              f"{statistics.median(r['tree cpu/task'] for r in side) * 1e6:.0f}")
         print(f"{'plugin' if with_plugin else 'baseline'} scheduler process (median): "
               f"{statistics.median(r['modules'] for r in side):.0f} modules, "
               f"{statistics.median(r['gc_objects'] for r in side):,.0f} objects "
@@ -199,11 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             for with_plugin in ((False, True) if i % 2 == 0 else (True, False)):
                 runs[with_plugin].append(one_run(with_plugin, args.spans, args.settle,
                                                  environ))
-            base, plugin = runs[False][-1], runs[True][-1]
-            print(f"  pair {i + 1}: tasks/s {plugin['tasks/s'] / base['tasks/s']:.3f}, "
-                  f"scheduler CPU {plugin['cpu/task'] / base['cpu/task']:.3f}, with "
-                  f"children {plugin['tree cpu/task'] / base['tree cpu/task']:.3f}; "
-                  f"handed over, delivered, open: {plugin['delivered']}", flush=True)
+            _pair_line(i, runs[False][-1], runs[True][-1])
         report(runs)
         print(f"receiver: {json.dumps(receiver.counts())}")
     finally:
