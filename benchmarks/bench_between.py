@@ -97,6 +97,7 @@ def one_run(with_plugin: bool, spans: int, settle: float,
         wall = time.perf_counter() - t0
         time.sleep(settle)
         cpu, children = cluster.cpu() - cpu0, cluster.export_cpu() - children0
+        load = os.getloadavg()[0]  # (what else ran on the machine meanwhile)
         delivered = None
         if with_plugin:
             state = wait_for_export(client, timeout=60)
@@ -105,7 +106,8 @@ def one_run(with_plugin: bool, spans: int, settle: float,
     finally:
         cluster.close()
     return {"tasks/s": n / wall, "cpu/task": cpu / n,
-            "tree cpu/task": (cpu + children) / n, "delivered": delivered, **counts}
+            "tree cpu/task": (cpu + children) / n, "delivered": delivered,
+            "load": load, **counts}
 
 
 def _ratios(runs: dict[bool, list[dict[str, Any]]], key: str) -> list[float]:
@@ -122,8 +124,9 @@ def _pair_line(i: int, base: dict[str, Any], plugin: dict[str, Any]) -> None:
           f"{plugin['tasks/s'] / base['tasks/s']:.3f} ({base['tasks/s']:.0f} / "
           f"{plugin['tasks/s']:.0f}), scheduler CPU "
           f"{plugin['cpu/task'] / base['cpu/task']:.3f}, with children "
-          f"{plugin['tree cpu/task'] / base['tree cpu/task']:.3f}; dask spans handed "
-          f"over, OTel spans delivered, open: {plugin['delivered']}", flush=True)
+          f"{plugin['tree cpu/task'] / base['tree cpu/task']:.3f}; load average "
+          f"{base['load']:.1f} / {plugin['load']:.1f}; dask spans handed over, OTel "
+          f"spans delivered, open: {plugin['delivered']}", flush=True)
 
 
 def report(runs: dict[bool, list[dict[str, Any]]]) -> None:
