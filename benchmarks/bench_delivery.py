@@ -77,26 +77,39 @@ def child(args: argparse.Namespace) -> None:
 
 
 class CountingReceiver:
-    """An OTLP/gRPC trace receiver that counts the spans it got."""
+    """An OTLP/gRPC receiver that counts the spans it got, and the trace and metric
+    export requests (the metrics' points are not looked at)."""
 
     def __init__(self, port: int = 0):
         import grpc
+        from opentelemetry.proto.collector.metrics.v1 import (
+            metrics_service_pb2,
+            metrics_service_pb2_grpc,
+        )
         from opentelemetry.proto.collector.trace.v1 import (
             trace_service_pb2,
             trace_service_pb2_grpc,
         )
 
-        self.spans = 0
+        self.spans = self.trace_requests = self.metric_requests = 0
         receiver = self
 
         class Service(trace_service_pb2_grpc.TraceServiceServicer):
             def Export(self, request, context):
+                receiver.trace_requests += 1
                 receiver.spans += sum(len(ss.spans) for rs in request.resource_spans
                                       for ss in rs.scope_spans)
                 return trace_service_pb2.ExportTraceServiceResponse()
 
+        class Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
+            def Export(self, request, context):
+                receiver.metric_requests += 1
+                return metrics_service_pb2.ExportMetricsServiceResponse()
+
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), self.server)
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(),
+                                                                     self.server)
         self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
         self.server.start()
 

@@ -80,7 +80,8 @@ def replay(path: str) -> dict[str, float]:
     config = PluginConfig.from_dask_config()
     # (owned, as the package's own providers are: the embedded default, OTEL_*)
     pipeline = ExportPipeline.build(Providers(tracer_provider, meter_provider,
-                                              owned=[tracer_provider, meter_provider]),
+                                              owned=[tracer_provider, meter_provider],
+                                              built=[tracer_provider, meter_provider]),
                                     config)
     session = ExportSession(pipeline, config)
     session.start()

@@ -69,6 +69,7 @@ sys.path.insert(0, HERE)
 
 import bench_clock  # noqa: E402
 import bench_preload  # noqa: E402
+from bench_tasks import inc  # noqa: E402
 
 from dask_otel_spans import span  # noqa: E402
 
@@ -80,10 +81,6 @@ class _MemTask:
 
     def __init__(self, group: Any) -> None:
         self.group = group
-
-
-def inc(x: int) -> int:
-    return x + 1
 
 
 # -- a cluster of real processes ---------------------------------------------------------
@@ -112,7 +109,8 @@ class Cluster:
     def __init__(self, with_plugin: bool, workers: int, threads: int,
                  export_process: bool = False, plugin_tree: str | None = None,
                  inert: bool = False, preload: str | None = None,
-                 scheduler_wrapper: list[str] | None = None):
+                 scheduler_wrapper: list[str] | None = None,
+                 environ: dict[str, str] | None = None, clock: bool = True):
         self.with_plugin = with_plugin
         self.inert = inert
         #: a module to preload instead of a plugin
@@ -123,6 +121,7 @@ class Cluster:
         tree = plugin_tree or ROOT
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([tree, HERE, *sys.path])}
         env = {k: v for k, v in env.items() if not k.startswith("OTEL_")}
+        env.update(environ or {})  # (the OTEL_* of a preload that reads them)
         env.pop(bench_preload.RECORDS_VARIABLE, None)
         self.records = None
         if with_plugin and export_process:
@@ -131,8 +130,9 @@ class Cluster:
         # (scheduler_wrapper: a command that runs the scheduler's, e.g. valgrind's)
         cmd = [*(scheduler_wrapper or ()), sys.executable, "-m", "dask", "scheduler",
                "--host", "127.0.0.1",
-               "--port", "0", "--no-dashboard", "--scheduler-file", self._file(),
-               "--preload", "bench_clock"]  # both sides: the latencies' reference
+               "--port", "0", "--no-dashboard", "--scheduler-file", self._file()]
+        if clock:  # both sides: the latencies' reference (``clock=False``: neither)
+            cmd += ["--preload", "bench_clock"]
         if with_plugin:
             cmd += ["--preload", "bench_preload"]
         elif self.preload:

@@ -51,11 +51,12 @@ def _session(environ: dict[str, str], tracer_provider: Any = None,
     from dask_otel_spans.export.pipeline import ExportPipeline
     from dask_otel_spans.export.session import ExportSession
     from dask_otel_spans.sdk.providers import Providers
+    from dask_otel_spans.transport.providers import build_providers
     from dask_otel_spans.transport.spec import PipelineSpec
 
     config = PluginConfig.from_dask_config()
     providers = (Providers(tracer_provider, meter_provider) if tracer_provider
-                 else PipelineSpec(config, environ=environ).resolve_providers())
+                 else build_providers(PipelineSpec(config, environ=environ)))
     session = ExportSession(ExportPipeline.build(providers, config), config)
     session.start()
     return session

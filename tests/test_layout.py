@@ -60,10 +60,12 @@ def test_a_side_imports_only_in_the_allowed_direction(path):
 
 
 #: top-level module -> the sides it may import: the foundation (names, settings,
-#: once-only logging, background threads) none; the package's entry points what
-#: they start (the plugins load lazily); the former paths what they point to
+#: ``OTEL_*`` read without the SDK, once-only logging, background threads) none; the
+#: package's entry points what they start (the plugins load lazily); the former
+#: paths what they point to
 TOP_LEVEL = {
     "names": set(), "logonce": set(), "background": set(), "config": {"protocol"},
+    "otelenv": set(),
     "__init__": {"client", "scheduler", "worker"},
     "instrumentation": {"client"},
     "cli": {"client", "protocol", "reports", "sdk"},
@@ -105,3 +107,24 @@ def test_the_client_imports_no_side_and_no_sdk():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60).stdout.split("\n")
     assert out[:2] == ["[]", "True"]
+
+
+#: What a scheduler process whose export runs in the export process does not import
+EXPORT_SIDE = ("opentelemetry.sdk", "google.protobuf", "opentelemetry.exporter",
+               "dask_otel_spans.export", "dask_otel_spans.sdk")
+
+
+@pytest.mark.cluster  # (a fresh interpreter)
+def test_the_scheduler_plugin_imports_no_export_side_and_no_sdk():
+    """``import dask_otel_spans.scheduler.plugin`` loads neither the export side nor
+    the OTel SDK or protobuf: only the thread transport, chosen at start, does."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, dask_otel_spans.scheduler.plugin\n"
+        f"print(sorted(m for m in sys.modules if m.startswith({EXPORT_SIDE!r})))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    assert out.strip() == "[]"

@@ -60,7 +60,7 @@ class ExportPipeline:
         tracer_provider = providers.tracer_provider
         ender = SpanEnder(
             # the package's own providers: spans built directly; a user's: the API
-            span_writer(tracer_provider, owned=tracer_provider in providers.owned),
+            span_writer(tracer_provider, owned=tracer_provider in providers.built),
             pump,
             prefix_spans=config.prefix_spans,
             code_max_length=config.max_code_length if config.include_code else None,

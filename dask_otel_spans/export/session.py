@@ -4,7 +4,7 @@ own, keeps the span tree copy, runs the readiness tracker every tick
 and hands what is ready to the export pipeline (translation, OTel SDK).
 
 In the scheduler process the plugin's messages reach it directly
-(:class:`~dask_otel_spans.transport.choice.ThreadTransport`); in the export process, the
+(:class:`~dask_otel_spans.transport.thread.ThreadTransport`); in the export process, the
 child's reader feeds it the frames it reads from the pipe
 (:mod:`~dask_otel_spans.transport.child`).
 """

@@ -8,13 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dask_otel_spans.sdk.otlp import not_one_of, otlp_exporter
-from dask_otel_spans.sdk.otlpjson import (
-    FILE_EXPORTER,
-    LOGS_FILE,
-    OTLPJsonLinesLogExporter,
-    is_unconfigured,
-)
+from dask_otel_spans.otelenv import FILE_EXPORTER, is_unconfigured, not_one_of
+from dask_otel_spans.sdk.otlp import otlp_exporter
+from dask_otel_spans.sdk.otlpjson import LOGS_FILE, OTLPJsonLinesLogExporter
 
 #: ``OTEL_LOGS_EXPORTER`` values (unset: log records are not exported; the embedded
 #: default's file when nothing at all is configured)
@@ -45,7 +41,7 @@ class ExceptionSignals:
 
 def log_exporter_names(environ: Mapping[str, str]) -> list[str]:
     """The exporters ``OTEL_LOGS_EXPORTER`` names (none when unset); raises
-    :class:`~dask_otel_spans.sdk.otlp.ConfigurationError` naming a value it
+    :class:`~dask_otel_spans.otelenv.ConfigurationError` naming a value it
     cannot use."""
     names_ = [n.strip().lower() for n in environ.get("OTEL_LOGS_EXPORTER", "").split(",")
               if n.strip()]

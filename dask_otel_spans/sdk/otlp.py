@@ -1,6 +1,7 @@
 """OTLP exporters (traces, metrics, logs) from the standard
 ``OTEL_EXPORTER_OTLP_[<SIGNAL>_]*`` variables: endpoint, protocol, headers, timeout,
-compression, TLS; and the checks that say which value cannot work."""
+compression, TLS (the checks that say which value cannot work are
+:mod:`dask_otel_spans.otelenv`'s)."""
 from __future__ import annotations
 
 import importlib
@@ -9,58 +10,14 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote
 
+from dask_otel_spans.otelenv import (
+    OTLP_COMPRESSIONS,
+    ConfigurationError,
+    otlp_protocol,
+    signal_setting,
+)
+
 logger = logging.getLogger(__name__)
-
-OTLP_PROTOCOLS = ("grpc", "http/protobuf")
-OTLP_COMPRESSIONS = ("gzip", "deflate", "none")
-
-
-class ConfigurationError(ValueError):
-    """An ``OTEL_*`` variable has a value this package cannot use."""
-
-
-def _variable_of(environ: Mapping[str, str], signal: str, name: str) -> str:
-    """Which variable gives ``OTEL_EXPORTER_OTLP_[<SIGNAL>_]<NAME>``."""
-    specific = f"OTEL_EXPORTER_OTLP_{signal}_{name}"
-    return specific if environ.get(specific) else f"OTEL_EXPORTER_OTLP_{name}"
-
-
-def not_one_of(variable: str, value: str, accepted: tuple[str, ...]
-               ) -> ConfigurationError:
-    """The error of ``variable`` set to ``value``, which is not one of ``accepted``."""
-    return ConfigurationError(
-        f"{variable}={value!r} is not one of {', '.join(accepted)}"
-    )
-
-
-def otlp_protocol(environ: Mapping[str, str], signal: str) -> str:
-    """``OTEL_EXPORTER_OTLP_[<SIGNAL>_]PROTOCOL``, checked (default ``grpc``)."""
-    protocol = (_signal_setting(environ, signal, "PROTOCOL") or "grpc").strip()
-    if protocol not in OTLP_PROTOCOLS:
-        raise not_one_of(_variable_of(environ, signal, "PROTOCOL"), protocol,
-                          OTLP_PROTOCOLS)
-    return protocol
-
-
-def check_otlp_settings(environ: Mapping[str, str], signal: str) -> None:
-    """Raise :class:`ConfigurationError` for an OTLP protocol, compression or timeout
-    of ``signal`` that its exporter could not be built with."""
-    otlp_protocol(environ, signal)
-    compression = _signal_setting(environ, signal, "COMPRESSION")
-    if compression and compression.strip().lower() not in OTLP_COMPRESSIONS:
-        raise not_one_of(_variable_of(environ, signal, "COMPRESSION"),
-                         compression, OTLP_COMPRESSIONS)
-    timeout = _signal_setting(environ, signal, "TIMEOUT")
-    if timeout:
-        try:
-            ok = float(timeout) > 0
-        except ValueError:
-            ok = False
-        if not ok:
-            raise ConfigurationError(
-                f"{_variable_of(environ, signal, 'TIMEOUT')}={timeout!r} is not a "
-                "positive number of seconds"
-            )
 
 
 def parse_headers(value: str | None) -> dict[str, str]:
@@ -73,15 +30,6 @@ def parse_headers(value: str | None) -> dict[str, str]:
         elif item.strip():
             logger.warning("dask_otel_spans: ignoring malformed OTLP header %r", item)
     return out
-
-
-def _signal_setting(
-    environ: Mapping[str, str], signal: str, name: str
-) -> str | None:
-    """``OTEL_EXPORTER_OTLP_<SIGNAL>_<NAME>``, else ``OTEL_EXPORTER_OTLP_<NAME>``."""
-    return environ.get(f"OTEL_EXPORTER_OTLP_{signal}_{name}") or environ.get(
-        f"OTEL_EXPORTER_OTLP_{name}"
-    )
 
 
 #: gRPC channel options of the OTLP exporters: reconnect to a collector that came
@@ -115,22 +63,22 @@ def otlp_exporter_kwargs(
     endpoint = _endpoint(environ, signal, protocol)
     if endpoint:
         kwargs["endpoint"] = endpoint
-    headers = _signal_setting(environ, signal, "HEADERS")
+    headers = signal_setting(environ, signal, "HEADERS")
     if headers:
         kwargs["headers"] = parse_headers(headers)
-    timeout = _signal_setting(environ, signal, "TIMEOUT")
+    timeout = signal_setting(environ, signal, "TIMEOUT")
     if timeout:
         # The Python exporters read this variable in seconds; so do we.
         kwargs["timeout"] = float(timeout)
-    compression = _signal_setting(environ, signal, "COMPRESSION")
+    compression = signal_setting(environ, signal, "COMPRESSION")
     if compression:
         kwargs["compression"] = _compression(compression.strip().lower(), protocol)
-    certificate = _signal_setting(environ, signal, "CERTIFICATE")
+    certificate = signal_setting(environ, signal, "CERTIFICATE")
     if protocol == "grpc":
         # gRPC's default reconnect backoff grows to 120 s: after a collector outage
         # the exporter would stay away long after the collector is back.
         kwargs["channel_options"] = GRPC_CHANNEL_OPTIONS
-        insecure = _signal_setting(environ, signal, "INSECURE")
+        insecure = signal_setting(environ, signal, "INSECURE")
         if insecure:
             kwargs["insecure"] = insecure.strip().lower() == "true"
         if certificate:

@@ -11,7 +11,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from google.protobuf.json_format import MessageToDict
@@ -50,23 +50,6 @@ LOGS_FILE = "logs.jsonl"
 #: processes whose file exporters the SDK's configurator built (clients, launchers)
 WORKERS_DIR = "workers"
 PROCESSES_DIR = "processes"
-#: Value of OTEL_{TRACES,METRICS,LOGS}_EXPORTER selecting the embedded file exporter
-FILE_EXPORTER = "otlp_json_file"
-#: Variables whose presence means "the user configured an exporter"
-_CONFIGURING_VARIABLES = (
-    "OTEL_TRACES_EXPORTER",
-    "OTEL_METRICS_EXPORTER",
-    "OTEL_EXPORTER_OTLP_ENDPOINT",
-    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
-)
-
-
-def is_unconfigured(environ: Mapping[str, str]) -> bool:
-    """True when no exporter and no OTLP endpoint is configured at all: the embedded
-    default's files are written."""
-    return not any(environ.get(v) for v in _CONFIGURING_VARIABLES)
-
 _ID_FIELDS = frozenset({"traceId", "spanId", "parentSpanId"})
 
 

@@ -16,7 +16,8 @@ from email.utils import parsedate_to_datetime
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from dask_otel_spans.sdk.otlp import otlp_exporter_kwargs, otlp_protocol
+from dask_otel_spans.otelenv import otlp_protocol
+from dask_otel_spans.sdk.otlp import otlp_exporter_kwargs
 
 #: signal -> the gRPC method of its OTLP service
 GRPC_METHODS = {

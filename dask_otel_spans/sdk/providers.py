@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +26,15 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
 from dask_otel_spans import names
+from dask_otel_spans.otelenv import (
+    FILE_EXPORTER,
+    METRIC_EXPORTERS,
+    TRACE_EXPORTERS,
+    ConfigurationError,
+    exporter_names,
+    is_unconfigured,
+    not_one_of,
+)
 from dask_otel_spans.protocol.figures import SIGNALS, SignalFigures
 from dask_otel_spans.sdk.delivery import Delivery
 from dask_otel_spans.sdk.health import (
@@ -45,19 +53,12 @@ from dask_otel_spans.sdk.logs import (
     global_sdk_logger_provider,
     live_records_wanted,
 )
-from dask_otel_spans.sdk.otlp import (
-    ConfigurationError,
-    check_otlp_settings,
-    not_one_of,
-    otlp_exporter,
-)
+from dask_otel_spans.sdk.otlp import otlp_exporter
 from dask_otel_spans.sdk.otlpjson import (
-    FILE_EXPORTER,
     METRICS_FILE,
     TRACES_FILE,
     OTLPJsonLinesMetricExporter,
     OTLPJsonLinesSpanExporter,
-    is_unconfigured,
 )
 from dask_otel_spans.sdk.otlpsend import request_sender
 
@@ -80,6 +81,10 @@ class Providers:
     tracer_provider: Any = None
     meter_provider: Any = None
     owned: list[Any] = field(default_factory=list)
+    #: those the package built from configuration (the embedded default, ``OTEL_*``):
+    #: it owns their whole pipeline, so spans are built directly for them; not a
+    #: factory's, which are the user's own
+    built: list[Any] = field(default_factory=list)
     #: human-readable "where do traces / metrics go", for the log line
     traces_to: str = "nowhere"
     metrics_to: str = "nowhere"
@@ -161,57 +166,6 @@ def build_resource(
     if environ.get("OTEL_SERVICE_NAME"):
         attrs[names.SERVICE_NAME] = environ["OTEL_SERVICE_NAME"]
     return Resource.create(attrs)
-
-
-#: What each exporter variable accepts
-TRACE_EXPORTERS = ("otlp", "console", "none", FILE_EXPORTER)
-METRIC_EXPORTERS = ("otlp", "console", "prometheus", "none", FILE_EXPORTER)
-
-
-def check_environ(environ: Mapping[str, str]) -> None:
-    """Raise :class:`ConfigurationError`, naming the variable, its value and what it
-    accepts, for the first ``OTEL_*`` value the providers could not be built from."""
-    if is_unconfigured(environ):
-        return
-    for variable, accepted, signal in (
-        ("OTEL_TRACES_EXPORTER", TRACE_EXPORTERS, "TRACES"),
-        ("OTEL_METRICS_EXPORTER", METRIC_EXPORTERS, "METRICS"),
-    ):
-        chosen = exporter_names(environ, variable)
-        for name in chosen:
-            if name not in accepted:
-                raise not_one_of(variable, name, accepted)
-        if "otlp" not in chosen:
-            continue
-        check_otlp_settings(environ, signal)
-    for variable in ("OTEL_METRIC_EXPORT_INTERVAL", "OTEL_BSP_SCHEDULE_DELAY"):
-        check_millis(environ, variable)
-
-
-def check_millis(environ: Mapping[str, str], variable: str) -> None:
-    """Raise :class:`ConfigurationError` when ``variable`` is set and not a
-    non-negative number of milliseconds."""
-    value = environ.get(variable)
-    if not value:
-        return
-    try:
-        ok = float(value) >= 0
-    except ValueError:
-        ok = False
-    if not ok:
-        raise ConfigurationError(
-            f"{variable}={value!r} is not a non-negative number of milliseconds"
-        )
-
-
-def exporter_names(environ: Mapping[str, str], variable: str) -> list[str]:
-    """The exporters named by ``variable`` (``OTEL_TRACES_EXPORTER``, ...), lower case;
-    ``otlp`` when unset."""
-    return [
-        n.strip().lower()
-        for n in environ.get(variable, "otlp").split(",")
-        if n.strip()
-    ]
 
 
 def _span_exporter(name: str, environ: Mapping[str, str], output_dir: str) -> Any:
@@ -395,22 +349,6 @@ def _metric_readers(provider: MeterProvider) -> Sequence[MetricReader]:
     return tuple(readers or ())
 
 
-#: The module OpenTelemetry's auto-instrumentation (``opentelemetry-instrument``, the
-#: Kubernetes Operator's injection) runs at interpreter start, from a folder it puts on
-#: ``PYTHONPATH``
-AUTO_INSTRUMENTATION = "opentelemetry.instrumentation.auto_instrumentation"
-
-
-def under_auto_instrumentation() -> bool:
-    """Whether this process runs under OpenTelemetry's auto-instrumentation: its
-    global providers were then built by the launcher's configurator from the same
-    ``OTEL_*`` variables the package reads, so they count as configuration, not as
-    objects of this process."""
-    # (Python imports the launcher's sitecustomize.py by that bare name)
-    started_by = getattr(sys.modules.get("sitecustomize"), "__file__", None) or ""
-    return os.path.dirname(started_by).endswith(AUTO_INSTRUMENTATION.replace(".", os.sep))
-
-
 def global_sdk_tracer_provider() -> TracerProvider | None:
     provider = trace_api.get_tracer_provider()
     return provider if isinstance(provider, TracerProvider) else None
@@ -432,6 +370,7 @@ def _provider(out: Providers, kind: str, given: Any, global_provider: Any,
     provider, where = build()
     if provider is not None:
         out.owned.append(provider)
+        out.built.append(provider)
     return provider, where
 
 

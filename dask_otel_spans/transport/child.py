@@ -48,6 +48,7 @@ from dask_otel_spans.protocol.wire import (
     read_frame,
     write_frame,
 )
+from dask_otel_spans.transport.providers import build_providers
 from dask_otel_spans.transport.spec import PipelineSpec
 
 logger = logging.getLogger("dask_otel_spans.transport.child")
@@ -173,7 +174,7 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
     """Build the session from the first frame, then feed it until ``inbox`` ends."""
     try:
         spec: PipelineSpec = read_frame(inbox)
-        pipeline = ExportPipeline.build(spec.resolve_providers(), spec.config)
+        pipeline = ExportPipeline.build(build_providers(spec), spec.config)
     except EOFError:
         return 0
     except Exception as e:

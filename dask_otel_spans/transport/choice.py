@@ -2,9 +2,12 @@
 (:class:`ChildTransport`: :class:`~dask_otel_spans.transport.sender.ChildSender`
 and :class:`~dask_otel_spans.transport.supervisor.ChildSupervisor`) when the providers can be
 built from configuration there, else on a thread of the scheduler process
-(:class:`ThreadTransport`). Both take the same messages and run the same
-:class:`~dask_otel_spans.export.session.ExportSession`; the plugin never asks which one it
-has.
+(:class:`~dask_otel_spans.transport.thread.ThreadTransport`). Both take the same messages
+and run the same :class:`~dask_otel_spans.export.session.ExportSession`; the plugin never
+asks which one it has.
+
+Only the thread transport imports the export side and the OTel SDK, here, when it is
+chosen: with the export in the export process the scheduler process imports neither.
 """
 from __future__ import annotations
 
@@ -13,17 +16,13 @@ import logging
 import os
 from typing import Any, Protocol
 
-from dask_otel_spans.export.pipeline import ExportPipeline
-from dask_otel_spans.export.session import ExportSession
-from dask_otel_spans.export.share import ExportShareWatch
-from dask_otel_spans.protocol.figures import ExportFigures
-from dask_otel_spans.sdk.otlp import ConfigurationError
-from dask_otel_spans.sdk.providers import (
+from dask_otel_spans.otelenv import (
+    ConfigurationError,
     exporter_names,
-    global_sdk_meter_provider,
-    global_sdk_tracer_provider,
+    has_global_sdk_providers,
     under_auto_instrumentation,
 )
+from dask_otel_spans.protocol.figures import ExportFigures
 from dask_otel_spans.transport.sender import ChildSender
 from dask_otel_spans.transport.spec import PipelineSpec
 from dask_otel_spans.transport.supervisor import (
@@ -62,37 +61,6 @@ class Transport(Protocol):
 
     def figures(self) -> ExportFigures:
         """The session's figures (as last reported, from a child)."""
-
-
-class ThreadTransport:
-    """The export session on a thread of the scheduler process.
-
-    Parameters
-    ----------
-    session:
-        The session, started
-    destinations:
-        Where traces and metrics go, in words
-    """
-
-    def __init__(self, session: ExportSession, destinations: dict[str, Any]):
-        self.session = session
-        self.destinations = destinations
-
-    def send(self, messages: list[tuple[Any, ...]]) -> None:
-        self.session.send(messages)
-
-    def restarted(self) -> int | None:
-        return None
-
-    def flush(self, timeout: float, exporters: bool = True) -> bool:
-        return self.session.flush(timeout, exporters)
-
-    def stop(self, timeout: float) -> None:
-        self.session.stop(timeout)
-
-    def figures(self) -> ExportFigures:
-        return self.session.figures()
 
 
 class ChildTransport:
@@ -157,15 +125,7 @@ def uses_global_providers(use_global: bool) -> bool:
     for, and not the auto-instrumentation launcher's (built from the same ``OTEL_*``:
     the export process builds its own from them instead, and the launcher's, left
     unused in the scheduler process, export nothing of the plugin's twice)."""
-    return use_global and has_global_providers() and not under_auto_instrumentation()
-
-
-def has_global_providers() -> bool:
-    """Whether the process has SDK providers installed as its global ones."""
-    return (
-        global_sdk_tracer_provider() is not None
-        or global_sdk_meter_provider() is not None
-    )
+    return use_global and has_global_sdk_providers() and not under_auto_instrumentation()
 
 
 async def open_transport(
@@ -194,7 +154,7 @@ async def open_transport(
     setting = config.export_process
     given = tracer_provider is not None or meter_provider is not None
     stays = why_export_stays_here(spec, given_providers=given, use_global=use_global)
-    if use_global and has_global_providers() and under_auto_instrumentation():
+    if use_global and has_global_sdk_providers() and under_auto_instrumentation():
         logger.info("dask_otel_spans: under OpenTelemetry auto-instrumentation: "
                     "providers are built from OTEL_* for the plugin (the launcher's "
                     "global providers are left to the rest of the scheduler process)")
@@ -235,36 +195,10 @@ async def open_transport(
             "configuration (OTEL_* or otel-spans.providers); with %s, spans are "
             "exported in the scheduler process", stays,
         )
-    return _thread_transport(
+    # (the one place the export side is imported in the scheduler process)
+    from dask_otel_spans.transport.thread import thread_transport
+
+    return thread_transport(
         spec, tracer_provider=tracer_provider, meter_provider=meter_provider,
         use_global=use_global, nthreads_history=nthreads_history,
         watch_share=setting is False and stays is None)
-
-
-def _thread_transport(spec: PipelineSpec, *, tracer_provider: Any, meter_provider: Any,
-                      use_global: bool, nthreads_history: list[tuple[float, int]] | None,
-                      watch_share: bool) -> Transport | None:
-    """The export session on a thread of this process; None when no exporter could
-    be set up (logged). ``watch_share``: say once when export takes a noticeable
-    share of the process's CPU (it could run in the export process)."""
-    try:
-        providers = spec.resolve_providers(
-            tracer_provider=tracer_provider, meter_provider=meter_provider,
-            use_global=use_global,
-        )
-        pipeline = ExportPipeline.build(providers, spec.config)
-    except Exception as e:
-        logger.error("dask_otel_spans: cannot set up exporters (%s: %s); the plugin "
-                     "stays idle: nothing is exported", type(e).__name__, e)
-        return None
-    session = ExportSession(pipeline, spec.config, nthreads_history)
-    if watch_share:
-        session.share_watch = ExportShareWatch(
-            lambda: pipeline.cpu_seconds() + session.cpu_seconds
-        )
-    session.start()
-    return ThreadTransport(session, {
-        "traces_to": providers.traces_to, "metrics_to": providers.metrics_to,
-        "exceptions_to": providers.exceptions_to, "export_process": False,
-    })
-

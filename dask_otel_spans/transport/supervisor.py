@@ -12,6 +12,7 @@ import threading
 from itertools import count
 from typing import IO, Any
 
+from dask_otel_spans.otelenv import AUTO_INSTRUMENTATION
 from dask_otel_spans.protocol.figures import ExportFigures
 from dask_otel_spans.protocol.wire import (
     Answer,
@@ -23,7 +24,6 @@ from dask_otel_spans.protocol.wire import (
     read_frame,
     write_frame,
 )
-from dask_otel_spans.sdk.providers import AUTO_INSTRUMENTATION
 from dask_otel_spans.transport.spec import PipelineSpec
 
 logger = logging.getLogger(__name__)

@@ -17,30 +17,26 @@ from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
 
 from dask_otel_spans import names
+from dask_otel_spans.otelenv import (
+    METRIC_EXPORTERS,
+    TRACE_EXPORTERS,
+    ConfigurationError,
+    check_millis,
+    check_otlp_settings,
+    exporter_names,
+    is_unconfigured,
+    not_one_of,
+)
 from dask_otel_spans.sdk.logs import (
     build_logger_provider,
     global_sdk_logger_provider,
     log_exporter_names,
 )
-from dask_otel_spans.sdk.otlp import (
-    ConfigurationError,
-    check_otlp_settings,
-    not_one_of,
-)
-from dask_otel_spans.sdk.otlpjson import (
-    WORKERS_DIR,
-    file_label,
-    is_unconfigured,
-    place_process_files,
-)
+from dask_otel_spans.sdk.otlpjson import WORKERS_DIR, file_label, place_process_files
 from dask_otel_spans.sdk.providers import (
-    METRIC_EXPORTERS,
-    TRACE_EXPORTERS,
     build_meter_provider,
     build_resource,
     build_tracer_provider,
-    check_millis,
-    exporter_names,
     global_sdk_meter_provider,
     global_sdk_tracer_provider,
 )
@@ -81,7 +77,7 @@ def _check_exporters(environ: Mapping[str, str], variable: str,
                      accepted: tuple[str, ...], signal: str) -> list[str]:
     """The exporters ``variable`` names, each one of ``accepted``, and the OTLP
     settings of ``signal`` when one is ``otlp``; raises
-    :class:`~dask_otel_spans.sdk.otlp.ConfigurationError` otherwise."""
+    :class:`~dask_otel_spans.otelenv.ConfigurationError` otherwise."""
     chosen = exporter_names(environ, variable)
     for name in chosen:
         if name not in accepted:
@@ -92,7 +88,7 @@ def _check_exporters(environ: Mapping[str, str], variable: str,
 
 
 def check_traces_settings(environ: Mapping[str, str]) -> None:
-    """Raise :class:`~dask_otel_spans.sdk.otlp.ConfigurationError`, naming the
+    """Raise :class:`~dask_otel_spans.otelenv.ConfigurationError`, naming the
     variable and its value, for a value the tracer provider could not be built from
     (the metrics' and logs' values are not looked at)."""
     # (the batch processor reads it with nothing configured too)

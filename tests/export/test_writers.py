@@ -318,3 +318,17 @@ def exception_log_records(owned: bool) -> list[tuple]:
 
 def test_both_paths_make_exception_log_events_in_the_task_spans_context():
     assert exception_log_records(owned=True) == exception_log_records(owned=False)
+
+
+def factory_providers() -> tuple[TracerProvider, None]:
+    """An ``otel-spans.providers`` factory: the user's own tracer provider."""
+    return TracerProvider(resource=RESOURCE), None
+
+
+def test_a_factorys_tracer_provider_keeps_the_api_path():
+    from dask_otel_spans.transport.providers import build_providers
+    from dask_otel_spans.transport.spec import PipelineSpec
+
+    spec = PipelineSpec(PluginConfig.from_dask_config(),
+                        providers_factory=f"{__name__}:factory_providers")
+    assert writer_of(build_providers(spec)) is ApiWriter

@@ -9,11 +9,8 @@ from support.processes import otlp_grpc_env
 
 from dask_otel_spans import names
 from dask_otel_spans.export.metrics import DaskInstruments, SeriesCap, SpanNameCap
-from dask_otel_spans.sdk.otlp import (
-    ConfigurationError,
-    otlp_exporter_kwargs,
-    parse_headers,
-)
+from dask_otel_spans.otelenv import ConfigurationError
+from dask_otel_spans.sdk.otlp import otlp_exporter_kwargs, parse_headers
 from dask_otel_spans.sdk.providers import build_resource, resolve_providers
 
 
@@ -182,7 +179,7 @@ def test_auto_instrumentation_is_told_by_the_sitecustomize_it_started(
     import sys
     import types
 
-    from dask_otel_spans.sdk.providers import under_auto_instrumentation
+    from dask_otel_spans.otelenv import under_auto_instrumentation
 
     module = types.ModuleType("sitecustomize")
     module.__file__ = os.path.join(str(tmp_path), *folder, "sitecustomize.py")
