@@ -240,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     captured = args.path + ".capture"
     subprocess.run([sys.executable, __file__, args.path, "--capture", captured],
                    check=True, cwd=HERE,
-                   env={**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, HERE])})
+                   env={**os.environ,
+                        "PYTHONPATH": os.pathsep.join([ROOT, HERE, *sys.path])})
     receiver = ReceiverProcess()
     best: dict[str, float] = {}
     try:
