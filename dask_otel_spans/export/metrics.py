@@ -38,6 +38,9 @@ SPAN_DURATION_BUCKETS = (
     1800.0, 3600.0, 7200.0, 14400.0, 43200.0, 86400.0,
 )
 
+#: The idle series' key in the series cache, beside a span name
+_IDLE_KEY = ("execute", names.IDLE_PREFIX, names.IDLE_ACTIVITY, "seconds")
+
 #: Attributes that make series many, folded to ``__other__`` first past the series cap
 _HIGH_CARDINALITY = (names.SPAN_NAME, names.TASK_PREFIX)
 
@@ -61,6 +64,10 @@ MAX_QUEUE_SIZE = 10_000
 SEND_INTERVAL = 1.0
 
 
+#: Tag tuples whose span name is remembered (:class:`SpanNameCap`)
+REMEMBERED_TAGS = 4096
+
+
 class SpanNameCap:
     """The ``dask.span.name`` metric attribute: tags joined with ``/``, cut to a depth
     and to ``max_length`` characters, and at most ``max_names`` distinct values (then
@@ -75,21 +82,28 @@ class SpanNameCap:
         self.max_names = max(0, max_names)
         self.max_length = max(1, max_length)
         self._seen: set[str] = set()
+        #: the name of tag tuples seen lately (admitted names only)
+        self._names: dict[tuple[Any, ...], str] = {}
         self._lock = threading.Lock()
         self.overflowed = False
 
     def __call__(self, tags: Sequence[Any]) -> str:
-        if self.depth is not None and self.depth > 0:
-            tags = tags[: self.depth]
-        value = names.SPAN_NAME_SEPARATOR.join(str(t) for t in tags)
+        try:
+            known = self._names.get(tags) if type(tags) is tuple else None
+        except TypeError:  # (a tag that cannot be hashed: named the long way)
+            known = None
+        if known is not None:
+            return known
+        shown = tags[: self.depth] if self.depth is not None and self.depth > 0 else tags
+        value = names.SPAN_NAME_SEPARATOR.join(str(t) for t in shown)
         if len(value) > self.max_length:
             value = value[: self.max_length]
         with self._lock:
             if value in self._seen:
-                return value
+                return self._remember(tags, value)
             if len(self._seen) < self.max_names:
                 self._seen.add(value)
-                return value
+                return self._remember(tags, value)
         if not self.overflowed:
             self.overflowed = True
             logger.warning(
@@ -98,7 +112,22 @@ class SpanNameCap:
                 self.max_names,
                 names.OTHER_SPAN_NAME,
             )
-        return names.OTHER_SPAN_NAME
+        # (past the cap for good: the names admitted are never forgotten)
+        return self._remember(tags, names.OTHER_SPAN_NAME)
+
+    def _remember(self, tags: Sequence[Any], value: str) -> str:
+        """``value``, remembered as the name of ``tags`` (a tuple: the tags of a
+        span, which its later metric updates name again); at most
+        :data:`REMEMBERED_TAGS` tag tuples, then they are forgotten at once (dict
+        operations: safe without the lock)."""
+        if type(tags) is tuple:
+            if len(self._names) >= REMEMBERED_TAGS:
+                self._names.clear()
+            try:
+                self._names[tags] = value
+            except TypeError:
+                pass
+        return value
 
 
 class SeriesCap:
@@ -381,16 +410,16 @@ class DaskInstruments:
         if opened:
             self._sum(self._named_series(self.span_active, name), -1)
         if idle_seconds > 0:
-            idle = self._series(
-                self._span_counters["time"],
-                {
+            idle = self._cache.get((name, _IDLE_KEY))
+            if idle is None:
+                idle = self._series(self._span_counters["time"], {
                     names.SPAN_NAME: name,
                     names.CONTEXT: "execute",
                     names.TASK_PREFIX: names.IDLE_PREFIX,
                     names.ACTIVITY: names.IDLE_ACTIVITY,
                     names.UNIT: "seconds",
-                },
-            )
+                })
+                self._cache.put((name, _IDLE_KEY), idle)
             idle.context = exemplar_context(trace)
             self._sum(idle, idle_seconds)
 

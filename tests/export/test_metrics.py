@@ -144,6 +144,14 @@ def test_span_name_cap_folds_into_other():
     assert cap.overflowed
 
 
+def test_span_names_stay_the_same_when_asked_again_lists_and_unhashable_tags_included():
+    cap = SpanNameCap(depth=2, max_names=1)
+    assert [cap(("etl", "load", "x")) for _ in range(3)] == ["etl/load"] * 3
+    assert cap(["etl", "load"]) == "etl/load"
+    assert [cap(("other",)) for _ in range(2)] == [names.OTHER_SPAN_NAME] * 2
+    assert cap((["unhashable"], "load")) == names.OTHER_SPAN_NAME
+
+
 def test_span_name_depth():
     cap = SpanNameCap(depth=1, max_names=10)
     assert cap(("tenant-a", "load", "parse")) == "tenant-a"
