@@ -1019,7 +1019,7 @@ def main(argv: list[str] | None = None) -> int:
                  "big-graph": (1000,), "wide": (200,), "small": (30, 2)}
         scale.update({"delayed-list": scale["delayed"], "nested-list": scale["nested"],
                       "nested-x10": scale["nested"]})
-        pairs, checkpoints, repeat = args.pairs or 1, [50, 150, 300], 5
+        pairs, checkpoints, repeat = args.pairs or 1, [20, 60, 120], 5
         settle_s = 1.5  # (past the 1 s grace: a smoke run's figures are not read)
     else:
         scale = {"futures": (200, 100), "interactive": (200, 10),
