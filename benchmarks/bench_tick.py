@@ -30,6 +30,7 @@ import sys
 import timeit
 from typing import Any
 
+from bench_hooks import bytecodes
 from distributed.scheduler import TaskGroup, TaskPrefix
 
 from dask_otel_spans.scheduler.forwarder import SpanForwarder
@@ -127,29 +128,6 @@ def per_group(tick: Any, baseline: Any, n: int, ticks: int, repeat: int) -> floa
     with_tick = min(timeit.repeat(tick, number=ticks, repeat=repeat))
     without = min(timeit.repeat(baseline, number=ticks, repeat=repeat))
     return max(0.0, with_tick - without) / ticks / n
-
-
-def bytecodes(call: Any) -> int:
-    """The Python bytecode instructions one call of ``call`` executes."""
-    count = 0
-
-    def local(frame: Any, event: str, arg: Any) -> Any:
-        nonlocal count
-        if event == "opcode":
-            count += 1
-        return local
-
-    def traced(frame: Any, event: str, arg: Any) -> Any:
-        frame.f_trace_opcodes = True
-        frame.f_trace_lines = False
-        return local
-
-    sys.settrace(traced)
-    try:
-        call()
-    finally:
-        sys.settrace(None)
-    return count
 
 
 def measure(n: int, ticks: int, repeat: int, count_bytecodes: bool) -> None:
