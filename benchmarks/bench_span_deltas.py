@@ -19,11 +19,8 @@ sys.path.insert(0, TREE)
 from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
 
-from dask_otel_spans.export.metrics import (  # noqa: E402
-    DaskInstruments,
-    SeriesCap,
-    SpanNameCap,
-)
+from dask_otel_spans.export.caps import SeriesCap, SpanNameCap  # noqa: E402
+from dask_otel_spans.export.metrics import DaskInstruments  # noqa: E402
 
 SPANS, PER_HEARTBEAT = 20_000, 100
 

@@ -11,13 +11,9 @@ from dataclasses import dataclass, field
 
 from dask_otel_spans import names
 from dask_otel_spans.config import PluginConfig
+from dask_otel_spans.export.caps import SeriesCap, SpanNameCap
 from dask_otel_spans.export.ender import SpanEnder
-from dask_otel_spans.export.metrics import (
-    DaskInstruments,
-    MetricsPump,
-    SeriesCap,
-    SpanNameCap,
-)
+from dask_otel_spans.export.metrics import DaskInstruments, MetricsPump
 from dask_otel_spans.export.writers import span_writer
 from dask_otel_spans.protocol.figures import ExportFigures
 from dask_otel_spans.protocol.outcome import describe, settled

@@ -5,12 +5,11 @@ import pytest
 from support.polling import wait_for
 
 from dask_otel_spans import names
+from dask_otel_spans.export.caps import SeriesCap, SpanNameCap
 from dask_otel_spans.export.metrics import (
     SPAN_DURATION_BUCKETS,
     DaskInstruments,
     MetricsPump,
-    SeriesCap,
-    SpanNameCap,
     unit_family,
 )
 from dask_otel_spans.sdk.providers import SDK_DEFAULT_CARDINALITY_LIMIT

@@ -8,7 +8,8 @@ from support.polling import wait_for
 from support.processes import otlp_grpc_env
 
 from dask_otel_spans import names
-from dask_otel_spans.export.metrics import DaskInstruments, SeriesCap, SpanNameCap
+from dask_otel_spans.export.caps import SeriesCap, SpanNameCap
+from dask_otel_spans.export.metrics import DaskInstruments
 from dask_otel_spans.otelenv import ConfigurationError
 from dask_otel_spans.sdk.otlp import otlp_exporter_kwargs, parse_headers
 from dask_otel_spans.sdk.providers import build_resource, resolve_providers
