@@ -31,6 +31,8 @@ def register(client: Client, environ: dict[str, str], tmp_path) -> None:
     client.register_plugin(OTelSpansPlugin(
         environ=environ, use_global_providers=False, export_process=False,
         export_delay=0, output_dir=str(tmp_path),
+        # (the cluster's close, at the end, waits no longer for a collector down)
+        shutdown_timeout=0.5,
     ))
 
 
@@ -77,8 +79,8 @@ def test_with_the_collector_down_nothing_counts_as_delivered(client, tmp_path):
 
 @pytest.mark.cluster  # (a LocalCluster)
 def test_with_the_collector_up_delivered_spans_and_points_are_counted(
-    client, tmp_path, otlp_receiver
-):
+    otlp_receiver, client, tmp_path
+):  # (the receiver first: it outlives the cluster, whose close exports once more)
     register(client, otlp_grpc_env(otlp_receiver), tmp_path)
     run_one_span(client)
     state = wait_for_export(client, timeout=20)
@@ -99,8 +101,8 @@ def test_every_state_has_the_documented_fields():
 
 
 @pytest.mark.cluster  # (a LocalCluster)
-def test_the_exporters_are_flushed_once_however_long_it_waits(client, tmp_path,
-                                                              otlp_receiver):
+def test_the_exporters_are_flushed_once_however_long_it_waits(otlp_receiver, client,
+                                                              tmp_path):
     """(A flush is an export: each one would replace what a Collector's Prometheus
     exporter holds of a series, exemplars included.)"""
     client.register_plugin(OTelSpansPlugin(
