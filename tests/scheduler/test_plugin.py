@@ -128,12 +128,12 @@ async def test_prefix_child_spans(c, s, a, b):
 @gen_cluster(client=True)
 async def test_several_computes_in_one_block_give_one_span(c, s, a, b):
     memory = MemoryProviders()
-    plugin = await install(c, memory, export_delay=0.1)
+    plugin = await install(c, memory, export_delay=0.1, idle_timeout=0.5)
     with span("wf") as wf_id:
         await c.submit(inc, 1, key="inc-1")
         # longer than grace and idle timeout: without the close notice the span
         # would have been emitted after the first compute
-        await asyncio.sleep(1.5)
+        await asyncio.sleep(0.9)
         assert memory.by_name("wf") == []
         await c.submit(inc, 2, key="inc-2")
     await async_wait_for(lambda: memory.by_name("wf"))
@@ -399,7 +399,7 @@ async def test_dask_results_and_spans_unchanged_by_plugin(c, s, a, b):
 @gen_cluster(client=True)
 async def test_spans_never_emitted_twice(c, s, a, b):
     memory = MemoryProviders()
-    plugin = await install(c, memory)
+    plugin = await install(c, memory, idle_timeout=0.5)
     with span("wf") as wf_id:
         await c.submit(inc, 1, key="inc-1")
     await async_wait_for(lambda: memory.by_name("wf"))
@@ -408,7 +408,7 @@ async def test_spans_never_emitted_twice(c, s, a, b):
     with dask.annotate(span={"name": ("wf",), "ids": (wf_id,)}):
         await c.submit(inc, 2, key="inc-2")
     assert s.tasks["inc-2"].group.span_id == wf_id
-    await asyncio.sleep(1.5)
+    await asyncio.sleep(0.9)  # (past grace and idle timeout: time to emit it again)
     await plugin.close()
     assert len(memory.by_name("wf")) == 1
     ids = [sp.context.span_id for sp in memory.dask_spans()]
