@@ -1,10 +1,10 @@
 """Holding exporters: thin adapters that stand in for the SDK's OTLP exporters of
 the signals the package builds (spans, log records, delta metric points). A batch is
-encoded at once into the OTLP request the SDK's exporter would send (the SDK's own
-encoder) and handed to the :class:`~dask_otel_spans.sdk.delivery.Delivery`, whose thread
-sends it, and holds and sends again what the receiver did not take: the batch
-processor's thread never waits on the network, so its queue never fills while the
-collector is away."""
+encoded at once into the OTLP request the SDK's exporter would send (byte for byte)
+and handed to the :class:`~dask_otel_spans.sdk.delivery.Delivery`, whose thread sends
+it, and holds and sends again what the receiver did not take: the batch processor's
+thread never waits on the network, so its queue never fills while the collector is
+away."""
 from __future__ import annotations
 
 import logging
@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from dask_otel_spans.sdk.delivery import Delivery
 from dask_otel_spans.sdk.health import ExportHealth, count_points
+from dask_otel_spans.sdk.otlpspans import SpanEncoding
 
 logger = logging.getLogger(__name__)
 
@@ -38,12 +39,6 @@ def _hand_over(delivery: Delivery, health: ExportHealth,
     delivery.hold(health.signal, payload, items)
 
 
-def _encode_spans(spans: Sequence[Any]) -> bytes:
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-
-    return encode_spans(spans).SerializeToString()
-
-
 def _encode_logs(batch: Sequence[Any]) -> bytes:
     from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 
@@ -57,14 +52,17 @@ def _encode_metrics(data: Any) -> bytes:
 
 
 class HoldingSpanExporter(SpanExporter):
-    """Spans, sent and held by ``delivery``."""
+    """Spans, sent and held by ``delivery`` (encoded by
+    :class:`~dask_otel_spans.sdk.otlpspans.SpanEncoding`: the SDK's bytes, made
+    without its per-value protobuf objects)."""
 
     def __init__(self, delivery: Delivery, health: ExportHealth):
         self.delivery = delivery
         self.health = health
+        self.encoding = SpanEncoding()
 
     def export(self, spans: Sequence[Any]) -> SpanExportResult:
-        _hand_over(self.delivery, self.health, _encode_spans, spans, len(spans))
+        _hand_over(self.delivery, self.health, self.encoding.request, spans, len(spans))
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:

@@ -1,0 +1,299 @@
+"""OTLP spans encoded straight into protobuf bytes: the ``ExportTraceServiceRequest``
+the SDK's exporter would send for a batch of finished spans, byte for byte, without
+building a protobuf object per span, attribute and value (the SDK's encoder spends
+most of the export process's time there)."""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from struct import Struct
+from typing import TYPE_CHECKING, Any
+
+from dask_otel_spans.logonce import OnceLogger
+
+if TYPE_CHECKING:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import Event, ReadableSpan
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+    from opentelemetry.trace import Link
+    from opentelemetry.util.types import AttributeValue
+
+logger = logging.getLogger(__name__)
+
+_fixed64 = Struct("<Q").pack
+_fixed32 = Struct("<I").pack
+_double = Struct("<d").pack
+_ONE_BYTE = [bytes((i,)) for i in range(128)]
+_INT64_MIN, _INT64_END = -(1 << 63), 1 << 63
+
+
+def _varint(n: int) -> bytes:
+    if n < 0x80:
+        return _ONE_BYTE[n]
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _field(tag: bytes, payload: bytes) -> bytes:
+    """A length-delimited field: its tag, the payload's length, the payload."""
+    n = len(payload)
+    return tag + (_ONE_BYTE[n] if n < 0x80 else _varint(n)) + payload
+
+
+def _value(value: AttributeValue | Mapping[str, object] | None) -> bytes:
+    """An ``AnyValue``, as the SDK's ``_encode_value`` makes it."""
+    encode = _BY_CLASS.get(value.__class__)
+    return encode(value) if encode is not None else _subclass_value(value)
+
+
+def _subclass_value(value: object) -> bytes:
+    """An ``AnyValue`` of a value whose class is none of the plain ones: the SDK's
+    checks, in its order."""
+    if value is None:
+        return b""
+    if isinstance(value, bool):
+        return b"\x10\x01" if value else b"\x10\x00"
+    if isinstance(value, str):
+        return _field(b"\x0a", value.encode())
+    if isinstance(value, int):
+        return _int(value)
+    if isinstance(value, float):
+        return b"\x21" + _double(value)
+    if isinstance(value, bytes):
+        return _field(b"\x3a", value)
+    if isinstance(value, Sequence):
+        return _array(value)
+    if isinstance(value, Mapping):
+        return _field(b"\x32", b"".join([_field(b"\x0a", _key_value(str(k), v))
+                                         for k, v in value.items()]))
+    raise TypeError(f"Invalid type {type(value)} of value {value}")
+
+
+def _array(values: Sequence[object]) -> bytes:
+    return _field(b"\x2a", b"".join([_field(b"\x0a", _value(v))  # type: ignore[arg-type]
+                                     for v in values]))
+
+
+def _int(value: int) -> bytes:
+    if not _INT64_MIN <= value < _INT64_END:
+        raise ValueError(f"Value out of range: {value}")
+    return b"\x18" + _varint(value & 0xFFFFFFFFFFFFFFFF)
+
+
+#: the encoding of a value of each plain class
+_BY_CLASS: dict[type, Callable[[Any], bytes]] = {
+    str: lambda value: _field(b"\x0a", value.encode()),
+    int: _int,
+    float: lambda value: b"\x21" + _double(value),
+    bool: lambda value: b"\x10\x01" if value else b"\x10\x00",
+    tuple: _array,
+    list: _array,
+}
+
+
+def _key_value(key: str, value: object) -> bytes:
+    return _string(b"\x0a", key) + _field(b"\x12", _value(value))  # type: ignore[arg-type]
+
+
+#: the encoded key field of the attribute names seen (a few dozen in practice)
+_KEYS: dict[str, bytes] = {}
+_KEYS_MAX = 4096
+
+
+def _attributes(tag: bytes, attributes: Mapping[str, object] | None,
+                log: OnceLogger) -> list[bytes]:
+    """One ``KeyValue`` field per attribute; one the SDK could not encode is left out
+    (logged once per key), as the SDK's encoder leaves it out."""
+    out: list[bytes] = []
+    if not attributes:
+        return out
+    keys, one_byte = _KEYS, _ONE_BYTE
+    for key, value in attributes.items():
+        encoded_key = keys.get(key)
+        if encoded_key is None:
+            encoded_key = _string(b"\x0a", key)
+            if len(keys) < _KEYS_MAX:
+                keys[key] = encoded_key
+        cls = value.__class__
+        if cls is str:
+            data = value.encode()  # type: ignore[attr-defined]
+            n = len(data)
+            encoded = b"\x0a" + (one_byte[n] if n < 0x80 else _varint(n)) + data
+        elif cls is float:
+            encoded = b"\x21" + _double(value)
+        else:
+            try:
+                encoded = _value(value)  # type: ignore[arg-type]
+            except Exception as error:
+                log(f"encode:{key}", "attribute %r cannot be encoded (%s); left out "
+                    "of its spans, as the SDK's encoder leaves it out", key, error)
+                continue
+        n = len(encoded)
+        pair = encoded_key + b"\x12" + (one_byte[n] if n < 0x80 else _varint(n)) + encoded
+        n = len(pair)
+        out.append(tag + (one_byte[n] if n < 0x80 else _varint(n)) + pair)
+    return out
+
+
+class SpanEncoding:
+    """What the installed SDK's encoder writes beside the spans' own fields, learnt
+    from the SDK itself (probe spans through its public ``encode_spans``): each
+    resource and scope as encoded, and whether spans and links carry the ``flags``
+    field (OTLP 1.1; SDKs before it leave it out)."""
+
+    def __init__(self) -> None:
+        self.log = OnceLogger(logger)
+        self._resources: dict[Resource, tuple[bytes, bytes]] = {}
+        self._scopes: dict[InstrumentationScope | None, tuple[bytes, bytes]] = {}
+        span = self._probe(None, None).resource_spans[0].scope_spans[0].spans[0]
+        self.span_flags = span.flags != 0
+        self.link_flags = span.links[0].flags != 0
+
+    @staticmethod
+    def _probe(resource: Resource | None, scope: InstrumentationScope | None
+               ) -> ExportTraceServiceRequest:
+        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import ReadableSpan
+        from opentelemetry.trace import Link, SpanContext
+
+        context = SpanContext(1, 1, False)
+        return encode_spans([ReadableSpan(
+            "probe", context, parent=context, resource=resource or Resource({}),
+            instrumentation_scope=scope, links=[Link(context)],
+        )])
+
+    def resource(self, resource: Resource) -> tuple[bytes, bytes]:
+        """A ``ResourceSpans``' fields before its scopes (the resource) and after
+        them (the schema URL)."""
+        fields = self._resources.get(resource)
+        if fields is None:
+            resource_spans = self._probe(resource, None).resource_spans[0]
+            fields = (_field(b"\x0a", resource_spans.resource.SerializeToString()),
+                      _string(b"\x1a", resource_spans.schema_url))
+            if len(self._resources) < _HEADS_MAX:
+                self._resources[resource] = fields
+        return fields
+
+    def scope(self, scope: InstrumentationScope | None) -> tuple[bytes, bytes]:
+        """A ``ScopeSpans``' fields before its spans (the scope) and after them
+        (the schema URL)."""
+        fields = self._scopes.get(scope)
+        if fields is None:
+            scope_spans = self._probe(None, scope).resource_spans[0].scope_spans[0]
+            fields = (_field(b"\x0a", scope_spans.scope.SerializeToString()),
+                      _string(b"\x1a", scope_spans.schema_url))
+            if len(self._scopes) < _HEADS_MAX:
+                self._scopes[scope] = fields
+        return fields
+
+    def span(self, span: ReadableSpan) -> bytes:
+        """One ``Span`` message, its fields in the order of their numbers."""
+        context = span.context
+        parent = span.parent
+        parts = [b"\x0a\x10" + context.trace_id.to_bytes(16, "big"),
+                 b"\x12\x08" + context.span_id.to_bytes(8, "big")]
+        trace_state = context.trace_state
+        if trace_state:
+            parts.append(_string(b"\x1a", ",".join(
+                [f"{key}={value}" for key, value in trace_state.items()])))
+        if parent is not None:
+            parts.append(b"\x22\x08" + parent.span_id.to_bytes(8, "big"))
+        if span.name:
+            parts.append(_field(b"\x2a", span.name.encode()))
+        parts.append(_KINDS[span.kind.value])
+        if span.start_time:
+            parts.append(b"\x39" + _fixed64(span.start_time))
+        if span.end_time:
+            parts.append(b"\x41" + _fixed64(span.end_time))
+        attributes = span.attributes
+        if attributes:
+            parts += _attributes(b"\x4a", attributes, self.log)
+            if span.dropped_attributes:
+                parts.append(b"\x50" + _varint(span.dropped_attributes))
+        if span.events or span.links:
+            self._events_and_links(span, parts)
+        status = span.status
+        description = status.description
+        code = status.status_code.value
+        parts.append(_field(b"\x7a", (_string(b"\x12", description) if description else b"")
+                            + (b"\x18" + _ONE_BYTE[code] if code else b"")))
+        if self.span_flags:
+            parts.append(_FLAGS_REMOTE if parent is not None and parent.is_remote
+                         else _FLAGS_LOCAL)
+        return b"".join(parts)
+
+    def _events_and_links(self, span: ReadableSpan, parts: list[bytes]) -> None:
+        for event in span.events:
+            parts.append(_field(b"\x5a", self._event(event)))
+        if span.dropped_events:
+            parts.append(b"\x60" + _varint(span.dropped_events))
+        for link in span.links:
+            parts.append(_field(b"\x6a", self._link(link)))
+        if span.dropped_links:
+            parts.append(b"\x70" + _varint(span.dropped_links))
+
+    def _event(self, event: Event) -> bytes:
+        parts = [b"\x09" + _fixed64(event.timestamp)] if event.timestamp else []
+        if event.name:
+            parts.append(_string(b"\x12", event.name))
+        parts += _attributes(b"\x1a", event.attributes, self.log)
+        if event.dropped_attributes:
+            parts.append(b"\x20" + _varint(event.dropped_attributes))
+        return b"".join(parts)
+
+    def _link(self, link: Link) -> bytes:
+        context = link.context
+        parts = [b"\x0a\x10" + context.trace_id.to_bytes(16, "big"),
+                 b"\x12\x08" + context.span_id.to_bytes(8, "big")]
+        parts += _attributes(b"\x22", link.attributes, self.log)
+        if link.dropped_attributes:
+            parts.append(b"\x28" + _varint(link.dropped_attributes))
+        if self.link_flags:
+            parts.append(b"\x35" + _fixed32(0x300 if context.is_remote else 0x100))
+        return b"".join(parts)
+
+    def request(self, spans: Sequence[ReadableSpan]) -> bytes:
+        """The ``ExportTraceServiceRequest`` of ``spans``: grouped by resource, then
+        scope, in the order first seen, as the SDK groups them."""
+        groups: dict[Resource, dict[InstrumentationScope | None, list[bytes]]] = {}
+        last_resource = last_scope = last = None
+        for span in spans:
+            resource, scope = span.resource, span.instrumentation_scope
+            if resource is not last_resource or scope is not last_scope:
+                last = groups.setdefault(resource, {}).setdefault(scope, [])
+                last_resource, last_scope = resource, scope
+            last.append(_field(b"\x12", self.span(span)))  # type: ignore[union-attr]
+        out = []
+        for resource, scopes in groups.items():
+            resource_field, resource_schema = self.resource(resource)
+            scope_spans = []
+            for scope, encoded in scopes.items():
+                scope_field, scope_schema = self.scope(scope)
+                scope_spans.append(_field(b"\x12", b"".join(
+                    [scope_field, *encoded, scope_schema])))
+            out.append(_field(b"\x0a", b"".join(
+                [resource_field, *scope_spans, resource_schema])))
+        return b"".join(out)
+
+
+def _string(tag: bytes, value: str | None) -> bytes:
+    """A string field, left out when empty (proto3)."""
+    return _field(tag, value.encode()) if value else b""
+
+
+#: the ``kind`` field of each ``SpanKind`` value (OTLP's enum counts from 1)
+_KINDS = [b"\x30" + _ONE_BYTE[value + 1] for value in range(5)]
+#: the ``flags`` field (number 16, fixed32): the parent's is-remote bit is known (0x100),
+#: and set (0x200)
+_FLAGS_LOCAL = b"\x85\x01" + _fixed32(0x100)
+_FLAGS_REMOTE = b"\x85\x01" + _fixed32(0x300)
+#: resources and scopes whose encoding is kept
+_HEADS_MAX = 64
