@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import Event, ReadableSpan
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
     from opentelemetry.trace import Link
-    from opentelemetry.util.types import AttributeValue
 
 logger = logging.getLogger(__name__)
 
@@ -47,44 +46,27 @@ def _field(tag: bytes, payload: bytes) -> bytes:
     return tag + (_ONE_BYTE[n] if n < 0x80 else _varint(n)) + payload
 
 
-def _value(value: AttributeValue | Mapping[str, object] | None) -> bytes:
-    """An ``AnyValue``, as the SDK's ``_encode_value`` makes it."""
+class _Unusual(Exception):
+    """A value of a class the fast path does not encode: the SDK is asked."""
+
+
+def _value(value: object) -> bytes:
+    """An ``AnyValue`` of a plain value (``str``, ``int``, ``float``, ``bool``, or a
+    tuple or list of them), as the SDK's encoder makes it."""
     encode = _BY_CLASS.get(value.__class__)
-    return encode(value) if encode is not None else _subclass_value(value)
-
-
-def _subclass_value(value: object) -> bytes:
-    """An ``AnyValue`` of a value whose class is none of the plain ones: the SDK's
-    checks, in its order."""
-    if value is None:
-        return b""
-    if isinstance(value, bool):
-        return b"\x10\x01" if value else b"\x10\x00"
-    if isinstance(value, str):
-        return _field(b"\x0a", value.encode())
-    if isinstance(value, int):
-        return _int(value)
-    if isinstance(value, float):
-        return b"\x21" + _double(value)
-    if isinstance(value, bytes):
-        return _field(b"\x3a", value)
-    if isinstance(value, Sequence):
-        return _array(value)
-    if isinstance(value, Mapping):
-        return _field(b"\x32", b"".join([_field(b"\x0a", _key_value(str(k), v))
-                                         for k, v in value.items()]))
-    raise TypeError(f"Invalid type {type(value)} of value {value}")
-
-
-def _array(values: Sequence[object]) -> bytes:
-    return _field(b"\x2a", b"".join([_field(b"\x0a", _value(v))  # type: ignore[arg-type]
-                                     for v in values]))
+    if encode is None:
+        raise _Unusual
+    return encode(value)
 
 
 def _int(value: int) -> bytes:
     if not _INT64_MIN <= value < _INT64_END:
-        raise ValueError(f"Value out of range: {value}")
+        raise _Unusual
     return b"\x18" + _varint(value & 0xFFFFFFFFFFFFFFFF)
+
+
+def _array(values: Sequence[object]) -> bytes:
+    return _field(b"\x2a", b"".join([_field(b"\x0a", _value(v)) for v in values]))
 
 
 #: the encoding of a value of each plain class
@@ -98,8 +80,20 @@ _BY_CLASS: dict[type, Callable[[Any], bytes]] = {
 }
 
 
-def _key_value(key: str, value: object) -> bytes:
-    return _string(b"\x0a", key) + _field(b"\x12", _value(value))  # type: ignore[arg-type]
+def _unusual_attribute(key: str, value: object) -> bytes | None:
+    """The ``KeyValue`` the installed SDK's encoder makes of an attribute whose value
+    is not plain (``None``, bytes, a mapping, a subclass, an int out of range: SDK
+    versions differ), or None when it leaves the attribute out."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.trace import INVALID_SPAN_CONTEXT
+
+    attributes: dict[str, Any] = {key: value}
+    request = encode_spans([ReadableSpan("", INVALID_SPAN_CONTEXT, resource=Resource({}),
+                                         attributes=attributes)])
+    encoded = request.resource_spans[0].scope_spans[0].spans[0].attributes
+    return encoded[0].SerializeToString() if encoded else None
 
 
 #: the encoded key field of the attribute names seen (a few dozen in practice)
@@ -130,10 +124,15 @@ def _attributes(tag: bytes, attributes: Mapping[str, object] | None,
             encoded = b"\x21" + _double(value)
         else:
             try:
-                encoded = _value(value)  # type: ignore[arg-type]
-            except Exception as error:
-                log(f"encode:{key}", "attribute %r cannot be encoded (%s); left out "
-                    "of its spans, as the SDK's encoder leaves it out", key, error)
+                encoded = _value(value)
+            except _Unusual:
+                kind = f"encode:{key}:{cls.__qualname__}"
+                pair = None if kind in log.kinds else _unusual_attribute(key, value)
+                if pair is None:
+                    log(kind, "attribute %r (%s) cannot be encoded; left out of its "
+                        "spans, as the SDK's encoder leaves it out", key, cls.__name__)
+                else:
+                    out.append(_field(tag, pair))
                 continue
         n = len(encoded)
         pair = encoded_key + b"\x12" + (one_byte[n] if n < 0x80 else _varint(n)) + encoded
@@ -159,6 +158,7 @@ class SpanEncoding:
     @staticmethod
     def _probe(resource: Resource | None, scope: InstrumentationScope | None
                ) -> ExportTraceServiceRequest:
+        from opentelemetry.attributes import BoundedAttributes
         from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import ReadableSpan
@@ -167,7 +167,8 @@ class SpanEncoding:
         context = SpanContext(1, 1, False)
         return encode_spans([ReadableSpan(
             "probe", context, parent=context, resource=resource or Resource({}),
-            instrumentation_scope=scope, links=[Link(context)],
+            instrumentation_scope=scope,
+            links=[Link(context, BoundedAttributes(attributes={}))],
         )])
 
     def resource(self, resource: Resource) -> tuple[bytes, bytes]:
@@ -245,8 +246,9 @@ class SpanEncoding:
         if event.name:
             parts.append(_string(b"\x12", event.name))
         parts += _attributes(b"\x1a", event.attributes, self.log)
-        if event.dropped_attributes:
-            parts.append(b"\x20" + _varint(event.dropped_attributes))
+        dropped = getattr(event.attributes, "dropped", 0)
+        if dropped:
+            parts.append(b"\x20" + _varint(dropped))
         return b"".join(parts)
 
     def _link(self, link: Link) -> bytes:
@@ -254,8 +256,9 @@ class SpanEncoding:
         parts = [b"\x0a\x10" + context.trace_id.to_bytes(16, "big"),
                  b"\x12\x08" + context.span_id.to_bytes(8, "big")]
         parts += _attributes(b"\x22", link.attributes, self.log)
-        if link.dropped_attributes:
-            parts.append(b"\x28" + _varint(link.dropped_attributes))
+        dropped = getattr(link.attributes, "dropped", 0)
+        if dropped:
+            parts.append(b"\x28" + _varint(dropped))
         if self.link_flags:
             parts.append(b"\x35" + _fixed32(0x300 if context.is_remote else 0x100))
         return b"".join(parts)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits, TracerProvider
@@ -35,6 +36,12 @@ def _span(name: str = "load", **fields: object) -> ReadableSpan:
     return ReadableSpan(name, **given)  # type: ignore[arg-type]
 
 
+def _bounded(attributes: dict[str, object]) -> BoundedAttributes:
+    """Event and link attributes as the SDK keeps them (its encoder before 1.27
+    reads their ``dropped`` count)."""
+    return BoundedAttributes(attributes=attributes)  # type: ignore[arg-type]
+
+
 @pytest.fixture
 def encoding() -> SpanEncoding:
     return SpanEncoding()
@@ -47,7 +54,7 @@ def _sdk(spans: list[ReadableSpan]) -> bytes:
 @pytest.mark.parametrize("value", [
     "dask", "", "Ünïcode ✓", "x" * 300, True, False, 0, 1, 127, 128, 2**62, -1, -(2**63),
     0.0, 1.5, -2.25e-300, float("inf"), b"\x00\xff", ("a", "b"), (1, 2, 3), (True,),
-    (0.5, 1.5), (), ["list", "of"], None,
+    (0.5, 1.5), (), ["list", "of"], None, {"nested": 1}, ("a", None), 2**63,
 ], ids=repr)
 def test_an_attribute_value_is_encoded_as_the_sdk_encodes_it(encoding, value):
     spans = [_span(attributes={"dask.value": value, "dask.span.name": "a"})]
@@ -62,9 +69,11 @@ def test_every_span_field_is_encoded_as_the_sdk_encodes_it(encoding):
                                   TraceState([("a", "1"), ("b", "two")])),
               parent=remote, kind=SpanKind.SERVER,
               attributes={"dask.tasks": 12, "dask.ratio": 0.25, "dask.ok": True},
-              events=[Event("exception", {"exception.type": "ValueError"}, 1_700_000_001),
-                      Event("", {}, 5)],
-              links=[Link(remote, {"dask.link": "x"}), Link(CONTEXT)],
+              events=[Event("exception", _bounded({"exception.type": "ValueError"}),
+                            1_700_000_001),
+                      Event("", _bounded({}), 5)],
+              links=[Link(remote, _bounded({"dask.link": "x"})),
+                     Link(CONTEXT, _bounded({}))],
               status=Status(StatusCode.ERROR, "ValueError: no")),
         _span("local child", parent=CONTEXT, kind=SpanKind.CLIENT,
               status=Status(StatusCode.OK)),
