@@ -129,7 +129,7 @@ def client_gone(time: float, client: str) -> Message:
     return (CLIENT_GONE, time, client)
 
 
-def span_deltas(deltas: Mapping[Hashable, float]) -> Message:
+def span_deltas(deltas: Mapping[tuple[Hashable, ...], float]) -> Message:
     """A heartbeat's span metric deltas
     ``{(context, span_id, prefix, activity, unit): value}``."""
     return (DELTAS, deltas)
