@@ -3,9 +3,13 @@ task group is done, how many of its tasks are in which state, how long late
 heartbeats can take."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from distributed.scheduler import ALL_TASK_STATES, heartbeat_interval
+
+if TYPE_CHECKING:
+    from distributed.scheduler import TaskGroup, TaskStateState
+    from distributed.spans import Span
 
 #: Task states a transition can leave a TaskGroup done in (``TaskGroup.done``)
 SETTLED_STATES = frozenset({"memory", "erred", "released", "forgotten"})
@@ -18,7 +22,8 @@ RUNNING_STATES = tuple(sorted(ALL_TASK_STATES - SETTLED_STATES))
 WAITING_STATES = ("waiting", "queued", "no-worker")
 
 
-def group_done(tg: Any, running_states: tuple[str, ...] = RUNNING_STATES) -> bool:
+def group_done(tg: TaskGroup,
+               running_states: tuple[TaskStateState, ...] = RUNNING_STATES) -> bool:
     """``TaskGroup.done`` (no task in a running state) from its state counts,
     without its generator over every state."""
     states = tg.states
@@ -28,7 +33,7 @@ def group_done(tg: Any, running_states: tuple[str, ...] = RUNNING_STATES) -> boo
     return True
 
 
-def state_counts(tg: Any) -> tuple[int, int, int, int]:
+def state_counts(tg: TaskGroup) -> tuple[int, int, int, int]:
     """A task group's tasks ``(total, erred, running, waiting)`` from its state counts
     (``TaskGroup.states``, which dask keeps): O(1), a few dict reads. ``running`` is
     ``processing``, ``waiting`` the :data:`WAITING_STATES`; the others are settled
@@ -39,7 +44,7 @@ def state_counts(tg: Any) -> tuple[int, int, int, int]:
             get("waiting", 0) + get("queued", 0) + get("no-worker", 0))
 
 
-def a_running_group(span: Any) -> Any:
+def a_running_group(span: Span) -> TaskGroup | None:
     """The span's first task group, if it is not done; else None (no groups, or a
     done first group: the span needs a look). O(1) in the span's groups."""
     for tg in span.groups:

@@ -5,8 +5,12 @@ has each, so that a release that renames one fails here, by name, not deep insid
 """
 from __future__ import annotations
 
-from collections.abc import MutableMapping
-from typing import Any
+from collections.abc import Hashable, MutableMapping, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from distributed.client import SourceCode
+    from distributed.spans import Span
 
 #: The private attributes of ``distributed.spans.Span`` the package uses
 SPAN_PRIVATE_ATTRIBUTES = (
@@ -17,7 +21,7 @@ SPAN_PRIVATE_ATTRIBUTES = (
 )
 
 
-def cumulative_metrics(span: Any) -> MutableMapping[Any, float]:
+def cumulative_metrics(span: Span) -> MutableMapping[Hashable, float]:
     """The span's own fine metrics ``{(context, prefix, activity, unit): value}``
     (without its children's), as distributed sums them; an empty dict where the
     span has none."""
@@ -25,24 +29,24 @@ def cumulative_metrics(span: Any) -> MutableMapping[Any, float]:
     return metrics if metrics is not None else {}
 
 
-def code_snippets(span: Any) -> MutableMapping[Any, None]:
+def code_snippets(span: Span) -> MutableMapping[tuple[SourceCode, ...], None]:
     """The span's source code snippets, in the order the client sent them (an
     insertion-ordered dict of snippets); empty where it has none."""
     code = getattr(span, "_code", None)
     return code if code is not None else {}
 
 
-def nthreads_history(span: Any) -> Any:
+def nthreads_history(span: Span) -> Sequence[tuple[float, int]]:
     """The scheduler's ``total_nthreads_history`` the span refers to."""
     return getattr(span, "_total_nthreads_history", ())
 
 
-def nthreads_offset(span: Any) -> int:
+def nthreads_offset(span: Span) -> int:
     """Where in :func:`nthreads_history` the span began."""
     return getattr(span, "_total_nthreads_offset", 0)
 
 
-def set_nthreads_offset(span: Any, offset: int) -> None:
+def set_nthreads_offset(span: Span, offset: int) -> None:
     """Set where in :func:`nthreads_history` a span of the export side's copy
     began."""
     span._total_nthreads_offset = offset

@@ -16,10 +16,19 @@ Adding a kind: a constant, a constructor, a method of :class:`EventHandler`, a r
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
-#: A message as it crosses: ``(kind, *fields)``, plain built-ins
-Message = tuple[Any, ...]
+if TYPE_CHECKING:
+    from distributed.client import SourceCode
+    from typing_extensions import Unpack
+
+    from dask_otel_spans.protocol.snapshots import DoneFigures
+
+#: A message as it crosses: ``(kind, *fields)``, plain built-ins (the fields of each
+#: kind are its constructor's parameters)
+Message: TypeAlias = "tuple[str, Unpack[tuple[object, ...]]]"
+#: A span's source code snippets (``include-code``), as ``Span.code`` lists them
+CodeSnippets: TypeAlias = "tuple[tuple[SourceCode, ...], ...]"
 
 #: The kinds (each message's first field)
 SPAN, RUN, DONE, ERRED, TASKS = "span", "run", "done", "erred", "tasks"
@@ -48,7 +57,7 @@ def group_running(span_id: str, group: int, prefix: str) -> Message:
     return (RUN, span_id, group, prefix)
 
 
-def group_done(span_id: str, group: int, figures: tuple[Any, ...]) -> Message:
+def group_done(span_id: str, group: int, figures: DoneFigures) -> Message:
     """Every task of the group is done (settled: in memory, erred, released or
     forgotten); ``figures`` as :func:`~dask_otel_spans.protocol.snapshots.done_figures`:
     the group's, then the earliest start and the latest stop of the compute of its
@@ -67,7 +76,7 @@ def group_counts(entries: list[tuple[str, int, int, int, int, int]]) -> Message:
 
 
 def group_erred(span_id: str, group: int, count: int,
-                classes: list[tuple[Any, str, int]]) -> Message:
+                classes: list[tuple[str | bytes | None, str, int]]) -> Message:
     """``count`` tasks of the group erred since the last tick: counted when they err
     (the group's state counts forget an error once the task is released); the
     exception classes of those that erred while they ran: ``[(what names the class
@@ -76,7 +85,7 @@ def group_erred(span_id: str, group: int, count: int,
     return (ERRED, span_id, group, count, classes)
 
 
-def group_tasks(span_id: str, group: int, prefix: str, records: list[tuple[Any, ...]],
+def group_tasks(span_id: str, group: int, prefix: str, records: list[tuple[object, ...]],
                 erred_seen: int, others_seen: int) -> Message:
     """Tasks of a group chosen for task spans (``task-spans``), forwarded with the
     group: ``records`` as :class:`~dask_otel_spans.protocol.tasks.TaskRecord` tuples,
@@ -89,7 +98,7 @@ def span_metrics(span_id: str, metrics: dict[Hashable, float]) -> Message:
     return (METRICS, span_id, metrics)
 
 
-def span_code(span_id: str, code: tuple[Any, ...]) -> Message:
+def span_code(span_id: str, code: CodeSnippets) -> Message:
     """Source code snippets the client sent for the span (``include-code``)."""
     return (CODE, span_id, code)
 
@@ -99,7 +108,7 @@ def worker_count(n: int) -> Message:
     return (WORKERS, n)
 
 
-def graph_submitted(time: float, client: str | None, span_ids: list[str], chains: Any,
+def graph_submitted(time: float, client: str | None, span_ids: list[str], chains: object,
                     collisions: list[tuple[str, str, str]],
                     links: list[tuple[str, dict[str, str]]]) -> Message:
     """A graph reached the scheduler: the ids of the spans of its tasks, the
@@ -110,7 +119,7 @@ def graph_submitted(time: float, client: str | None, span_ids: list[str], chains
     return (GRAPH, time, client, span_ids, chains, collisions, links)
 
 
-def close_notice(time: float, msg: Any) -> Message:
+def close_notice(time: float, msg: object) -> Message:
     """The client helper's block exited (one notice, or a batch of them)."""
     return (NOTICE, time, msg)
 
@@ -120,7 +129,7 @@ def client_gone(time: float, client: str) -> Message:
     return (CLIENT_GONE, time, client)
 
 
-def span_deltas(deltas: Mapping[Hashable, float]) -> Message:
+def span_deltas(deltas: Mapping[tuple[Hashable, ...], float]) -> Message:
     """A heartbeat's span metric deltas
     ``{(context, span_id, prefix, activity, unit): value}``."""
     return (DELTAS, deltas)
@@ -149,30 +158,30 @@ class EventHandler(Protocol):
     def on_group_running(self, span_id: str, group: int, prefix: str) -> None: ...
 
     def on_group_done(self, span_id: str, group: int,
-                      figures: tuple[Any, ...]) -> None: ...
+                      figures: DoneFigures) -> None: ...
 
     def on_group_counts(self,
                         entries: list[tuple[str, int, int, int, int, int]]) -> None: ...
 
     def on_group_erred(self, span_id: str, group: int, count: int,
-                       classes: list[tuple[Any, str, int]]) -> None: ...
+                       classes: list[tuple[str | bytes | None, str, int]]) -> None: ...
 
     def on_group_tasks(self, span_id: str, group: int, prefix: str,
-                       records: list[tuple[Any, ...]], erred_seen: int,
+                       records: list[tuple[object, ...]], erred_seen: int,
                        others_seen: int) -> None: ...
 
     def on_span_metrics(self, span_id: str,
                         metrics: Mapping[Hashable, float]) -> None: ...
 
-    def on_span_code(self, span_id: str, code: tuple[Any, ...]) -> None: ...
+    def on_span_code(self, span_id: str, code: CodeSnippets) -> None: ...
 
     def on_worker_count(self, n: int) -> None: ...
 
     def on_graph_submitted(self, time: float, client: str | None, span_ids: list[str],
-                           chains: Any, collisions: list[tuple[str, str, str]],
+                           chains: object, collisions: list[tuple[str, str, str]],
                            links: list[tuple[str, dict[str, str]]]) -> None: ...
 
-    def on_close_notice(self, time: float, msg: Any) -> None: ...
+    def on_close_notice(self, time: float, msg: object) -> None: ...
 
     def on_client_gone(self, time: float, client: str) -> None: ...
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pickletools
 from collections.abc import Iterator
-from typing import Any
 
 #: Bytes of an exception's pickle kept to find its class in (a pickle names the class
 #: of the object it rebuilds first; module and qualified name take well under this)
@@ -24,7 +23,7 @@ def qualified_name(cls: type) -> str:
     return f"{module}.{qualname}" if module and module != "builtins" else str(qualname)
 
 
-def exception_class(exception: Any) -> str | bytes | None:
+def exception_class(exception: object) -> str | bytes | None:
     """What names the class of an erred task's exception, as the scheduler's
     ``transition`` hook gets it (``exception``): the qualified name when the object is
     at hand (a worker in the scheduler's process passes it wrapped, ``Serialize``),

@@ -124,7 +124,7 @@ class ExportFigures:
         return self.replace(**{name: getattr(self, name) + earlier.get(name, 0)
                                for name in self.CUMULATIVE})
 
-    def flat(self) -> dict[str, Any]:
+    def flat(self) -> dict[str, object]:
         """Every figure under one flat name, for benchmarks and logs:
         ``<signal>_<figure>`` for the signals', ``process_cpu_s`` and
         ``gc_collections_<generation>`` for the process's, the others by their own

@@ -3,9 +3,25 @@ pure, no state."""
 from __future__ import annotations
 
 from itertools import repeat
-from typing import Any, NamedTuple
+from typing import NamedTuple, TypedDict
 
 from dask_otel_spans.protocol.propagation import carried_headers
+
+
+class CloseNotice(TypedDict, total=False):
+    """A close notice as the client helper logs it (``Client.log_event`` on
+    :data:`~dask_otel_spans.names.EVENT_TOPIC`); the scheduler passes on whatever
+    came, which :func:`read_notice` checks."""
+
+    ids: list[str]
+    name: list[str]
+    opened: int
+    #: ``{dask span id: W3C headers}``
+    otel: dict[str, dict[str, str]]
+    enter: float
+    exit: float
+    lazy: bool
+    client: str
 
 
 class CloseNoticeFields(NamedTuple):
@@ -21,13 +37,13 @@ class CloseNoticeFields(NamedTuple):
     enter: float
     exit: float
     #: W3C headers carried per dask span id, as sent
-    carried: dict[Any, Any]
+    carried: dict[str, object]
     #: collections built in the block still hold its annotation
     lazy: bool
     client: str | None
 
 
-def read_notice(msg: Any) -> CloseNoticeFields:
+def read_notice(msg: CloseNotice) -> CloseNoticeFields:
     """The fields of a close notice; raises ``ValueError`` or ``TypeError`` (saying
     why) for one that is not of the helper's shape."""
     try:

@@ -7,7 +7,7 @@ import hashlib
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import TypeGuard
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -43,7 +43,7 @@ def _id_bits_of_str(dask_id: str) -> int:
     return _id_bits_uncached(dask_id)
 
 
-def _id_bits_uncached(dask_id: Any) -> int:
+def _id_bits_uncached(dask_id: str) -> int:
     try:
         return uuid.UUID(dask_id).int
     except (ValueError, TypeError, AttributeError):
@@ -84,7 +84,7 @@ def carrier_from_context(ctx: Context | None = None) -> dict[str, str]:
     return carrier
 
 
-def span_context_from_carrier(carrier: Any) -> SpanContext | None:
+def span_context_from_carrier(carrier: object) -> SpanContext | None:
     """The remote span context in a carried W3C carrier, or None.
 
     Anything malformed (not a mapping, wrong types, huge or invalid values) gives None;
@@ -111,7 +111,7 @@ def span_context_from_carrier(carrier: Any) -> SpanContext | None:
     return _parse_w3c(traceparent, tracestate)
 
 
-def _is_carrier_value(value: Any) -> TypeGuard[str]:
+def _is_carrier_value(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and len(value) <= _MAX_CARRIER_VALUE
 
 
@@ -130,7 +130,7 @@ def _parse_w3c(traceparent: str, tracestate: str | None) -> SpanContext | None:
 
 
 def parse_carried(
-    annotation: Any, parsed: dict[int, SpanContext | None] | None = None
+    annotation: object, parsed: dict[int, SpanContext | None] | None = None
 ) -> dict[str, SpanContext | None] | None:
     """Parse an ``otel`` annotation ``{dask span id: carrier}``.
 
@@ -159,7 +159,7 @@ def parse_carried(
     return out
 
 
-def carried_headers(annotation: Any) -> dict[Any, Any] | None:
+def carried_headers(annotation: object) -> dict[str, object] | None:
     """An ``otel`` annotation ``{dask span id: W3C headers}`` as the scheduler keeps
     it: the headers as the client sent them, unparsed (they are parsed where the
     span is translated, :func:`parse_carried`: off the scheduler's event loop);
@@ -175,7 +175,7 @@ def carried_headers(annotation: Any) -> dict[Any, Any] | None:
     return None
 
 
-def w3c_headers(carrier: Any) -> dict[str, str] | None:
+def w3c_headers(carrier: object) -> dict[str, str] | None:
     """The ``traceparent`` (and ``tracestate``) of a carrier as a new dict of
     strings of at most W3C's size, or None when it has no such ``traceparent``:
     what may cross to another process of whatever a client carried (a mapping that

@@ -4,7 +4,7 @@ tree copy on the export side), that can cross threads and processes."""
 from __future__ import annotations
 
 from collections.abc import Container, Hashable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, Union
+from typing import TYPE_CHECKING, NamedTuple, TypeAlias, Union
 
 from dask_otel_spans.protocol.dask_private import (
     cumulative_metrics,
@@ -14,7 +14,17 @@ from dask_otel_spans.protocol.dask_private import (
 from dask_otel_spans.protocol.tasks import TaskRecord
 
 if TYPE_CHECKING:
+    from distributed.client import SourceCode
+    from distributed.scheduler import TaskGroup
     from distributed.spans import Span
+
+#: A group's :class:`GroupSnapshot` fields but ``errors``, as a plain tuple
+#: (:func:`snapshot_group`): prefix, start, stop, nbytes_total, duration, task_count,
+#: erred_count
+GroupFields: TypeAlias = tuple[str, float, float, int, float, int, int]
+#: The figures of a ``done`` message (:func:`done_figures`): those of
+#: :data:`GroupFields`, then the erred tasks' earliest start and latest stop
+DoneFigures: TypeAlias = tuple[str, float, float, int, float, int, int, float, float]
 
 
 class GroupSnapshot(NamedTuple):
@@ -36,7 +46,7 @@ class GroupSnapshot(NamedTuple):
     errors: tuple[tuple[str, int], ...] = ()
 
 
-def _errors_of(tg: Any) -> tuple[tuple[str, int], ...]:
+def _errors_of(tg: TaskGroup) -> tuple[tuple[str, int], ...]:
     errors = getattr(tg, "errors", None)
     if not errors:
         return ()
@@ -59,7 +69,7 @@ class SpanSnapshot(NamedTuple):
     metrics: dict[Hashable, float]
     children: tuple[ChildSnapshot, ...]
     #: ``Span.code`` when asked for, else empty
-    code: tuple[Any, ...]
+    code: tuple[tuple[SourceCode, ...], ...]
     #: reference to the (append-only) ``total_nthreads_history`` the span reads
     nthreads_history: Sequence[tuple[float, int]]
     nthreads_offset: int
@@ -67,7 +77,7 @@ class SpanSnapshot(NamedTuple):
     tasks: dict[str, tuple[list[TaskRecord], int]] = {}
 
 
-def snapshot_group(tg: Any) -> tuple[Any, ...]:
+def snapshot_group(tg: TaskGroup) -> GroupFields:
     """A ``TaskGroup``'s :class:`GroupSnapshot` fields as a plain tuple."""
     states = tg.states
     # (prefix, start, stop, nbytes_total, duration, task_count, erred_count)
@@ -82,7 +92,7 @@ def snapshot_group(tg: Any) -> tuple[Any, ...]:
     )
 
 
-def done_figures(tg: Any, erred_window: tuple[float, float]) -> tuple[Any, ...]:
+def done_figures(tg: TaskGroup, erred_window: tuple[float, float]) -> DoneFigures:
     """The figures of a done ``TaskGroup`` as the ``done`` message carries them:
     :func:`snapshot_group`'s, then ``erred_window``, the earliest start and the
     latest stop of the compute of its tasks that erred (``(0.0, 0.0)`` when none

@@ -7,7 +7,7 @@ from __future__ import annotations
 import marshal
 import pickle
 import struct
-from typing import IO, Any, NamedTuple
+from typing import IO, Any, NamedTuple, TypeAlias
 
 from dask_otel_spans.protocol.figures import ExportFigures
 
@@ -22,6 +22,9 @@ _MARSHAL_VERSION = 4
 #: The kind of a flush message (beside those of :mod:`.events`)
 FLUSH = "flush"
 
+#: A flush as it crosses (:func:`flush_message`): ``(FLUSH, token, timeout, exporters)``
+FlushMessage: TypeAlias = tuple[str, int, float, bool]
+
 
 class Flush(NamedTuple):
     """Apply what came before and hand over what is ready, flush the exporters too
@@ -33,17 +36,16 @@ class Flush(NamedTuple):
     exporters: bool = True
 
 
-def flush_message(token: int, timeout: float, exporters: bool = True
-                  ) -> tuple[str, int, float, bool]:
+def flush_message(token: int, timeout: float, exporters: bool = True) -> FlushMessage:
     """The flush as it crosses, among the events."""
     return (FLUSH, token, timeout, exporters)
 
 
-def is_flush(message: tuple[Any, ...]) -> bool:
+def is_flush(message: tuple[object, ...]) -> bool:
     return bool(message[0] == FLUSH)
 
 
-def read_flush(message: tuple[Any, ...]) -> Flush:
+def read_flush(message: FlushMessage) -> Flush:
     """The fields of a flush message."""
     return Flush(*message[1:])
 
@@ -53,7 +55,7 @@ def read_flush(message: tuple[Any, ...]) -> Flush:
 class Ready(NamedTuple):
     """The exporters are set up: where data goes, and the process's pid."""
 
-    destinations: dict[str, Any]
+    destinations: dict[str, object]
 
 
 class SetupFailed(NamedTuple):
@@ -86,13 +88,13 @@ class Stopped(NamedTuple):
 Answer = Ready | SetupFailed | Figures | Flushed | Stopped
 
 
-def encode_frame(obj: Any) -> bytes:
+def encode_frame(obj: object) -> bytes:
     """``obj`` pickled, with its length in front."""
     payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     return _HEADER.pack(len(payload) + 1) + bytes((_PICKLED,)) + payload
 
 
-def encode_batch(batch: list[tuple[Any, ...]]) -> bytes:
+def encode_batch(batch: list[tuple[object, ...]]) -> bytes:
     """A batch of messages as one frame: marshalled as they are (tuples of
     built-ins, as the forwarder makes them), or pickled when some value is not a
     plain built-in (a ``str`` subclass in a metric key, the ``SourceCode`` named
@@ -107,7 +109,7 @@ def encode_batch(batch: list[tuple[Any, ...]]) -> bytes:
     return _HEADER.pack(len(payload) + 1) + bytes((kind,)) + payload
 
 
-def write_frame(stream: IO[bytes], obj: Any) -> None:
+def write_frame(stream: IO[bytes], obj: object) -> None:
     """Pickle ``obj`` onto ``stream`` as one frame and flush it."""
     stream.write(encode_frame(obj))
     stream.flush()

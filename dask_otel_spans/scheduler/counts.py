@@ -14,11 +14,14 @@ export side are a sweep old at most.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from distributed.metrics import time
 
 from dask_otel_spans.protocol.dask_facts import state_counts
+
+if TYPE_CHECKING:
+    from distributed.scheduler import TaskGroup
 
 #: Seconds between two sweeps at most (``live.interval`` when it is shorter)
 COUNTS_INTERVAL = 1.0
@@ -30,13 +33,15 @@ Counts = tuple[int, int, int, int]
 Entry = tuple[str, int, int, int, int, int]
 
 
-def note_counts(running: dict[Any, Counts], tg: Any, entries: list[Entry]) -> None:
+def note_counts(running: dict[TaskGroup, Counts], tg: TaskGroup,
+                entries: list[Entry]) -> None:
     """Append the entry of ``tg`` (a running group of a span) to ``entries`` when its
     counts are not those last noted in ``running``, and note them there."""
     counts = state_counts(tg)
     if running.get(tg) != counts:
         running[tg] = counts
-        entries.append((tg.span_id, id(tg), *counts))
+        # (a group of a span: its ``span_id`` is set)
+        entries.append((tg.span_id, id(tg), *counts))  # type: ignore[arg-type]
 
 
 class CountsSweep:
@@ -56,12 +61,13 @@ class CountsSweep:
         self._clock = clock
         self._next = 0.0
 
-    def due(self, running: dict[Any, Counts]) -> bool:
+    def due(self, running: dict[TaskGroup, Counts]) -> bool:
         """Whether a sweep is due: some group runs and the interval has passed (a
         clock read only while groups run)."""
         return bool(running) and self._clock() >= self._next
 
-    def entries(self, running: dict[Any, Counts], step: int) -> Iterator[list[Entry]]:
+    def entries(self, running: dict[TaskGroup, Counts], step: int
+                ) -> Iterator[list[Entry]]:
         """The entries of the running groups whose counts changed, a list per
         ``step`` groups read (O(running groups)); a group that left ``running``
         between two steps is skipped."""
@@ -74,5 +80,5 @@ class CountsSweep:
                 counts = state_counts(tg)
                 if counts != last and tg in running:
                     running[tg] = counts
-                    entries.append((tg.span_id, id(tg), *counts))
+                    entries.append((tg.span_id, id(tg), *counts))  # type: ignore[arg-type]
             yield entries

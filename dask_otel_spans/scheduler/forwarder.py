@@ -8,7 +8,7 @@ slices of the plugin's tick budget.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -26,7 +26,13 @@ from dask_otel_spans.protocol.dask_private import (
 from dask_otel_spans.protocol.events import Message
 from dask_otel_spans.protocol.snapshots import done_figures
 from dask_otel_spans.protocol.tasks import NONE
-from dask_otel_spans.scheduler.counts import COUNTS_INTERVAL, Counts, CountsSweep, note_counts
+from dask_otel_spans.scheduler.counts import (
+    COUNTS_INTERVAL,
+    Counts,
+    CountsSweep,
+    Entry,
+    note_counts,
+)
 from dask_otel_spans.scheduler.graphs import (
     collect_links,
     collect_span_ids,
@@ -36,7 +42,13 @@ from dask_otel_spans.scheduler.graphs import (
 from dask_otel_spans.scheduler.sampler import TaskSampler
 
 if TYPE_CHECKING:
+    from dask.typing import Key
+    from distributed.scheduler import TaskGroup, TaskState
     from distributed.spans import Span
+
+    from dask_otel_spans.scheduler.graphs import SpanAnnotation
+    from dask_otel_spans.scheduler.heartbeats import SpanDeltas
+    from dask_otel_spans.scheduler.sampler import TransitionKwargs
 
 #: Spans, keys or task groups handled between two pauses (~1 µs each)
 SPANS_PER_STEP = 256
@@ -73,10 +85,10 @@ class QueuedGraph(NamedTuple):
 
     time: float
     client: str | None
-    keys: Any
-    otel: Any
-    span_of_key: Any
-    callers: Any
+    keys: Collection[Key]
+    otel: Mapping[Key, object] | None
+    span_of_key: Mapping[Key, SpanAnnotation] | None
+    callers: Mapping[Key, object] | None
     default_id: str | None
 
 
@@ -89,9 +101,9 @@ class Changes:
     #: departed clients as the messages they become
     pending: deque[QueuedGraph | Message] = field(default_factory=deque)
     #: task groups whose tasks started or settled
-    touched: set[Any] = field(default_factory=set)
+    touched: set[TaskGroup] = field(default_factory=set)
     #: task group -> tasks of it that erred
-    erred: dict[Any, int] = field(default_factory=dict)
+    erred: dict[TaskGroup, int] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.pending or self.touched or self.erred)
@@ -107,7 +119,7 @@ class Forwarded:
     workers: int = -1
     #: task groups forwarded as running and not as done since (as many as the groups
     #: running now), not told again while they run: their tasks by state as sent
-    running: dict[Any, Counts] = field(default_factory=dict)
+    running: dict[TaskGroup, Counts] = field(default_factory=dict)
     #: span id -> code snippets forwarded (``include-code``)
     code: dict[str, int] = field(default_factory=dict)
     #: spans forwarded (adopted ones too)
@@ -161,7 +173,7 @@ class SpanForwarder:
     def __init__(
         self,
         spans: dict[str, Span],
-        tasks: Mapping[Any, Any],
+        tasks: Mapping[Key, TaskState],
         sink: Sink,
         include_code: bool = False,
         sampler: TaskSampler | None = None,
@@ -182,8 +194,8 @@ class SpanForwarder:
 
     # -- what the hooks tell it (O(1) each) ----------------------------------------------
 
-    def graph_submitted(self, client: str | None, keys: Any,
-                        annotations: Mapping[str, Any] | None) -> None:
+    def graph_submitted(self, client: str | None, keys: Collection[Key],
+                        annotations: Mapping[str, Mapping[Key, Any]] | None) -> None:
         """A graph reached the scheduler (``update_graph``): queued as it is."""
         otel = span_of_key = callers = default_id = None
         if annotations:
@@ -197,7 +209,7 @@ class SpanForwarder:
         self.changes.pending.append(QueuedGraph(self.clock(), client, keys, otel, span_of_key,
                                                 callers, default_id))
 
-    def close_notice(self, msg: Any) -> None:
+    def close_notice(self, msg: object) -> None:
         """The client helper's block exited (``log_event`` on its topic)."""
         self.changes.pending.append(events.close_notice(self.clock(), msg))
 
@@ -205,8 +217,8 @@ class SpanForwarder:
         """A client left the scheduler."""
         self.changes.pending.append(events.client_gone(self.clock(), client))
 
-    def task_moved(self, key: Any, start: str, finish: str,
-                   kwargs: Mapping[str, Any]) -> None:
+    def task_moved(self, key: Key, start: str, finish: str,
+                   kwargs: TransitionKwargs) -> None:
         """Task ``key`` started or settled (the ``transition`` hook, which skips the
         others): its group is noted for the next tick; a task that erred is counted
         and, like one that finished under ``task-spans: slowest`` or ``all``, goes
@@ -245,7 +257,7 @@ class SpanForwarder:
 
     # -- forwarding --------------------------------------------------------------------
 
-    def forward_deltas(self, deltas: Mapping[Any, float]) -> None:
+    def forward_deltas(self, deltas: SpanDeltas) -> None:
         """A heartbeat's span metric deltas, after the spans created since the last
         call (O(new)): the export side knows every span they name."""
         out: list[Message] = []
@@ -264,7 +276,7 @@ class SpanForwarder:
         out.extend(map(span_message, reversed(fresh), range(start, n)))
         self.forwarded.spans += len(fresh)
 
-    def _send(self, out: list[Message], counts: list[Any] | None = None) -> None:
+    def _send(self, out: list[Message], counts: list[Entry] | None = None) -> None:
         """Send ``out`` (then the ``counts`` message of ``counts``), the spans created
         meanwhile first: what the messages name is known where they arrive."""
         if counts:
@@ -364,7 +376,7 @@ class SpanForwarder:
             graph.time, graph.client, ids, distinct_chains(graph.otel), sorted(collisions),
             [(span_id, headers) for (span_id, _), headers in links.items()]))
 
-    def _forward_groups(self, touched: set[Any], erred: dict[Any, int]
+    def _forward_groups(self, touched: set[TaskGroup], erred: dict[TaskGroup, int]
                         ) -> Iterator[None]:
         """The groups' errors, then each touched group when it is done, or when it
         runs and was not running there, then the counts of the running ones that
@@ -374,7 +386,7 @@ class SpanForwarder:
                for tg, n in erred.items()
                # (taken for every group: none is left behind)
                for classes in (take_classes(tg),) if tg.span_id is not None]
-        counts: list[Any] = []
+        counts: list[Entry] = []
         for i, tg in enumerate(touched, 1):
             if i % SPANS_PER_STEP == 0:
                 self._send(out, counts)
@@ -390,7 +402,7 @@ class SpanForwarder:
                 self.sink.send([events.group_counts(entries)])
             yield
 
-    def _group_message(self, tg: Any, out: list[Message], counts: list[Any]) -> None:
+    def _group_message(self, tg: TaskGroup, out: list[Message], counts: list[Entry]) -> None:
         running = self.forwarded.running
         span_id = tg.span_id
         if span_id is None:
@@ -405,7 +417,7 @@ class SpanForwarder:
             out.append(events.group_running(span_id, id(tg), str(tg.prefix.name)))
             note_counts(running, tg, counts)
 
-    def _tasks_of(self, tg: Any, span_id: str, out: list[Message]) -> None:
+    def _tasks_of(self, tg: TaskGroup, span_id: str, out: list[Message]) -> None:
         """The ``tasks`` message of a group, when the sampler kept some."""
         tasks = self.sampler.take(tg)
         if tasks is not None:
@@ -480,7 +492,7 @@ class SpanForwarder:
         """The messages of an adopted span: itself, its groups, its metrics."""
         out.append(span_message(span, position))
         self.forwarded.spans += 1
-        counts: list[Any] = []
+        counts: list[Entry] = []
         for tg in list(span.groups):
             if group_done(tg):
                 out.append(events.group_done(

@@ -3,21 +3,36 @@ tasks are in, the TaskGroup collisions of its ``span()`` blocks, and the callers
 bare submissions (the links of the spans they land in)."""
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, TypedDict
 
 from distributed.utils import key_split_group
 
 from dask_otel_spans.protocol.propagation import w3c_headers
 
+if TYPE_CHECKING:
+    from dask.typing import Key
+    from distributed.scheduler import TaskState
+
 #: Keys read between two pauses (~1 µs each)
 KEYS_PER_STEP = 256
 
 
+class SpanAnnotation(TypedDict):
+    """A task's ``span`` annotation, as ``distributed.span`` sets it."""
+
+    #: the tags of the span and its ancestors, root first
+    name: tuple[str, ...]
+    #: the ids of the span and its ancestors, root first
+    ids: tuple[str, ...]
+
+
 # (a loop per key of a graph on the event loop: kept in one function, no call per key)
-def collect_span_ids(keys: Any, span_of_key: Any, tasks: Mapping[Any, Any],  # noqa: C901
+def collect_span_ids(keys: Iterable[Key],  # noqa: C901
+                     span_of_key: Mapping[Key, SpanAnnotation] | None,
+                     tasks: Mapping[Key, TaskState],
                      span_ids: set[str], step: int = KEYS_PER_STEP, *,
-                     otel: Any = None,
+                     otel: Mapping[Key, object] | None = None,
                      collisions: set[tuple[str, str, str]] | None = None,
                      ) -> Iterator[None]:
     """Add to ``span_ids`` the ids of the spans a graph's tasks are in: from the
@@ -66,8 +81,11 @@ def collect_span_ids(keys: Any, span_of_key: Any, tasks: Mapping[Any, Any],  # n
 
 
 # (a loop per key of a graph on the event loop: kept in one function, no call per key)
-def collect_links(keys: Any, callers: Any, otel: Any, span_of_key: Any,  # noqa: C901
-                  tasks: Mapping[Any, Any],
+def collect_links(keys: Iterable[Key],  # noqa: C901
+                  callers: Mapping[Key, object] | None,
+                  otel: Mapping[Key, object] | None,
+                  span_of_key: Mapping[Key, SpanAnnotation] | None,
+                  tasks: Mapping[Key, TaskState],
                   links: dict[tuple[str, str], dict[str, str]],
                   default_id: str | None = None,
                   step: int = KEYS_PER_STEP) -> Iterator[None]:
@@ -109,7 +127,8 @@ def collect_links(keys: Any, callers: Any, otel: Any, span_of_key: Any,  # noqa:
             links.setdefault((span_id, headers["traceparent"]), headers)
 
 
-def _note_collision(key: Any, ann: Any, chain: Any, tasks: Mapping[Any, Any],
+def _note_collision(key: Key, ann: SpanAnnotation, chain: object,
+                    tasks: Mapping[Key, TaskState],
                     collisions: set[tuple[str, str, str]]) -> None:
     """Add the collision of ``key``'s tasks to ``collisions``, if there is one (a
     malformed chain says nothing: the export session says it is malformed)."""
@@ -128,7 +147,7 @@ def _note_collision(key: Any, ann: Any, chain: Any, tasks: Mapping[Any, Any],
     collisions.add((str(asked), str(ids[-1]), group))
 
 
-def large(keys: Any) -> bool:
+def large(keys: Collection[Key]) -> bool:
     """Whether a graph's keys take more than one step."""
     try:
         return len(keys) > KEYS_PER_STEP
@@ -136,13 +155,13 @@ def large(keys: Any) -> bool:
         return True
 
 
-def distinct_chains(otel: Any) -> Any:
+def distinct_chains(otel: object) -> object:
     """The distinct chains of an ``otel`` annotation (one value object per chain of
     spans; a graph of many tasks of one chain carries it once): the annotation as
     it came when it is not a mapping (the export process says it is malformed)."""
     if not isinstance(otel, Mapping):
         return otel
-    seen: dict[int, Any] = {}
+    seen: dict[int, object] = {}
     for value in otel.values():
         seen.setdefault(id(value), value)
     return list(seen.values())

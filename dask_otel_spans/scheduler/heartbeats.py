@@ -6,16 +6,27 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 from dask_otel_spans import names
 
+if TYPE_CHECKING:
+    from distributed.scheduler import Scheduler, WorkerState
+    from distributed.spans import SpansSchedulerExtension
+
+#: A heartbeat's span metric deltas ``{(context, span_id, prefix, activity, unit): value}``
+SpanDeltas: TypeAlias = dict[tuple[Hashable, ...], float]
+#: What takes them (:func:`tap_heartbeats`)
+OnSpanDeltas: TypeAlias = Callable[[SpanDeltas], None]
+#: What takes a worker heartbeat's result and ``metrics`` (:func:`tap_heartbeats`)
+OnWorkerHeartbeat: TypeAlias = Callable[[object, object], None]
+
 
 def tap_heartbeats(
-    ext: Any,
-    scheduler: Any,
-    on_span_deltas: Callable[[dict[Any, float]], None],
-    on_worker_heartbeat: Callable[[Any, Any], None],
+    ext: SpansSchedulerExtension,
+    scheduler: Scheduler,
+    on_span_deltas: OnSpanDeltas,
+    on_worker_heartbeat: OnWorkerHeartbeat,
 ) -> list[Callable[[], None]]:
     """Call ``on_span_deltas(data)`` after the spans extension took a heartbeat's
     per-span deltas, and ``on_worker_heartbeat(result, metrics)`` after the scheduler
@@ -33,18 +44,19 @@ def tap_heartbeats(
     return undo
 
 
-def _tap_span_heartbeats(ext: Any, span_cb: weakref.WeakMethod[Any]
+def _tap_span_heartbeats(ext: SpansSchedulerExtension,
+                         span_cb: weakref.WeakMethod[OnSpanDeltas]
                          ) -> Callable[[], None]:
     original_span_hb = ext.heartbeat
 
     @functools.wraps(original_span_hb)
-    def span_heartbeat(ws: Any, data: dict[Any, float]) -> None:
+    def span_heartbeat(ws: WorkerState, data: SpanDeltas) -> None:
         original_span_hb(ws, data)
         callback = span_cb()
         if callback is not None and data:
             callback(data)
 
-    ext.heartbeat = span_heartbeat
+    ext.heartbeat = span_heartbeat  # type: ignore[method-assign]
 
     def undo_span_hb() -> None:
         if ext.__dict__.get("heartbeat") is span_heartbeat:
@@ -53,19 +65,20 @@ def _tap_span_heartbeats(ext: Any, span_cb: weakref.WeakMethod[Any]
             if bound_to is not None and bound_to is ext:
                 del ext.heartbeat
             else:
-                ext.heartbeat = original_span_hb
+                ext.heartbeat = original_span_hb  # type: ignore[method-assign]
 
     return undo_span_hb
 
 
-def _tap_worker_heartbeats(scheduler: Any, worker_cb: weakref.WeakMethod[Any]
+def _tap_worker_heartbeats(scheduler: Scheduler,
+                           worker_cb: weakref.WeakMethod[OnWorkerHeartbeat]
                            ) -> Callable[[], None] | None:
     original_worker_hb = scheduler.handlers.get("heartbeat_worker")
     if original_worker_hb is None:
         return None
 
     @functools.wraps(original_worker_hb)
-    def heartbeat_worker(*args: Any, **kwargs: Any) -> Any:
+    def heartbeat_worker(*args: object, **kwargs: object) -> object:
         result = original_worker_hb(*args, **kwargs)
         callback = worker_cb()
         if callback is not None:
@@ -81,7 +94,7 @@ def _tap_worker_heartbeats(scheduler: Any, worker_cb: weakref.WeakMethod[Any]
     return undo_worker_hb
 
 
-def worker_wide_deltas(result: Any, metrics: Any) -> dict[Hashable, float]:
+def worker_wide_deltas(result: object, metrics: object) -> dict[Hashable, float]:
     """The deltas of an accepted heartbeat (``result`` status OK) that belong to no
     span (contexts without a span id); empty for anything else."""
     if not isinstance(result, dict) or result.get("status") != "OK":

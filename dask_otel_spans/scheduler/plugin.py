@@ -16,7 +16,7 @@ import logging
 import time as _time
 import uuid
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +38,13 @@ from dask_otel_spans.transport.choice import Transport, open_transport
 from dask_otel_spans.transport.spec import PipelineSpec
 
 if TYPE_CHECKING:
+    from dask.typing import Key
     from distributed import Scheduler
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
+
+    from dask_otel_spans.scheduler.heartbeats import SpanDeltas
+    from dask_otel_spans.scheduler.sampler import TransitionKwargs
 
 logger = logging.getLogger(__name__)
 
@@ -87,11 +93,11 @@ class OTelSpansPlugin(SchedulerPlugin):
     def __init__(
         self,
         *,
-        tracer_provider: Any = None,
-        meter_provider: Any = None,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
         environ: Mapping[str, str] | None = None,
         use_global_providers: bool = True,
-        **settings: Any,
+        **settings: object,
     ):
         self.config = PluginConfig.from_dask_config(**settings)
         self._settings = settings
@@ -111,18 +117,19 @@ class OTelSpansPlugin(SchedulerPlugin):
         self._spec: PipelineSpec | None = None
         #: the forwarder's ``task_moved`` while the plugin runs (the transition hook's
         #: one read), else None
-        self._task_moved: Callable[[Any, str, str, Mapping[str, Any]], None] | None = None
+        self._task_moved: Callable[[Key, str, str, TransitionKwargs], None] | None = None
         self._pc: PeriodicCallback | None = None
         #: the forwarding in progress, one slice at a time
         self._work: Iterator[None] | None = None
         self._closed = False
         self._started = False
         self._log_once = OnceLogger(logger)
-        self._undo: list[Any] = []
+        self._undo: list[Callable[[], None]] = []
 
     # -- pickling: keep providers when the scheduler is in this process -------------
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[Callable[..., OTelSpansPlugin],
+                                  tuple[str, dict[str, object], bool, bool]]:
         had_providers = (
             self._tracer_provider is not None or self._meter_provider is not None
         )
@@ -168,7 +175,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         return grace_period(self.config.export_delay, n)
 
     @property
-    def destinations(self) -> dict[str, Any]:
+    def destinations(self) -> dict[str, object]:
         """Where traces and metrics go, and whether an export process runs."""
         return dict(self.transport.destinations) if self.transport is not None else {}
 
@@ -274,7 +281,7 @@ class OTelSpansPlugin(SchedulerPlugin):
             and self._use_global == successor._use_global
         )
 
-    async def close(self, **kwargs: Any) -> None:
+    async def close(self, **kwargs: object) -> None:
         if self._closed:
             return
         self._closed = True
@@ -330,13 +337,13 @@ class OTelSpansPlugin(SchedulerPlugin):
 
     # -- the heartbeats' deltas (scheduler/heartbeats.py taps them) -----------------
 
-    def _on_span_deltas(self, data: dict[Any, float]) -> None:
+    def _on_span_deltas(self, data: SpanDeltas) -> None:
         forwarder = self.forwarder
         if not self._closed and forwarder is not None:
             with self._guard("heartbeat"):
                 forwarder.forward_deltas(data)
 
-    def _on_worker_heartbeat(self, result: Any, metrics: Any) -> None:
+    def _on_worker_heartbeat(self, result: object, metrics: object) -> None:
         transport = self.transport
         if not self._closed and transport is not None:
             with self._guard("worker-heartbeat"):
@@ -347,9 +354,9 @@ class OTelSpansPlugin(SchedulerPlugin):
     # -- hooks: O(1) each; the forwarder sends what they queued at the next tick -----
     # (not timed: the clock reads would cost more than the work)
 
-    def update_graph(self, scheduler: Scheduler, *, tasks: Any = (),
-                     annotations: Mapping[str, Any] | None = None,
-                     client: str | None = None, **kwargs: Any) -> None:
+    def update_graph(self, scheduler: Scheduler, *, tasks: Collection[Key] = (),
+                     annotations: Mapping[str, Mapping[Key, Any]] | None = None,
+                     client: str | None = None, **kwargs: object) -> None:
         forwarder = self.forwarder
         if forwarder is None or self._closed:
             return
@@ -358,19 +365,19 @@ class OTelSpansPlugin(SchedulerPlugin):
         except Exception:
             self._log_failure("update_graph")
 
-    def log_event(self, topic: str, msg: Any, **kwargs: Any) -> None:
+    def log_event(self, topic: str, msg: object, **kwargs: object) -> None:
         forwarder = self.forwarder
         if topic != names.EVENT_TOPIC or forwarder is None or self._closed:
             return
         forwarder.close_notice(msg)
 
-    def remove_client(self, scheduler: Scheduler, client: str, **kwargs: Any) -> None:
+    def remove_client(self, scheduler: Scheduler, client: str, **kwargs: object) -> None:
         forwarder = self.forwarder
         if forwarder is None or self._closed:
             return
         forwarder.client_gone(client)
 
-    def transition(self, key: Any, start: str, finish: str, *args: Any,
+    def transition(self, key: Key, start: str, finish: str, *args: object,
                    **kwargs: Any) -> None:
         # Called for every transition of every task: only a task that settles or
         # starts (again) goes to the forwarder (its group is noted, once per tick).

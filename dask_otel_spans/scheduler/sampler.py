@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from dask._task_spec import Task
 from dask.utils import funcname
@@ -25,6 +25,19 @@ from dask_otel_spans.protocol.tasks import (
     TaskRecord,
 )
 
+if TYPE_CHECKING:
+    from dask.typing import Key
+    from distributed.scheduler import TaskGroup
+
+#: The ``transition`` hook's keyword arguments (``worker``, ``startstops``, ``nbytes``,
+#: ``exception``, ``exception_text``, ``traceback_text``...): distributed passes them
+#: untyped (``SchedulerPlugin.transition``'s ``**kwargs``), and they are read here
+#: as they come, their shape checked by the reads
+TransitionKwargs: TypeAlias = Mapping[str, Any]
+#: What names an erred task's exception class
+#: (:func:`~dask_otel_spans.protocol.exceptions.exception_class`), and its type name
+ErredClass: TypeAlias = tuple[str | bytes | None, str]
+
 #: Longest ``code.function.name`` kept (characters)
 MAX_FUNCTION_LENGTH = 256
 #: Distinct exception classes counted per task group between two ticks; the rest are
@@ -32,7 +45,7 @@ MAX_FUNCTION_LENGTH = 256
 MAX_ERROR_CLASSES = 8
 
 
-def function_name(run_spec: Any) -> str | None:
+def function_name(run_spec: object) -> str | None:
     """The task's function as dask names it (``dask.utils.funcname``) when its run
     spec is a plain function call (a dask ``Task`` of a callable); None otherwise."""
     if type(run_spec) is not Task:
@@ -46,14 +59,14 @@ def function_name(run_spec: Any) -> str | None:
         return None
 
 
-def exception_name(exception_text: Any) -> str:
+def exception_name(exception_text: object) -> str:
     """The exception type's name as its ``repr`` (``exception_text``) starts."""
     text = str(exception_text or "")[:MAX_FUNCTION_LENGTH]
     return text.partition("(")[0].strip()
 
 
-def task_record(key: Any, kwargs: Mapping[str, Any], erred: bool,
-                run_spec: Any = None) -> TaskRecord:
+def task_record(key: Key, kwargs: TransitionKwargs, erred: bool,
+                run_spec: object = None) -> TaskRecord:
     """The record of a task that finished (``processing -> memory``) or erred
     (``processing -> erred``), from the ``transition`` hook's keyword arguments
     (and the task's run spec, for its function's name)."""
@@ -83,7 +96,7 @@ def task_record(key: Any, kwargs: Mapping[str, Any], erred: bool,
     )
 
 
-def compute_times(kwargs: Mapping[str, Any]) -> tuple[float, float]:
+def compute_times(kwargs: TransitionKwargs) -> tuple[float, float]:
     """The task's compute action's ``(start, stop)``; ``(0.0, 0.0)`` when the worker
     reported none."""
     for ss in kwargs.get("startstops") or ():
@@ -95,7 +108,7 @@ def compute_times(kwargs: Mapping[str, Any]) -> tuple[float, float]:
     return 0.0, 0.0
 
 
-def compute_seconds(kwargs: Mapping[str, Any]) -> float:
+def compute_seconds(kwargs: TransitionKwargs) -> float:
     """How long the task's compute action took (0 when not reported)."""
     start, stop = compute_times(kwargs)
     return stop - start
@@ -113,9 +126,9 @@ class GroupTasks:
         self.erred_seen = 0
         self.others_seen = 0
 
-    def message_fields(self) -> tuple[Any, ...]:
+    def message_fields(self) -> tuple[list[tuple[object, ...]], int, int]:
         """``(records, erred_seen, others_seen)`` as the ``tasks`` message has them."""
-        records = [tuple(r) for r in self.erred]
+        records: list[tuple[object, ...]] = [tuple(r) for r in self.erred]
         records.extend(tuple(r) for _, _, r in self.others)
         return records, self.erred_seen, self.others_seen
 
@@ -144,23 +157,23 @@ class TaskSampler:
         self.finished = (
             {SLOWEST: self._slowest, ALL: self._first}.get(mode) if on else None
         )
-        self.groups: dict[Any, GroupTasks] = {}
+        self.groups: dict[TaskGroup, GroupTasks] = {}
         #: task group -> ``[earliest start, latest stop]`` of the compute of its
         #: tasks that erred since :meth:`take_erred_window` last took it
-        self.erred_windows: dict[Any, list[float]] = {}
+        self.erred_windows: dict[TaskGroup, list[float]] = {}
         #: task group -> ``{(what names the class, type name): count}`` of its tasks
         #: that erred while they ran since :meth:`take_erred_classes` last took it
-        self.erred_classes: dict[Any, dict[tuple[Any, str], int]] = {}
+        self.erred_classes: dict[TaskGroup, dict[ErredClass, int]] = {}
         self._tie = itertools.count()
 
-    def _of(self, group: Any) -> GroupTasks:
+    def _of(self, group: TaskGroup) -> GroupTasks:
         tasks = self.groups.get(group)
         if tasks is None:
             tasks = self.groups[group] = GroupTasks()
         return tasks
 
-    def erred(self, group: Any, key: Any, kwargs: Mapping[str, Any],
-              run_spec: Any = None) -> None:
+    def erred(self, group: TaskGroup, key: Key, kwargs: TransitionKwargs,
+              run_spec: object = None) -> None:
         """A task of ``group`` erred while it ran (``processing -> erred``):
         its compute times widen the group's erred window, its exception's class is
         counted; its record is kept when ``mode`` keeps erred tasks and the cap
@@ -168,7 +181,7 @@ class TaskSampler:
         classes = self.erred_classes.get(group)
         if classes is None:
             classes = self.erred_classes[group] = {}
-        cls = (exception_class(kwargs.get("exception")),
+        cls: ErredClass = (exception_class(kwargs.get("exception")),
                exception_name(kwargs.get("exception_text")))
         if cls not in classes and len(classes) >= MAX_ERROR_CLASSES:
             cls = (None, "")
@@ -190,7 +203,8 @@ class TaskSampler:
         if len(tasks.erred) < self.cap:
             tasks.erred.append(task_record(key, kwargs, True, run_spec))
 
-    def take_erred_classes(self, group: Any) -> list[tuple[Any, str, int]]:
+    def take_erred_classes(self, group: TaskGroup
+                           ) -> list[tuple[str | bytes | None, str, int]]:
         """``[(what names the class, type name, count), ...]`` of the tasks of
         ``group`` that erred while they ran since it was last taken."""
         classes = self.erred_classes.pop(group, None)
@@ -198,8 +212,8 @@ class TaskSampler:
             return []
         return [(origin, name, n) for (origin, name), n in classes.items()]
 
-    def _slowest(self, group: Any, key: Any, kwargs: Mapping[str, Any],
-                 run_spec: Any = None) -> None:
+    def _slowest(self, group: TaskGroup, key: Key, kwargs: TransitionKwargs,
+                 run_spec: object = None) -> None:
         tasks = self._of(group)
         tasks.others_seen += 1
         seconds = compute_seconds(kwargs)
@@ -211,8 +225,8 @@ class TaskSampler:
             heapq.heapreplace(heap, (seconds, next(self._tie),
                                      task_record(key, kwargs, False, run_spec)))
 
-    def _first(self, group: Any, key: Any, kwargs: Mapping[str, Any],
-               run_spec: Any = None) -> None:
+    def _first(self, group: TaskGroup, key: Key, kwargs: TransitionKwargs,
+               run_spec: object = None) -> None:
         tasks = self._of(group)
         tasks.others_seen += 1
         if len(tasks.others) < self.cap:
@@ -231,11 +245,11 @@ class TaskSampler:
         self.erred_windows.clear()
         self.erred_classes.clear()
 
-    def take(self, group: Any) -> GroupTasks | None:
+    def take(self, group: TaskGroup) -> GroupTasks | None:
         """The tasks kept of ``group`` since it was last taken, forgotten here."""
         return self.groups.pop(group, None)
 
-    def take_erred_window(self, group: Any) -> tuple[float, float]:
+    def take_erred_window(self, group: TaskGroup) -> tuple[float, float]:
         """``(earliest start, latest stop)`` of the compute of the tasks of
         ``group`` that erred since it was last taken (``(0.0, 0.0)`` when none
         reported one), forgotten here."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any
+from typing import TypeAlias
 
 from opentelemetry import baggage, propagate, trace
 from opentelemetry.context import Context
@@ -26,6 +26,9 @@ logger = logging.getLogger(__name__)
 #: Contexts remembered (one per dask span and prefix that ran lately)
 MAX_CONTEXTS = 4096
 
+#: A caller carrier's items, sorted: its part of a context's cache key
+CallerKey: TypeAlias = tuple[tuple[str, str], ...]
+
 
 class TaskContexts:
     """OTel contexts of tasks, by dask span and prefix.
@@ -39,8 +42,7 @@ class TaskContexts:
 
     def __init__(self, prefix_spans: bool = True):
         self.prefix_spans = prefix_spans
-        self._cache: OrderedDict[tuple[str, str, tuple[Any, ...]], Context] = (
-            OrderedDict())
+        self._cache: OrderedDict[tuple[str, str, CallerKey], Context] = OrderedDict()
         self._log_once = OnceLogger(logger)
 
     def __len__(self) -> int:
@@ -48,7 +50,7 @@ class TaskContexts:
         return len(self._cache)
 
     def context_of(self, span_id: str | None, prefix: str,
-                   annotations: Mapping[str, Any] | None) -> Context | None:
+                   annotations: Mapping[str, object] | None) -> Context | None:
         """The context of a task of dask span ``span_id`` (the span the scheduler
         put it in) and ``prefix``, from its annotations (``span``: the span's chain
         of ids; ``otel``: the W3C contexts its block carried; ``otel-caller``: the
@@ -86,7 +88,7 @@ class TaskContexts:
             cache.popitem(last=False)
         return ctx
 
-    def _derive(self, span_id: str, prefix: str, annotations: Mapping[str, Any]
+    def _derive(self, span_id: str, prefix: str, annotations: Mapping[str, object]
                 ) -> Context:
         span_ann = annotations.get("span")
         ids: tuple[str, ...] = (span_id,)
@@ -112,7 +114,7 @@ class TaskContexts:
 _MAX_CACHED_CARRIER = 8192
 
 
-def _caller_key(caller: Any) -> tuple[Any, ...] | None:
+def _caller_key(caller: object) -> CallerKey | None:
     """The cache key part of a task's caller carrier: its items; None when it is no
     mapping of strings of bounded size (worked out each time, never remembered)."""
     if not isinstance(caller, Mapping):
@@ -129,7 +131,7 @@ def _caller_key(caller: Any) -> tuple[Any, ...] | None:
     return items if size <= _MAX_CACHED_CARRIER else None
 
 
-def _with_caller(ctx: Context, caller: Any, in_block: bool) -> Context:
+def _with_caller(ctx: Context, caller: object, in_block: bool) -> Context:
     """``ctx`` with what the caller's carrier holds: its baggage, and, for a bare
     submission (not ``in_block``), its span in place of the task's own."""
     if not isinstance(caller, Mapping):

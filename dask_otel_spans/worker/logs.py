@@ -8,11 +8,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
-from typing import Any
+from typing import TYPE_CHECKING
 
 from opentelemetry import trace
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk._logs import LoggerProvider
 
 #: Set while a task runs (by the worker plugin, in the task's context): which log
 #: records are exported as OTel logs
@@ -24,7 +27,7 @@ LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARN
 DEFAULT_EXPORT_LEVEL = logging.WARNING
 
 
-def export_level(environ: Any = None) -> int:
+def export_level(environ: Mapping[str, str] | None = None) -> int:
     """The level from which records made in tasks are exported
     (``OTEL_PYTHON_LOG_LEVEL``, default WARNING)."""
     environ = os.environ if environ is None else environ
@@ -59,7 +62,7 @@ class TraceContextRecords:
         if logging.getLogRecordFactory() == self._make:
             logging.setLogRecordFactory(self._previous)
 
-    def _make(self, *args: Any, **kwargs: Any) -> logging.LogRecord:
+    def _make(self, *args: object, **kwargs: object) -> logging.LogRecord:
         record = self._previous(*args, **kwargs)
         if not self._active:
             return record
@@ -111,7 +114,7 @@ class TaskRecordsOnly(logging.Filter):
         return IN_TASK.get()
 
 
-def task_log_handler(logger_provider: Any, level: int) -> logging.Handler:
+def task_log_handler(logger_provider: LoggerProvider, level: int) -> logging.Handler:
     """The OTel SDK's logging handler over ``logger_provider``, for the records made
     in tasks at ``level`` and above (the SDK takes their trace context from the
     current context)."""

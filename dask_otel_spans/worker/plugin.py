@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Mapping
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from distributed.diagnostics.plugin import WorkerPlugin
 from opentelemetry import context as otel_context
@@ -32,12 +32,30 @@ from dask_otel_spans.worker.logs import (
 from dask_otel_spans.worker.providers import WorkerProviders, worker_providers
 
 if TYPE_CHECKING:
+    from dask.typing import Key
     from distributed import Worker
+    from distributed.worker_state_machine import StateMachineEvent, TaskState
+
+    from dask_otel_spans.worker.providers import Provider
 
 logger = logging.getLogger(__name__)
 
 #: Longest wait at teardown for the providers this plugin installed to flush
 FLUSH_TIMEOUT = 3.0
+
+
+class _Execute(Protocol):
+    """``Worker.execute``, bound."""
+
+    def __call__(self, key: Key, *, stimulus_id: str) -> Awaitable[StateMachineEvent]: ...
+
+
+class _State(TypedDict):
+    """What a pickled plugin holds: its parameters."""
+
+    prefix_spans: bool | None
+    environ: dict[str, str] | None
+    output_dir: str | None
 
 
 class OTelWorkerPlugin(WorkerPlugin):
@@ -74,19 +92,20 @@ class OTelWorkerPlugin(WorkerPlugin):
         self.providers = WorkerProviders()
         self.contexts: TaskContexts | None = None
         #: the worker's task states, and its own ``execute`` (bound, unwrapped)
-        self._tasks: Mapping[Any, Any] = {}
-        self._run: Any = None
+        self._tasks: Mapping[Key, TaskState] = {}
+        # (set by ``setup``, before the worker calls ``_execute``)
+        self._run: _Execute = None  # type: ignore[assignment]
         self._records_held = False
         self._handler: logging.Handler | None = None
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> _State:
         return {"prefix_spans": self.prefix_spans, "environ": self.environ,
                 "output_dir": self.output_dir}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
+    def __setstate__(self, state: _State) -> None:
         self.__init__(**state)  # type: ignore[misc]
 
-    def setup(self, worker: Worker, **kwargs: Any) -> None:
+    def setup(self, worker: Worker, **kwargs: object) -> None:
         prefix_spans = self.prefix_spans
         if prefix_spans is None:
             # (read as the scheduler reads it: DASK_OTEL_SPANS__PREFIX_SPANS=false is
@@ -123,7 +142,7 @@ class OTelWorkerPlugin(WorkerPlugin):
             self.providers.traces_to, self.providers.metrics_to, self.providers.logs_to,
         )
 
-    async def teardown(self, worker: Worker, **kwargs: Any) -> None:
+    async def teardown(self, worker: Worker, **kwargs: object) -> None:
         if worker.__dict__.get("execute") == self._execute:
             del worker.execute
         if self._records_held:
@@ -145,7 +164,7 @@ class OTelWorkerPlugin(WorkerPlugin):
         attributes = getattr(resource, "attributes", None) or {}
         return str(attributes.get(names.SERVICE_NAME, ""))
 
-    async def _execute(self, key: Any, *, stimulus_id: str) -> Any:
+    async def _execute(self, key: Key, *, stimulus_id: str) -> StateMachineEvent:
         """``Worker.execute`` inside the task's OTel context: this runs in the asyncio
         task of the one execution, whose context the executor's thread copies."""
         execute = self._run
@@ -164,7 +183,7 @@ class OTelWorkerPlugin(WorkerPlugin):
             otel_context.detach(token)
 
 
-def flush_providers(providers: list[Any], timeout: float) -> None:
+def flush_providers(providers: list[Provider], timeout: float) -> None:
     """Flush ``providers``, a meter provider's push readers only (a pull reader,
     such as Prometheus's, is never flushed:
     :func:`~dask_otel_spans.sdk.providers.flush_provider`)."""

@@ -11,7 +11,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
@@ -41,20 +41,28 @@ from dask_otel_spans.sdk.providers import (
     global_sdk_tracer_provider,
 )
 
+if TYPE_CHECKING:
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+
 logger = logging.getLogger(__name__)
+
+#: An SDK provider of one signal
+Provider: TypeAlias = "TracerProvider | MeterProvider | LoggerProvider"
 
 
 @dataclass
 class WorkerProviders:
     """The worker process's providers, and which of them this package built."""
 
-    tracer_provider: Any = None
-    meter_provider: Any = None
+    tracer_provider: TracerProvider | None = None
+    meter_provider: MeterProvider | None = None
     #: None unless ``OTEL_LOGS_EXPORTER`` asks for one (or the process had one)
-    logger_provider: Any = None
+    logger_provider: LoggerProvider | None = None
     #: built here; :func:`worker_providers` installs them as the global providers
     #: (flushed at teardown; the SDK shuts them down at exit)
-    built: list[Any] = field(default_factory=list)
+    built: list[Provider] = field(default_factory=list)
     traces_to: str = "nowhere"
     metrics_to: str = "nowhere"
     logs_to: str = "nowhere"
@@ -62,14 +70,14 @@ class WorkerProviders:
     errors: list[str] = field(default_factory=list)
 
 
-def process_output_dir(output_dir: str, worker_name: Any) -> str:
+def process_output_dir(output_dir: str, worker_name: object) -> str:
     """The embedded default's directory of one worker process: a directory of its
     own below ``output_dir`` (no two processes append to one file)."""
     return os.path.join(output_dir, WORKERS_DIR,
                         f"{file_label(worker_name, 'worker')}-{os.getpid()}")
 
 
-def worker_resource_attributes(address: str, name: Any) -> dict[str, str]:
+def worker_resource_attributes(address: str, name: object) -> dict[str, str]:
     return {names.WORKER_ADDRESS: str(address), names.WORKER_NAME: str(name)}
 
 
@@ -145,9 +153,9 @@ def _build_signal(
     signal: str,
     environ: Mapping[str, str],
     check: Callable[[Mapping[str, str]], None],
-    build: Callable[[], tuple[Any, str]],
+    build: Callable[[], tuple[Provider | None, str]],
     out: WorkerProviders,
-) -> tuple[Any, str]:
+) -> tuple[Provider | None, str]:
     """``build()`` once ``check(environ)`` passed; ``(None, "nowhere (why)")`` and
     one ERROR line, naming the variable and its value, when either fails (the
     other signals are built all the same)."""
@@ -173,7 +181,7 @@ def _build_signal(
 
 def build_worker_providers(
     address: str,
-    name: Any,
+    name: object,
     *,
     environ: Mapping[str, str] | None = None,
     output_dir: str = "dask-otel-spans",
@@ -218,7 +226,7 @@ def build_worker_providers(
 
 def worker_providers(
     address: str,
-    name: Any,
+    name: object,
     *,
     environ: Mapping[str, str] | None = None,
     output_dir: str = "dask-otel-spans",
