@@ -7,8 +7,9 @@ from __future__ import annotations
 import marshal
 import pickle
 import struct
-from typing import IO, Any, NamedTuple, TypeAlias
+from typing import IO, Any, NamedTuple, TypeAlias, TypeGuard
 
+from dask_otel_spans.protocol.events import Message
 from dask_otel_spans.protocol.figures import ExportFigures
 
 _HEADER = struct.Struct("!I")
@@ -41,7 +42,7 @@ def flush_message(token: int, timeout: float, exporters: bool = True) -> FlushMe
     return (FLUSH, token, timeout, exporters)
 
 
-def is_flush(message: tuple[object, ...]) -> bool:
+def is_flush(message: tuple[object, ...]) -> TypeGuard[FlushMessage]:
     return bool(message[0] == FLUSH)
 
 
@@ -52,10 +53,16 @@ def read_flush(message: FlushMessage) -> Flush:
 
 # -- export process -> scheduler: its answers (pickled frames) ---------------------------
 
+#: Where the export session sends, as it says when ready: ``traces_to``,
+#: ``metrics_to``, ``exceptions_to`` (in words), ``export_process`` and the export
+#: process's ``pid``
+Destinations: TypeAlias = "dict[str, str | int | bool]"
+
+
 class Ready(NamedTuple):
     """The exporters are set up: where data goes, and the process's pid."""
 
-    destinations: dict[str, object]
+    destinations: Destinations
 
 
 class SetupFailed(NamedTuple):
@@ -94,7 +101,7 @@ def encode_frame(obj: object) -> bytes:
     return _HEADER.pack(len(payload) + 1) + bytes((_PICKLED,)) + payload
 
 
-def encode_batch(batch: list[tuple[object, ...]]) -> bytes:
+def encode_batch(batch: list[Message]) -> bytes:
     """A batch of messages as one frame: marshalled as they are (tuples of
     built-ins, as the forwarder makes them), or pickled when some value is not a
     plain built-in (a ``str`` subclass in a metric key, the ``SourceCode`` named

@@ -7,10 +7,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics.export import MetricsData
+    from opentelemetry.sdk.trace import ReadableSpan
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +126,7 @@ class HealthSpanExporter(SpanExporter):
         self.inner = inner
         self.health = health
 
-    def export(self, spans: Sequence[Any]) -> SpanExportResult:
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         try:
             result = self.inner.export(spans)
         except Exception:
@@ -137,7 +141,7 @@ class HealthSpanExporter(SpanExporter):
         return self.inner.force_flush(timeout_millis)
 
 
-def count_points(metrics_data: Any) -> int:
+def count_points(metrics_data: MetricsData) -> int:
     """The data points of an SDK ``MetricsData``."""
     n = 0
     for rm in getattr(metrics_data, "resource_metrics", ()):
@@ -158,8 +162,8 @@ class HealthMetricExporter(MetricExporter):
         self.inner = inner
         self.health = health
 
-    def export(self, metrics_data: Any, timeout_millis: float = 10_000,
-               **kwargs: Any) -> MetricExportResult:
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
+               **kwargs: object) -> MetricExportResult:
         try:
             result = self.inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
         except Exception:
@@ -170,7 +174,7 @@ class HealthMetricExporter(MetricExporter):
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         return self.inner.force_flush(timeout_millis)
 
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: object) -> None:
         self.inner.shutdown(timeout_millis=timeout_millis, **kwargs)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
@@ -22,11 +22,20 @@ from dask_otel_spans.sdk.delivery import Delivery
 from dask_otel_spans.sdk.health import ExportHealth, count_points
 from dask_otel_spans.sdk.otlpspans import SpanEncoding
 
+if TYPE_CHECKING:
+    from opentelemetry.sdk._logs import ReadableLogRecord
+    from opentelemetry.sdk._logs.export import LogRecordExporter
+    from opentelemetry.sdk.metrics.export import MetricsData
+    from opentelemetry.sdk.trace import ReadableSpan
+
 logger = logging.getLogger(__name__)
+
+#: A batch of one signal: spans, log records, or an SDK ``MetricsData``
+_Batch = TypeVar("_Batch")
 
 
 def _hand_over(delivery: Delivery, health: ExportHealth,
-               encode: Callable[[Any], bytes], batch: Any, items: int) -> None:
+               encode: Callable[[_Batch], bytes], batch: _Batch, items: int) -> None:
     """Encode ``batch`` (``items`` spans, records or points) and queue it for
     delivery; a batch that cannot be encoded is dropped, counted as failed."""
     try:
@@ -39,13 +48,13 @@ def _hand_over(delivery: Delivery, health: ExportHealth,
     delivery.hold(health.signal, payload, items)
 
 
-def _encode_logs(batch: Sequence[Any]) -> bytes:
+def _encode_logs(batch: Sequence[ReadableLogRecord]) -> bytes:
     from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 
     return encode_logs(batch).SerializeToString()
 
 
-def _encode_metrics(data: Any) -> bytes:
+def _encode_metrics(data: MetricsData) -> bytes:
     from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 
     return encode_metrics(data).SerializeToString()
@@ -61,7 +70,7 @@ class HoldingSpanExporter(SpanExporter):
         self.health = health
         self.encoding = SpanEncoding()
 
-    def export(self, spans: Sequence[Any]) -> SpanExportResult:
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         _hand_over(self.delivery, self.health, self.encoding.request, spans, len(spans))
         return SpanExportResult.SUCCESS
 
@@ -72,12 +81,12 @@ class HoldingSpanExporter(SpanExporter):
         return not self.delivery.waiting()  # (the pipeline's flush drains it)
 
 
-def holding_log_exporter(delivery: Delivery, health: ExportHealth) -> Any:
+def holding_log_exporter(delivery: Delivery, health: ExportHealth) -> LogRecordExporter:
     """A log record exporter whose batches ``delivery`` sends and holds."""
     from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
 
     class HoldingLogExporter(LogRecordExporter):
-        def export(self, batch: Sequence[Any]) -> Any:
+        def export(self, batch: Sequence[ReadableLogRecord]) -> LogRecordExportResult:
             _hand_over(delivery, health, _encode_logs, batch, len(batch))
             return LogRecordExportResult.SUCCESS
 
@@ -90,7 +99,7 @@ def holding_log_exporter(delivery: Delivery, health: ExportHealth) -> Any:
     return HoldingLogExporter()
 
 
-def prefers_delta(exporter: Any) -> bool:
+def prefers_delta(exporter: MetricExporter) -> bool:
     """Whether a metric exporter asks for delta temporality of some instrument
     (``OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE``): its points are then
     lost with a failed export, unless held."""
@@ -110,8 +119,8 @@ class HoldingMetricExporter(MetricExporter):
         self.delivery = delivery
         self.health = health
 
-    def export(self, metrics_data: Any, timeout_millis: float = 10_000,
-               **kwargs: Any) -> MetricExportResult:
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
+               **kwargs: object) -> MetricExportResult:
         _hand_over(self.delivery, self.health, _encode_metrics, metrics_data,
                    count_points(metrics_data))
         return MetricExportResult.SUCCESS
@@ -121,5 +130,5 @@ class HoldingMetricExporter(MetricExporter):
         # waits for the delivery itself, with the time it has left)
         return not self.delivery.waiting()
 
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: object) -> None:
         pass

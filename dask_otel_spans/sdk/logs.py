@@ -6,11 +6,19 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dask_otel_spans.otelenv import FILE_EXPORTER, is_unconfigured, not_one_of
 from dask_otel_spans.sdk.otlp import otlp_exporter
 from dask_otel_spans.sdk.otlpjson import LOGS_FILE, OTLPJsonLinesLogExporter
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import LogRecordExporter
+    from opentelemetry.sdk.resources import Resource
+
+    from dask_otel_spans.sdk.delivery import Delivery
+    from dask_otel_spans.sdk.health import ExportHealth
 
 #: ``OTEL_LOGS_EXPORTER`` values (unset: log records are not exported; the embedded
 #: default's file when nothing at all is configured)
@@ -51,9 +59,10 @@ def log_exporter_names(environ: Mapping[str, str]) -> list[str]:
     return names_
 
 
-def build_logger_provider(environ: Mapping[str, str], resource: Any,
-                          output_dir: str | None = None, delivery: Any = None,
-                          health: list[Any] | None = None) -> tuple[Any, str]:
+def build_logger_provider(environ: Mapping[str, str], resource: Resource,
+                          output_dir: str | None = None, delivery: Delivery | None = None,
+                          health: list[ExportHealth] | None = None
+                          ) -> tuple[LoggerProvider | None, str]:
     """A logger provider with one batch processor per exporter of
     ``OTEL_LOGS_EXPORTER`` (``otlp``, ``console``, the embedded default's file
     ``otlp_json_file``, which is the one with nothing configured at all when an
@@ -93,8 +102,8 @@ def build_logger_provider(environ: Mapping[str, str], resource: Any,
     return provider, ", ".join(where)
 
 
-def _holding(environ: Mapping[str, str], delivery: Any,
-             health: list[Any] | None) -> tuple[Any, str]:
+def _holding(environ: Mapping[str, str], delivery: Delivery,
+             health: list[ExportHealth] | None) -> tuple[LogRecordExporter, str]:
     """An OTLP log exporter whose batches ``delivery`` sends and holds, and where
     it sends."""
     from dask_otel_spans.sdk.health import ExportHealth
@@ -109,7 +118,7 @@ def _holding(environ: Mapping[str, str], delivery: Any,
     return holding_log_exporter(delivery, exporter_health), sender.where
 
 
-def global_sdk_logger_provider() -> Any:
+def global_sdk_logger_provider() -> LoggerProvider | None:
     from opentelemetry import _logs
     from opentelemetry.sdk._logs import LoggerProvider
 

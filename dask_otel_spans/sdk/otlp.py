@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Literal, TypedDict, overload
 from urllib.parse import unquote
 
 from dask_otel_spans.otelenv import (
@@ -16,6 +16,13 @@ from dask_otel_spans.otelenv import (
     otlp_protocol,
     signal_setting,
 )
+
+if TYPE_CHECKING:
+    import grpc
+    from opentelemetry.exporter.otlp.proto.http import Compression
+    from opentelemetry.sdk._logs.export import LogRecordExporter
+    from opentelemetry.sdk.metrics.export import MetricExporter
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 logger = logging.getLogger(__name__)
 
@@ -53,13 +60,32 @@ def _endpoint(environ: Mapping[str, str], signal: str, protocol: str) -> str | N
     return generic or None
 
 
+class OTLPExporterKwargs(TypedDict, total=False):
+    """Keyword arguments of the SDK's OTLP exporters (:func:`otlp_exporter_kwargs`),
+    and those of :mod:`~dask_otel_spans.sdk.otlpsend`'s senders."""
+
+    endpoint: str
+    headers: dict[str, str]
+    #: seconds
+    timeout: float
+    compression: grpc.Compression | Compression
+    # gRPC only
+    channel_options: tuple[tuple[str, int], ...]
+    insecure: bool
+    credentials: grpc.ChannelCredentials
+    # HTTP only (the client key and chain: the senders' only)
+    certificate_file: str
+    client_key_file: str
+    client_certificate_file: str
+
+
 def otlp_exporter_kwargs(
     environ: Mapping[str, str], signal: str, protocol: str
-) -> dict[str, Any]:
+) -> OTLPExporterKwargs:
     """Keyword arguments of the OTLP exporter of ``signal`` (``TRACES``, ``METRICS``
     or ``LOGS``) from the standard variables in ``environ``; unset ones are left out
     so that the exporter's own defaults apply."""
-    kwargs: dict[str, Any] = {}
+    kwargs: OTLPExporterKwargs = {}
     endpoint = _endpoint(environ, signal, protocol)
     if endpoint:
         kwargs["endpoint"] = endpoint
@@ -99,7 +125,18 @@ _OTLP_EXPORTERS = {
 }
 
 
-def otlp_exporter(environ: Mapping[str, str], signal: str) -> tuple[Any, str]:
+@overload
+def otlp_exporter(environ: Mapping[str, str],
+                  signal: Literal["TRACES"]) -> tuple[SpanExporter, str]: ...
+@overload
+def otlp_exporter(environ: Mapping[str, str],
+                  signal: Literal["METRICS"]) -> tuple[MetricExporter, str]: ...
+@overload
+def otlp_exporter(environ: Mapping[str, str],
+                  signal: Literal["LOGS"]) -> tuple[LogRecordExporter, str]: ...
+def otlp_exporter(
+    environ: Mapping[str, str], signal: str
+) -> tuple[SpanExporter | MetricExporter | LogRecordExporter, str]:
     """The OTLP exporter of ``signal`` (``TRACES``, ``METRICS``, ``LOGS``) over the
     configured protocol, and where it sends, in words."""
     protocol = otlp_protocol(environ, signal)
@@ -111,7 +148,7 @@ def otlp_exporter(environ: Mapping[str, str], signal: str) -> tuple[Any, str]:
     return exporter, f"OTLP {protocol} to {kwargs.get('endpoint', 'the default endpoint')}"
 
 
-def _compression(value: str, protocol: str) -> Any:
+def _compression(value: str, protocol: str) -> grpc.Compression | Compression:
     if value not in OTLP_COMPRESSIONS:
         raise ConfigurationError(
             f"OTLP compression {value!r} is not one of {', '.join(OTLP_COMPRESSIONS)}"

@@ -12,7 +12,7 @@ import re
 import sys
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypedDict, overload
 
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
@@ -40,7 +40,21 @@ except ImportError:  # pragma: no cover (opentelemetry-sdk < 1.39)
         LogExportResult as _LogExportResult,
     )
 
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
+    from opentelemetry.sdk._logs import ReadableLogRecord
+
 logger = logging.getLogger(__name__)
+
+#: A JSON value (as :func:`json.loads` makes it); also what an OTLP/JSON ``AnyValue``
+#: decodes to (:func:`any_value`)
+JSONValue: TypeAlias = "str | int | float | bool | None | list[JSONValue] | dict[str, JSONValue]"
+#: A span or log record as read back (:func:`read_spans`, :func:`read_log_records`):
+#: its OTLP/JSON fields, and its attributes decoded. Its values stay untyped: the
+#: readers of these records (:mod:`~dask_otel_spans.cli`,
+#: :mod:`~dask_otel_spans.reports`) take plain dicts and index their values freely (a
+#: TypedDict would not pass as their ``dict``)
+Record: TypeAlias = "dict[str, Any]"
 
 TRACES_FILE = "traces.jsonl"
 METRICS_FILE = "metrics.jsonl"
@@ -53,7 +67,11 @@ PROCESSES_DIR = "processes"
 _ID_FIELDS = frozenset({"traceId", "spanId", "parentSpanId"})
 
 
-def _hex_ids(obj: Any) -> Any:
+@overload
+def _hex_ids(obj: dict[str, JSONValue]) -> dict[str, JSONValue]: ...
+@overload
+def _hex_ids(obj: JSONValue) -> JSONValue: ...
+def _hex_ids(obj: JSONValue) -> JSONValue:
     """OTLP/JSON writes trace and span ids as hex, not protobuf's base64."""
     if isinstance(obj, dict):
         return {
@@ -69,7 +87,7 @@ def _hex_ids(obj: Any) -> Any:
     return obj
 
 
-def to_otlp_json(message: Any) -> dict[str, Any]:
+def to_otlp_json(message: Message) -> dict[str, JSONValue]:
     """An OTLP protobuf request as OTLP/JSON (camelCase, integer enums, hex ids)."""
     return _hex_ids(MessageToDict(message, use_integers_for_enums=True))
 
@@ -101,7 +119,7 @@ def process_files_dir() -> str:
                         f"{file_label(program, 'python')}-{os.getpid()}")
 
 
-def file_label(text: Any, fallback: str) -> str:
+def file_label(text: object, fallback: str) -> str:
     """``text`` as a file name's part: letters, digits, ``_.-``, at most 64 of them
     (``fallback`` when nothing is left)."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(text))[:64] or fallback
@@ -123,7 +141,7 @@ class _JsonLinesWriter:
             return os.path.abspath(os.path.join(process_files_dir(), self._file_name))
         return self._path
 
-    def write(self, record: dict[str, Any]) -> bool:
+    def write(self, record: dict[str, JSONValue]) -> bool:
         line = json.dumps(record, separators=(",", ":")) + "\n"
         try:
             with self._lock:
@@ -174,7 +192,7 @@ class OTLPJsonLinesLogExporter(_LogRecordExporter):
     def path(self) -> str:
         return self._writer.path
 
-    def export(self, batch: Sequence[Any]) -> Any:
+    def export(self, batch: Sequence[ReadableLogRecord]) -> _LogExportResult:
         ok = self._writer.write(to_otlp_json(encode_logs(batch)))
         return _LogExportResult.SUCCESS if ok else _LogExportResult.FAILURE
 
@@ -204,7 +222,7 @@ class OTLPJsonLinesMetricExporter(MetricExporter):
         return self._writer.path
 
     def export(
-        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: object
     ) -> MetricExportResult:
         ok = self._writer.write(to_otlp_json(encode_metrics(metrics_data)))
         return MetricExportResult.SUCCESS if ok else MetricExportResult.FAILURE
@@ -212,7 +230,7 @@ class OTLPJsonLinesMetricExporter(MetricExporter):
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         return True
 
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: object) -> None:
         pass
 
 
@@ -237,9 +255,137 @@ def _instrument_classes() -> list[type]:
 
 
 # -- reading ---------------------------------------------------------------------------
+# The OTLP/JSON messages as the readers below use them (their fields are optional:
+# protobuf's JSON leaves out default values; int64 fields are decimal strings)
 
 
-def any_value(value: dict[str, Any]) -> Any:
+class AnyValueJSON(TypedDict, total=False):
+    stringValue: str
+    boolValue: bool
+    intValue: str | int
+    doubleValue: float | str
+    arrayValue: ArrayValueJSON
+    kvlistValue: KeyValueListJSON
+    bytesValue: str
+
+
+class ArrayValueJSON(TypedDict, total=False):
+    values: list[AnyValueJSON]
+
+
+class KeyValueListJSON(TypedDict, total=False):
+    values: list[KeyValueJSON]
+
+
+class KeyValueJSON(TypedDict, total=False):
+    key: str
+    value: AnyValueJSON
+
+
+class ResourceJSON(TypedDict, total=False):
+    attributes: list[KeyValueJSON]
+
+
+class SpanJSON(TypedDict, total=False):
+    traceId: str
+    spanId: str
+    parentSpanId: str
+    name: str
+    kind: int
+    startTimeUnixNano: str
+    endTimeUnixNano: str
+    attributes: list[KeyValueJSON]
+    status: dict[str, JSONValue]
+
+
+class ScopeSpansJSON(TypedDict, total=False):
+    spans: list[SpanJSON]
+
+
+class ResourceSpansJSON(TypedDict, total=False):
+    resource: ResourceJSON
+    scopeSpans: list[ScopeSpansJSON]
+
+
+class DataPointJSON(TypedDict, total=False):
+    """A number or a histogram data point."""
+
+    attributes: list[KeyValueJSON]
+    timeUnixNano: str
+    asDouble: float | str
+    asInt: str | int
+    sum: float | str
+    count: str | int
+
+
+class MetricDataJSON(TypedDict, total=False):
+    """A metric's ``sum``, ``gauge`` or ``histogram``."""
+
+    dataPoints: list[DataPointJSON]
+
+
+class MetricJSON(TypedDict, total=False):
+    name: str
+    unit: str
+    sum: MetricDataJSON
+    gauge: MetricDataJSON
+    histogram: MetricDataJSON
+
+
+class ScopeMetricsJSON(TypedDict, total=False):
+    metrics: list[MetricJSON]
+
+
+class ResourceMetricsJSON(TypedDict, total=False):
+    resource: ResourceJSON
+    scopeMetrics: list[ScopeMetricsJSON]
+
+
+class LogRecordJSON(TypedDict, total=False):
+    timeUnixNano: str
+    observedTimeUnixNano: str
+    eventName: str
+    traceId: str
+    spanId: str
+    body: AnyValueJSON
+    attributes: list[KeyValueJSON]
+
+
+class ScopeLogsJSON(TypedDict, total=False):
+    logRecords: list[LogRecordJSON]
+
+
+class ResourceLogsJSON(TypedDict, total=False):
+    resource: ResourceJSON
+    scopeLogs: list[ScopeLogsJSON]
+
+
+class ExportRequestJSON(TypedDict, total=False):
+    """One line of a traces, metrics or logs file: an ``Export*ServiceRequest``."""
+
+    resourceSpans: list[ResourceSpansJSON]
+    resourceMetrics: list[ResourceMetricsJSON]
+    resourceLogs: list[ResourceLogsJSON]
+
+
+class _PointValue(TypedDict, total=False):
+    value: float | int
+    #: histograms only
+    count: int
+
+
+class MetricPoint(_PointValue):
+    """A point of :func:`read_metric_points` (histograms: ``value`` is the sum)."""
+
+    name: str
+    unit: str
+    kind: str
+    attributes: dict[str, JSONValue]
+    time: int
+
+
+
+def any_value(value: AnyValueJSON) -> JSONValue:
     """Decode an OTLP/JSON ``AnyValue``."""
     if "stringValue" in value:
         return value["stringValue"]
@@ -256,12 +402,12 @@ def any_value(value: dict[str, Any]) -> Any:
     return None
 
 
-def attributes(kvs: list[dict[str, Any]]) -> dict[str, Any]:
+def attributes(kvs: list[KeyValueJSON]) -> dict[str, JSONValue]:
     """Decode an OTLP/JSON attribute list."""
     return {kv["key"]: any_value(kv.get("value", {})) for kv in kvs}
 
 
-def _records(path: str) -> Iterator[dict[str, Any]]:
+def _records(path: str) -> Iterator[ExportRequestJSON]:
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             line = line.strip()
@@ -273,7 +419,7 @@ def _records(path: str) -> Iterator[dict[str, Any]]:
                 logger.warning("%s:%d: not a JSON line, skipped", path, lineno)
 
 
-def read_spans(path: str) -> list[dict[str, Any]]:
+def read_spans(path: str) -> list[Record]:
     """Flat list of the spans in an OTLP/JSON lines traces file.
 
     Each span is the OTLP/JSON span with ``attributes`` decoded to a dict, plus
@@ -282,26 +428,27 @@ def read_spans(path: str) -> list[dict[str, Any]]:
     return flatten_spans(_records(path))
 
 
-def flatten_spans(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def flatten_spans(records: Iterable[ExportRequestJSON]) -> list[Record]:
     """Flat list of the spans of OTLP/JSON trace export requests (see read_spans)."""
-    out = []
+    out: list[Record] = []
     for record in records:
         for rs in record.get("resourceSpans", []):
             resource = attributes(rs.get("resource", {}).get("attributes", []))
             for ss in rs.get("scopeSpans", []):
-                for sp in ss.get("spans", []):
-                    sp = dict(sp)
+                for span in ss.get("spans", []):
+                    sp: Record = dict(span)
                     sp["attributes"] = attributes(sp.get("attributes", []))
                     sp["resource"] = resource
                     out.append(sp)
     return out
 
 
-def read_metric_points(path: str) -> list[dict[str, Any]]:
+def read_metric_points(path: str) -> list[MetricPoint]:
     """Flat list of the sum and histogram points in an OTLP/JSON lines metrics file:
     ``{"name", "unit", "attributes", "value", "time"}`` (histograms: ``value`` is the
     sum, plus ``count``)."""
-    out = []
+    out: list[MetricPoint] = []
+    kind: Literal["sum", "gauge", "histogram"]
     for record in _records(path):
         for rm in record.get("resourceMetrics", []):
             for sm in rm.get("scopeMetrics", []):
@@ -311,7 +458,7 @@ def read_metric_points(path: str) -> list[dict[str, Any]]:
                         if not data:
                             continue
                         for dp in data.get("dataPoints", []):
-                            point = {
+                            point: MetricPoint = {
                                 "name": metric["name"],
                                 "unit": metric.get("unit", ""),
                                 "kind": kind,
@@ -329,9 +476,9 @@ def read_metric_points(path: str) -> list[dict[str, Any]]:
     return out
 
 
-def latest_points(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def latest_points(points: list[MetricPoint]) -> list[MetricPoint]:
     """Of cumulative points, the latest one per (name, attributes)."""
-    latest: dict[tuple, dict[str, Any]] = {}
+    latest: dict[tuple[str, tuple[tuple[str, str], ...]], MetricPoint] = {}
     for p in points:
         key = (p["name"], tuple(sorted((k, str(v)) for k, v in p["attributes"].items())))
         if key not in latest or p["time"] >= latest[key]["time"]:
@@ -339,7 +486,7 @@ def latest_points(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(latest.values())
 
 
-def read_log_records(path: str) -> list[dict[str, Any]]:
+def read_log_records(path: str) -> list[Record]:
     """Every log record of an OTLP-JSON lines file, with ids in hex and its
     attributes as a plain dict (``attrs``)."""
     out = []
@@ -363,12 +510,13 @@ def traces_files(path: str) -> list[str]:
               for f in sorted(glob.glob(os.path.join(path, below, "*", TRACES_FILE))))]
 
 
-def read_all_spans(paths: Sequence[str]) -> list[dict[str, Any]]:
+def read_all_spans(paths: Sequence[str]) -> list[Record]:
     """The spans of every traces file of ``paths`` that exists."""
     return [span for path in paths if os.path.exists(path) for span in read_spans(path)]
 
 
-def exception_logs(traces_paths: Sequence[str]) -> dict[tuple[Any, Any], dict[str, Any]]:
+def exception_logs(traces_paths: Sequence[str]
+                   ) -> dict[tuple[str | None, str | None], dict[str, JSONValue]]:
     """``(trace id, span id) -> attributes`` of the exception log events (event name
     ``exception``) in the ``logs.jsonl`` beside each traces file of ``traces_paths``."""
     out = {}

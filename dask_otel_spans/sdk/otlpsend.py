@@ -13,11 +13,14 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlparse
 
 from dask_otel_spans.otelenv import otlp_protocol
-from dask_otel_spans.sdk.otlp import otlp_exporter_kwargs
+from dask_otel_spans.sdk.otlp import OTLPExporterKwargs, otlp_exporter_kwargs
+
+if TYPE_CHECKING:
+    import grpc
 
 #: signal -> the gRPC method of its OTLP service
 GRPC_METHODS = {
@@ -77,7 +80,7 @@ class GrpcRequestSender:
     """Sends encoded requests to an OTLP/gRPC receiver: the bytes go on the wire as
     they are (no serializer)."""
 
-    def __init__(self, signal: str, kwargs: Mapping[str, Any]):
+    def __init__(self, signal: str, kwargs: OTLPExporterKwargs):
         import grpc
 
         url = urlparse(kwargs.get("endpoint") or "http://localhost:4317")
@@ -120,14 +123,14 @@ class GrpcRequestSender:
         self._channel.close()
 
 
-def _details(error: Any) -> str:
+def _details(error: grpc.RpcError) -> str:
     try:
         return str(error.details())
     except Exception:
         return ""
 
 
-def _retry_info(error: Any) -> float | None:
+def _retry_info(error: grpc.RpcError) -> float | None:
     """The delay of a ``google.rpc.RetryInfo`` in the error's trailing metadata."""
     try:
         raw = dict(error.trailing_metadata() or ()).get("google.rpc.retryinfo-bin")
@@ -148,7 +151,7 @@ def _retry_info(error: Any) -> float | None:
 class HttpRequestSender:
     """Sends encoded requests to an OTLP/HTTP receiver (``http/protobuf``)."""
 
-    def __init__(self, signal: str, kwargs: Mapping[str, Any]):
+    def __init__(self, signal: str, kwargs: OTLPExporterKwargs):
         path = {"traces": "v1/traces", "metrics": "v1/metrics", "logs": "v1/logs"}[signal]
         self._url = kwargs.get("endpoint") or f"http://localhost:4318/{path}"
         #: where it sends, in words
@@ -213,7 +216,7 @@ def request_sender(environ: Mapping[str, str], signal: str) -> RequestSender:
     requests to the OTLP endpoint ``environ`` configures."""
     upper = signal.upper()
     protocol = otlp_protocol(environ, upper)
-    kwargs: dict[str, Any] = dict(otlp_exporter_kwargs(environ, upper, protocol))
+    kwargs = otlp_exporter_kwargs(environ, upper, protocol).copy()
     key, chain = (environ.get(f"OTEL_EXPORTER_OTLP_{upper}_{name}")
                   or environ.get(f"OTEL_EXPORTER_OTLP_{name}")
                   for name in ("CLIENT_KEY", "CLIENT_CERTIFICATE"))

@@ -8,7 +8,7 @@ import os
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, TypeAlias, TypeVar
 from urllib.parse import unquote
 
 from opentelemetry import metrics as metrics_api
@@ -23,7 +23,11 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SpanExporter,
+)
 
 from dask_otel_spans import names
 from dask_otel_spans.otelenv import (
@@ -62,7 +66,21 @@ from dask_otel_spans.sdk.otlpjson import (
 )
 from dask_otel_spans.sdk.otlpsend import request_sender
 
+if TYPE_CHECKING:
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.util.types import AttributeValue
+
+    #: A provider the package built (or a factory's): it has ``shutdown``
+    SdkProvider: TypeAlias = "TracerProvider | MeterProvider | LoggerProvider"
+    #: A provider in use: a given one is the API's (anything the plugin was handed)
+    InUse: TypeAlias = "trace_api.TracerProvider | metrics_api.MeterProvider | LoggerProvider"
+
 logger = logging.getLogger(__name__)
+
+#: A signal's provider in use (given, global, or built: :func:`_provider`)
+_P = TypeVar("_P")
+#: A signal's provider as built
+_B = TypeVar("_B", bound="SdkProvider")
 
 #: The OpenTelemetry SDK's default cardinality limit: distinct attribute sets per
 #: instrument and reader; further sets land, attributes dropped, in one point marked
@@ -78,13 +96,13 @@ DEFAULT_BSP_SCHEDULE_DELAY_MS = 500
 class Providers:
     """The providers the plugin uses and which of them it owns (shuts down)."""
 
-    tracer_provider: Any = None
-    meter_provider: Any = None
-    owned: list[Any] = field(default_factory=list)
+    tracer_provider: trace_api.TracerProvider | None = None
+    meter_provider: metrics_api.MeterProvider | None = None
+    owned: list[SdkProvider] = field(default_factory=list)
     #: those the package built from configuration (the embedded default, ``OTEL_*``):
     #: it owns their whole pipeline, so spans are built directly for them; not a
     #: factory's, which are the user's own
-    built: list[Any] = field(default_factory=list)
+    built: list[SdkProvider] = field(default_factory=list)
     #: human-readable "where do traces / metrics go", for the log line
     traces_to: str = "nowhere"
     metrics_to: str = "nowhere"
@@ -93,7 +111,7 @@ class Providers:
     #: where erred tasks' exceptions go (``OTEL_SEMCONV_EXCEPTION_SIGNAL_OPT_IN``)
     exceptions: ExceptionSignals = field(default_factory=lambda: ExceptionSignals())
     #: the exception log events' provider, when ``exceptions.logs``
-    logger_provider: Any = None
+    logger_provider: LoggerProvider | None = None
     logs_to: str = "nowhere"
     #: what holds and sends again the batches the OTLP exporters built here could
     #: not deliver (None: nothing is held)
@@ -108,7 +126,7 @@ class Providers:
         return " and ".join(parts)
 
     @property
-    def all(self) -> tuple[Any, ...]:
+    def all(self) -> tuple[InUse, ...]:
         """The providers in use, of every signal."""
         return tuple(p for p in (self.tracer_provider, self.meter_provider,
                                  self.logger_provider) if p is not None)
@@ -147,15 +165,15 @@ def build_resource(
     scheduler_address: str | None = None,
     *,
     default_service_name: str = names.DEFAULT_SERVICE_NAME,
-    attributes: Mapping[str, Any] | None = None,
+    attributes: Mapping[str, AttributeValue] | None = None,
 ) -> Resource:
     """``service.name`` = OTEL_SERVICE_NAME, else OTEL_RESOURCE_ATTRIBUTES' one, else
     ``default_service_name``; ``service.instance.id`` = a new random UUID (one per
     resource built: one per exporting process) unless OTEL_RESOURCE_ATTRIBUTES or
     ``attributes`` set one; plus ``dask.scheduler.address`` (when given),
     ``attributes`` and OTEL_RESOURCE_ATTRIBUTES."""
-    attrs: dict[str, Any] = {names.SERVICE_NAME: default_service_name,
-                             names.SERVICE_INSTANCE_ID: str(uuid.uuid4())}
+    attrs: dict[str, AttributeValue] = {names.SERVICE_NAME: default_service_name,
+                                        names.SERVICE_INSTANCE_ID: str(uuid.uuid4())}
     if scheduler_address:
         attrs[names.SCHEDULER_ADDRESS] = scheduler_address
     attrs.update(attributes or {})
@@ -168,7 +186,8 @@ def build_resource(
     return Resource.create(attrs)
 
 
-def _span_exporter(name: str, environ: Mapping[str, str], output_dir: str) -> Any:
+def _span_exporter(name: str, environ: Mapping[str, str],
+                   output_dir: str) -> tuple[SpanExporter, str]:
     if name == "otlp":
         return otlp_exporter(environ, "TRACES")
     if name == "console":
@@ -264,7 +283,7 @@ def build_tracer_provider(
             description = sender.where
             exporter_health = ExportHealth("traces", description)
             delivery.add_signal("traces", sender, exporter_health)
-            wrapped: Any = HoldingSpanExporter(delivery, exporter_health)
+            wrapped: SpanExporter = HoldingSpanExporter(delivery, exporter_health)
         else:
             exporter, description = _span_exporter(name, environ, output_dir)
             exporter_health = ExportHealth("traces", description)
@@ -278,7 +297,7 @@ def build_tracer_provider(
     return provider, ", ".join(where)
 
 
-def _series_limit_views(series_limit: int | None) -> list[Any]:
+def _series_limit_views(series_limit: int | None) -> list[View]:
     """Views that let the package's instruments keep ``series_limit`` attribute sets
     where that is above the SDK's default cardinality limit (none are needed below
     it, nor on SDKs without cardinality limits)."""
@@ -321,7 +340,13 @@ def build_meter_provider(
     return provider, ", ".join(where)
 
 
-def flush_provider(provider: Any, timeout_millis: float) -> bool:
+class Flushable(Protocol):
+    """A provider that can be flushed (the SDK's; a given one may be another)."""
+
+    def force_flush(self, timeout_millis: int = ...) -> bool: ...
+
+
+def flush_provider(provider: Flushable, timeout_millis: int) -> bool:
     """Flush ``provider``'s exporters: a tracer provider's span processors, a meter
     provider's push readers only.
 
@@ -359,8 +384,8 @@ def global_sdk_meter_provider() -> MeterProvider | None:
     return provider if isinstance(provider, MeterProvider) else None
 
 
-def _provider(out: Providers, kind: str, given: Any, global_provider: Any,
-              build: Callable[[], tuple[Any, str]]) -> tuple[Any, str]:
+def _provider(out: Providers, kind: str, given: _P | None, global_provider: _P | None,
+              build: Callable[[], tuple[_B | None, str]]) -> tuple[_P | _B | None, str]:
     """One signal's provider and where it goes: the given one, else the global one,
     else one built (then owned: shut down with the plugin)."""
     if given is not None:
@@ -376,15 +401,15 @@ def _provider(out: Providers, kind: str, given: Any, global_provider: Any,
 
 def resolve_providers(
     *,
-    tracer_provider: Any = None,
-    meter_provider: Any = None,
+    tracer_provider: trace_api.TracerProvider | None = None,
+    meter_provider: metrics_api.MeterProvider | None = None,
     environ: Mapping[str, str] | None = None,
     scheduler_address: str | None = None,
     output_dir: str = "dask-otel-spans",
     use_global: bool = True,
     metric_series_limit: int | None = None,
     default_service_name: str = names.DEFAULT_SERVICE_NAME,
-    resource_attributes: Mapping[str, Any] | None = None,
+    resource_attributes: Mapping[str, AttributeValue] | None = None,
     live_records: bool = True,
     delivery: Delivery | None = None,
 ) -> Providers:

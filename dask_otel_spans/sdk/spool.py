@@ -22,7 +22,7 @@ import uuid
 import zlib
 from collections import deque
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO
 
 from dask_otel_spans.protocol.figures import SIGNALS
 
@@ -359,7 +359,7 @@ def _read(path: str) -> bytes | None:
     return None
 
 
-def _flock(file: Any, wait: bool = True) -> bool:
+def _flock(file: IO[bytes], wait: bool = True) -> bool:
     """Take ``file``'s exclusive lock; False when another process holds it."""
     try:
         import fcntl

@@ -4,7 +4,10 @@ it starts and once when the export process caught up)."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dask_otel_spans.protocol.events import Message
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +40,7 @@ class ForwardBudget:
         """Messages admitted and not yet written (or lost)."""
         return self.sent - self.written
 
-    def admit(self, messages: list[tuple[Any, ...]]) -> bool:
+    def admit(self, messages: list[Message]) -> bool:
         """Whether ``messages`` may be queued (counted as sent); False: they were
         dropped and counted."""
         waiting = self.sent - self.written
@@ -49,7 +52,7 @@ class ForwardBudget:
         self.sent += len(messages)
         return True
 
-    def _drop(self, messages: list[tuple[Any, ...]], waiting: int) -> None:
+    def _drop(self, messages: list[Message], waiting: int) -> None:
         dropped = self.dropped_by_kind
         for message in messages:
             kind = message[0] if message else "?"

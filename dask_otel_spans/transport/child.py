@@ -28,13 +28,14 @@ import threading
 import time
 import tracemalloc
 from collections.abc import Callable
-from typing import IO, Any
+from typing import IO
 
 import psutil
 
 from dask_otel_spans.config import CPU_POLICIES
 from dask_otel_spans.export.pipeline import ExportPipeline
 from dask_otel_spans.export.session import ExportSession
+from dask_otel_spans.protocol.events import Message
 from dask_otel_spans.protocol.figures import ExportFigures, ProcessFigures
 from dask_otel_spans.protocol.wire import (
     Answer,
@@ -65,7 +66,7 @@ _gc_cpu = [0.0]
 _gc_started: dict[int, float] = {}
 
 
-def _time_collections(phase: str, info: dict[str, Any]) -> None:
+def _time_collections(phase: str, info: dict[str, int]) -> None:
     """``gc.callbacks`` entry: account each collection's CPU time."""
     thread = threading.get_ident()
     if phase == "start":
@@ -210,7 +211,7 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
                 logger.exception("dask_otel_spans: unreadable frame from the scheduler "
                                  "(logged once)")
             continue
-        messages: list[tuple[Any, ...]] = []
+        messages: list[Message] = []
         for message in batch:
             if not is_flush(message):
                 messages.append(message)

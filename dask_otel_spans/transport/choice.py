@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from dask_otel_spans.otelenv import (
     ConfigurationError,
@@ -31,6 +31,13 @@ from dask_otel_spans.transport.supervisor import (
     ExportProcessError,
 )
 
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
+
+    from dask_otel_spans.protocol.events import Message
+    from dask_otel_spans.protocol.wire import Destinations
+
 logger = logging.getLogger(__name__)
 
 #: Seconds an export process is given to exit, past its own wait for its exporters,
@@ -42,9 +49,9 @@ class Transport(Protocol):
     """What the plugin sends the forwarder's messages through."""
 
     #: where traces and metrics go, in words
-    destinations: dict[str, Any]
+    destinations: Destinations
 
-    def send(self, messages: list[tuple[Any, ...]]) -> None:
+    def send(self, messages: list[Message]) -> None:
         """Queue messages, in order; never blocks."""
 
     def restarted(self) -> int | None:
@@ -78,7 +85,7 @@ class ChildTransport:
         self.destinations = {**sender.supervisor.info, "export_process": True}
         self._launches = sender.supervisor.launches
 
-    def send(self, messages: list[tuple[Any, ...]]) -> None:
+    def send(self, messages: list[Message]) -> None:
         self.sender.send(messages)
 
     def restarted(self) -> int | None:
@@ -131,8 +138,8 @@ def uses_global_providers(use_global: bool) -> bool:
 async def open_transport(
     spec: PipelineSpec,
     *,
-    tracer_provider: Any = None,
-    meter_provider: Any = None,
+    tracer_provider: TracerProvider | None = None,
+    meter_provider: MeterProvider | None = None,
     use_global: bool = True,
     nthreads_history: list[tuple[float, int]] | None = None,
 ) -> Transport | None:

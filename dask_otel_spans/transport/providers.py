@@ -2,7 +2,7 @@
 built where the export session runs (this module imports the OTel SDK)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from dask_otel_spans.config import PluginConfig
 from dask_otel_spans.sdk.delivery import Delivery
@@ -10,8 +10,22 @@ from dask_otel_spans.sdk.providers import Providers, resolve_providers
 from dask_otel_spans.sdk.spool import Spool, resolve_directory
 from dask_otel_spans.transport.spec import PipelineSpec, load_factory
 
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
+    from typing_extensions import Unpack  # (typing's: Python >= 3.11)
 
-def build_providers(spec: PipelineSpec, **explicit: Any) -> Providers:
+
+class ExplicitProviders(TypedDict, total=False):
+    """What :func:`build_providers` is given beside the spec (the plugin's
+    arguments)."""
+
+    tracer_provider: TracerProvider | None
+    meter_provider: MeterProvider | None
+    use_global: bool
+
+
+def build_providers(spec: PipelineSpec, **explicit: Unpack[ExplicitProviders]) -> Providers:
     """The providers: ``explicit`` (``tracer_provider``, ``meter_provider``,
     ``use_global``), then the spec's factory, then ``OTEL_*`` and the embedded
     default."""

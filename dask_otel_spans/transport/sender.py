@@ -7,10 +7,10 @@ from __future__ import annotations
 import logging
 import subprocess
 import time
-from typing import Any
 
 from dask_otel_spans.background import QueueThread
 from dask_otel_spans.protocol import events
+from dask_otel_spans.protocol.events import Message
 from dask_otel_spans.protocol.figures import ExportFigures, SenderFigures
 from dask_otel_spans.protocol.wire import encode_batch, flush_message, is_flush, read_flush
 from dask_otel_spans.transport.budget import ForwardBudget
@@ -60,7 +60,7 @@ class ChildSender:
             "dask-otel-spans-export-sender", self._take, what="forwarded messages",
             due=self._write_batch, due_in=self._write_in,
         )
-        self._batch: list[tuple[Any, ...]] = []
+        self._batch: list[Message] = []
         self._unpicklable_logged = False
         #: entries of ``nthreads_history`` the running child has, and which child
         self._history_sent = 0
@@ -71,7 +71,7 @@ class ChildSender:
     def start(self) -> None:
         self.thread.start()
 
-    def send(self, messages: list[tuple[Any, ...]]) -> None:
+    def send(self, messages: list[Message]) -> None:
         """Queue messages of the protocol (:mod:`~dask_otel_spans.protocol.events`)
         for the export process, in order; never blocks. Past the budget they are
         dropped and counted (:class:`~dask_otel_spans.transport.budget.ForwardBudget`)."""
@@ -115,8 +115,9 @@ class ChildSender:
 
     # -- the sender thread ---------------------------------------------------------------
 
-    def _take(self, item: Any) -> None:
-        if type(item) is list:
+    def _take(self, item: list[Message] | Message) -> None:
+        # (a batch that :meth:`send` queued, or a flush message: a tuple)
+        if isinstance(item, list):
             self._batch.extend(item)
         else:  # (a flush message): everything before it goes out first
             self._batch.append(item)
@@ -138,7 +139,7 @@ class ChildSender:
         finally:
             self.budget.written += sum(1 for item in batch if not is_flush(item))
 
-    def _encode(self, batch: list[tuple[Any, ...]]) -> bytes:
+    def _encode(self, batch: list[Message]) -> bytes:
         """The batch as one frame; an item that cannot be pickled (e.g. odd objects
         in span code) is left out, counted in ``lost`` and logged once."""
         try:
@@ -162,7 +163,7 @@ class ChildSender:
             kept.append(item)
         return encode_batch(kept)
 
-    def _new_history(self) -> tuple[list[tuple[Any, ...]], int]:
+    def _new_history(self) -> tuple[list[Message], int]:
         """The ``history`` message with the entries of ``nthreads_history`` the
         running child has not had yet (none when it has them all), and the length
         it will then have. O(new entries), not O(history)."""
@@ -177,7 +178,7 @@ class ChildSender:
             return [], sent
         return [events.nthreads_history(sent, history[sent:n])], n
 
-    def _write(self, batch: list[tuple[Any, ...]]) -> None:
+    def _write(self, batch: list[Message]) -> None:
         for _ in range(2):  # the running child, or else a new one
             proc = self.supervisor.live_child()
             if proc is None:

@@ -7,10 +7,19 @@ import importlib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 from dask_otel_spans.config import PluginConfig
 from dask_otel_spans.otelenv import ConfigurationError, check_environ
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+
+#: A providers factory (``otel-spans.providers``): ``(tracer_provider,
+#: meter_provider)``, either may be None; the pipeline owns them (shuts them down)
+ProvidersFactory: TypeAlias = (
+    "Callable[[], tuple[TracerProvider | None, MeterProvider | None]]")
 
 
 @dataclass(frozen=True)
@@ -55,14 +64,14 @@ class PipelineSpec:
         check_environ(os.environ if self.environ is None else self.environ)
 
 
-def load_factory(path: str) -> Callable[[], tuple[Any, Any]]:
+def load_factory(path: str) -> ProvidersFactory:
     """The callable named by ``"package.module:attribute"``."""
     module_name, sep, attribute = path.partition(":")
     if not sep or not module_name or not attribute:
         raise ValueError(
             f"providers factory {path!r} is not of the form 'package.module:callable'"
         )
-    factory: Callable[[], tuple[Any, Any]] = getattr(
+    factory: ProvidersFactory = getattr(
         importlib.import_module(module_name), attribute)
     if not callable(factory):
         raise TypeError(f"providers factory {path!r} is not callable")

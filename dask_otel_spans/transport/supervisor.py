@@ -10,12 +10,13 @@ import subprocess
 import sys
 import threading
 from itertools import count
-from typing import IO, Any
+from typing import IO
 
 from dask_otel_spans.otelenv import AUTO_INSTRUMENTATION
 from dask_otel_spans.protocol.figures import ExportFigures
 from dask_otel_spans.protocol.wire import (
     Answer,
+    Destinations,
     Figures,
     Flushed,
     Ready,
@@ -102,7 +103,7 @@ class ChildSupervisor:
         #: the running child's figures (the session's), as last reported
         self.child_figures = ExportFigures()
         #: what the child said when it was ready: where traces and metrics go, pid
-        self.info: dict[str, Any] = {}
+        self.info: Destinations = {}
         #: the highest place in the scheduler's span dict that an export process
         #: said it had (``last_position``) before it died; -1: none
         self.confirmed_position = -1
@@ -142,7 +143,7 @@ class ChildSupervisor:
 
     # -- start, restart, end -----------------------------------------------------------
 
-    def launch(self) -> dict[str, Any]:
+    def launch(self) -> Destinations:
         """Start a child and wait until it is ready; its ``info``."""
         env = dict(os.environ)
         # the child imports what this process imports (e.g. a providers factory),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dask_otel_spans.export.pipeline import ExportPipeline
 from dask_otel_spans.export.session import ExportSession
@@ -11,6 +11,13 @@ from dask_otel_spans.export.share import ExportShareWatch
 from dask_otel_spans.protocol.figures import ExportFigures
 from dask_otel_spans.transport.providers import build_providers
 from dask_otel_spans.transport.spec import PipelineSpec
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
+
+    from dask_otel_spans.protocol.events import Message
+    from dask_otel_spans.protocol.wire import Destinations
 
 logger = logging.getLogger(__name__)
 
@@ -26,11 +33,11 @@ class ThreadTransport:
         Where traces and metrics go, in words
     """
 
-    def __init__(self, session: ExportSession, destinations: dict[str, Any]):
+    def __init__(self, session: ExportSession, destinations: Destinations):
         self.session = session
         self.destinations = destinations
 
-    def send(self, messages: list[tuple[Any, ...]]) -> None:
+    def send(self, messages: list[Message]) -> None:
         self.session.send(messages)
 
     def restarted(self) -> int | None:
@@ -46,7 +53,8 @@ class ThreadTransport:
         return self.session.figures()
 
 
-def thread_transport(spec: PipelineSpec, *, tracer_provider: Any, meter_provider: Any,
+def thread_transport(spec: PipelineSpec, *, tracer_provider: TracerProvider | None,
+                     meter_provider: MeterProvider | None,
                      use_global: bool, nthreads_history: list[tuple[float, int]] | None,
                      watch_share: bool) -> ThreadTransport | None:
     """The export session on a thread of this process; None when no exporter could
