@@ -24,13 +24,18 @@ worker process below ``./dask-otel-spans/workers``).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dask_otel_spans import config as _config  # noqa: F401  (registers defaults)
 from dask_otel_spans import names as _names
 from dask_otel_spans.client import span, wait_for_export
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
+    from distributed import Client, Scheduler, Worker
+    from distributed.core import ErrorMessage, OKMessage, Server
+
     from dask_otel_spans.scheduler.plugin import OTelSpansPlugin
     from dask_otel_spans.worker.plugin import OTelWorkerPlugin
 
@@ -49,7 +54,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -64,7 +69,7 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-def dask_setup(server: Any) -> Any:
+def dask_setup(server: Server | Client) -> Awaitable[ErrorMessage | OKMessage] | None:
     """Preload entry point: ``dask scheduler --preload dask_otel_spans`` and
     ``dask worker --preload dask_otel_spans`` (and the instrumentor's preload).
 
@@ -94,7 +99,7 @@ def dask_setup(server: Any) -> Any:
     return None
 
 
-def _has_plugin(server: Any, name: str, kind: type) -> bool:
+def _has_plugin(server: Scheduler | Worker, name: str, kind: type) -> bool:
     """Whether ``server`` has the package's plugin ``kind`` (under its name or
     another)."""
     plugins = getattr(server, "plugins", None) or {}

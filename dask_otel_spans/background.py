@@ -9,18 +9,21 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Generic, TypeVar
 
 logger = logging.getLogger(__name__)
 
 _STOP = object()
+
+#: What a :class:`QueueThread` handles
+_T = TypeVar("_T")
 
 
 class _Batch(list):
     """Items queued in one queue operation, handled one by one, in order."""
 
 
-class QueueThread:
+class QueueThread(Generic[_T]):
     """Run ``handle(item)`` for every queued item, in order, on a daemon thread.
 
     :meth:`put` never blocks the caller: with a ``maxsize`` and a full queue the item
@@ -52,7 +55,7 @@ class QueueThread:
     def __init__(
         self,
         name: str,
-        handle: Callable[[Any], None],
+        handle: Callable[[_T], None],
         *,
         maxsize: int = 0,
         what: str = "items",
@@ -66,7 +69,7 @@ class QueueThread:
         self._due = due
         self._due_in = due_in
         self._counted_in = counted_in
-        self._queue: queue.Queue = queue.Queue(maxsize=max(0, maxsize))
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=max(0, maxsize))
         self._thread: threading.Thread | None = None
         #: items dropped because the queue was full
         self.dropped = 0
@@ -86,7 +89,7 @@ class QueueThread:
             )
             self._thread.start()
 
-    def put(self, item: Any) -> bool:
+    def put(self, item: _T) -> bool:
         """Queue ``item``; False (and counted) when the queue is full."""
         try:
             self._queue.put_nowait(item)
@@ -95,7 +98,7 @@ class QueueThread:
             self._count_dropped(1)
             return False
 
-    def put_many(self, items: list[Any]) -> bool:
+    def put_many(self, items: list[_T]) -> bool:
         """Queue ``items`` in one queue operation (one wake-up of the thread instead
         of one per item); they take one place of ``maxsize``. False (and every item
         counted) when the queue is full."""
@@ -108,9 +111,14 @@ class QueueThread:
             self._count_dropped(len(items))
             return False
 
-    def put_waiting(self, item: Any, timeout: float | None) -> bool:
+    def put_waiting(self, item: _T, timeout: float | None) -> bool:
         """Queue ``item``, waiting at most ``timeout`` seconds for room (an item that
         must not be dropped, such as a flush request); False when there was none."""
+        return self._put_waiting(item, timeout)
+
+    def _put_waiting(self, item: object, timeout: float | None) -> bool:
+        """:meth:`put_waiting` of any item: the thread's own (a flush marker, the
+        stop) too."""
         try:
             self._queue.put(item, timeout=timeout)
             return True
@@ -159,7 +167,7 @@ class QueueThread:
         if self._due is not None:
             self._safely(self._due)
 
-    def _safely(self, method: Callable[..., None], *args: Any) -> None:
+    def _safely(self, method: Callable[..., None], *args: object) -> None:
         """Run one piece of work; a failure is logged once per exception type."""
         try:
             method(*args)
@@ -178,7 +186,7 @@ class QueueThread:
         if self._thread is None:
             return True
         marker = threading.Event()
-        if not self.put_waiting(marker, timeout):
+        if not self._put_waiting(marker, timeout):
             return False
         return marker.wait(timeout)
 
@@ -186,7 +194,7 @@ class QueueThread:
         """Handle what is queued, then end the thread."""
         if self._thread is None:
             return
-        while not self.put_waiting(_STOP, timeout):  # pragma: no cover
+        while not self._put_waiting(_STOP, timeout):  # pragma: no cover
             pass
         self._thread.join(timeout)
         self._thread = None

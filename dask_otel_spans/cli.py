@@ -12,10 +12,10 @@ import time
 import warnings
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from dask_otel_spans import names
-from dask_otel_spans.reports.model import IN_TASK, kind_of
+from dask_otel_spans.reports.model import IN_TASK, FileSpan, Logged, SpanKey, kind_of
 from dask_otel_spans.reports.running import is_running, running_label, with_running
 from dask_otel_spans.sdk.otlpjson import (
     TRACES_FILE,
@@ -24,10 +24,15 @@ from dask_otel_spans.sdk.otlpjson import (
     traces_files,
 )
 
+if TYPE_CHECKING:
+    from distributed import Client
+
+    from dask_otel_spans.client import ExportState
+
 # -- rendering --------------------------------------------------------------------------
 
 
-def _top_activities(attributes: dict[str, Any], n: int = 3) -> str:
+def _top_activities(attributes: Mapping[str, object], n: int = 3) -> str:
     prefix = names.METRICS_ATTRIBUTE_PREFIX
     seconds = []
     for key, value in attributes.items():
@@ -39,18 +44,16 @@ def _top_activities(attributes: dict[str, Any], n: int = 3) -> str:
     return ", ".join(f"{a} {v:.3g}s" for v, a in seconds[:n])
 
 
-def _count(n: Any, thing: str) -> str:
+def _count(n: object, thing: str) -> str:
     """``n`` things: ``1 task``, ``2 tasks``."""
     return f"{n} {thing}" if n == 1 else f"{n} {thing}s"
 
 
-def _exception_of(span: Mapping[str, Any],
-                  logged: Mapping[tuple[Any, Any], Mapping[str, Any]]
-                  ) -> Mapping[str, Any] | None:
+def _exception_of(span: FileSpan, logged: Logged) -> Mapping[str, object] | None:
     """The exception of a span that erred (its ``exception`` event, its exception log
     event in ``logged``, else its ``error.type`` or error status); None when it did not
     err."""
-    fields: Mapping[str, Any] | None = logged.get((span.get("traceId"), span.get("spanId")))
+    fields: Mapping[str, object] | None = logged.get((span.get("traceId"), span.get("spanId")))
     for event in span.get("events") or ():
         if event.get("name") == names.EXCEPTION_EVENT:
             fields = {a["key"]: a["value"].get("stringValue", "")
@@ -63,23 +66,21 @@ def _exception_of(span: Mapping[str, Any],
     return fields
 
 
-def _described(fields: Mapping[str, Any]) -> str:
+def _described(fields: Mapping[str, object]) -> str:
     """``Type: message`` of an exception's fields."""
     message = fields.get(names.EXCEPTION_MESSAGE, "")
     return (f"{fields.get(names.EXCEPTION_TYPE, 'Exception')}"
             + (f": {message}" if message else ""))
 
 
-def _task_line(span: dict[str, Any], duration: float,
-               logged: Mapping[tuple[Any, Any], Mapping[str, Any]]) -> str:
+def _task_line(span: FileSpan, duration: float, logged: Logged) -> str:
     """A task span: ``✗`` and its exception when it erred."""
     line = f"{span['attributes'][names.TASK_KEY]}  {duration:.3f}s"
     fields = _exception_of(span, logged)
     return f"- {line}" if fields is None else f"✗ {line}  {_described(fields)}"
 
 
-def _tree_line(s: dict[str, Any], kind: str, duration: float,
-               logged: Mapping[tuple[Any, Any], Mapping[str, Any]]) -> str:
+def _tree_line(s: FileSpan, kind: str, duration: float, logged: Logged) -> str:
     """A span's line of the text tree (without its indent)."""
     attrs = s["attributes"]
     if names.SPAN_ID in attrs and is_running(attrs):
@@ -111,9 +112,7 @@ def _tree_line(s: dict[str, Any], kind: str, duration: float,
     return line if fields is None else f"✗ {line}  {_described(fields)}"
 
 
-def render_tree(spans: Sequence[dict[str, Any]],
-                logged: Mapping[tuple[Any, Any], Mapping[str, Any]] | None = None
-                ) -> str:
+def render_tree(spans: Sequence[FileSpan], logged: Logged | None = None) -> str:
     """Text tree of OTLP/JSON spans (as
     :func:`~dask_otel_spans.sdk.otlpjson.read_spans` reads them):
     per dask span its duration, task count and top activities; task prefixes below
@@ -123,7 +122,7 @@ def render_tree(spans: Sequence[dict[str, Any]],
     made in tasks."""
     logged = logged or {}
     by_id = {(s.get("traceId"), s.get("spanId")): s for s in spans}
-    children: dict[tuple, list[dict]] = defaultdict(list)
+    children: dict[SpanKey, list[FileSpan]] = defaultdict(list)
     roots = []
     for s in spans:
         parent = (s.get("traceId"), s.get("parentSpanId"))
@@ -132,12 +131,12 @@ def render_tree(spans: Sequence[dict[str, Any]],
         else:
             roots.append(s)
 
-    def start(s: dict) -> int:
+    def start(s: FileSpan) -> int:
         return int(s.get("startTimeUnixNano", 0))
 
     lines: list[str] = []
 
-    def walk(s: dict, depth: int, parent_kind: str | None = None) -> None:
+    def walk(s: FileSpan, depth: int, parent_kind: str | None = None) -> None:
         kind = kind_of(s, parent_kind)
         duration = (int(s.get("endTimeUnixNano", 0)) - start(s)) / 1e9
         lines.append("  " * depth + _tree_line(s, kind, duration, logged))
@@ -148,7 +147,7 @@ def render_tree(spans: Sequence[dict[str, Any]],
         for k in kids:
             walk(k, depth + 1, kind)
 
-    traces: dict[str, list[dict]] = defaultdict(list)
+    traces: dict[str, list[FileSpan]] = defaultdict(list)
     for r in roots:
         traces[r.get("traceId", "")].append(r)
     for trace_id, trace_roots in sorted(
@@ -184,7 +183,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
     if not os.path.exists(path):
         print(f"no such file: {path}", file=sys.stderr)
         return 1
-    spans = with_running(paths, read_all_spans(paths))
+    spans = with_running(paths, cast("list[FileSpan]", read_all_spans(paths)))
     if not spans:
         print(f"no spans in {path}", file=sys.stderr)
         return 1
@@ -228,7 +227,7 @@ VALIDATION_NOTICE = ("The validation step fails on purpose: one task raises, to 
                      "how errors appear (dask logs it as \"Compute Failed\" below).")
 
 
-def run_workflow(client: Any) -> None:
+def run_workflow(client: Client) -> None:
     """The demo's multi-step workflow, each step a nested dask span."""
     import dask
     import dask.array as da
@@ -276,7 +275,7 @@ def missing_demo_modules() -> list[str]:
     return missing
 
 
-def say_outcome(state: Any) -> int:
+def say_outcome(state: ExportState) -> int:
     """Print what came of the export (an :class:`~dask_otel_spans.state.ExportState`)
     where the demo cannot read the spans back: delivered, failed, still held, as the
     exporters counted; 1 when not everything was delivered."""
@@ -332,7 +331,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return say_outcome(state)
     # the files collect every run in this directory: this run's scheduler and
     # workers only (the workers' files are flushed as they close)
-    spans = [s for s in read_all_spans(traces_files(os.path.dirname(traces_to)))
+    read = cast("list[FileSpan]", read_all_spans(traces_files(os.path.dirname(traces_to))))
+    spans = [s for s in read
              if s["resource"].get(names.SCHEDULER_ADDRESS) == address
              or s["resource"].get(names.WORKER_ADDRESS) in workers]
     if not spans:

@@ -7,7 +7,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal, TypeAlias, TypeVar, cast, overload
 
 import dask.config
 import yaml
@@ -17,11 +17,19 @@ from dask_otel_spans.protocol.tasks import TASK_SPAN_MODES
 
 logger = logging.getLogger(__name__)
 
+#: A value of dask's config as YAML, JSON or the environment spell it
+ConfigValue: TypeAlias = (
+    "str | int | float | bool | None | list[ConfigValue] | dict[str, ConfigValue]"
+)
+#: A setting's value once parsed (:attr:`Setting.parse`)
+SettingValue: TypeAlias = "bool | int | float | str | None"
+_T = TypeVar("_T")
+
 _DEFAULTS_FILE = os.path.join(os.path.dirname(__file__), "otel-spans.yaml")
 NAMESPACE = "otel-spans"
 
 
-def _load_defaults() -> dict[str, Any]:
+def _load_defaults() -> dict[str, ConfigValue]:
     with open(_DEFAULTS_FILE) as f:
         defaults = yaml.safe_load(f)
     dask.config.update_defaults(defaults)
@@ -30,7 +38,7 @@ def _load_defaults() -> dict[str, Any]:
 
 #: The shipped defaults, also the fallback when something reset dask's config
 #: (e.g. a test harness that restores a snapshot taken before this import)
-DEFAULTS: dict[str, Any] = _load_defaults()
+DEFAULTS: dict[str, ConfigValue] = _load_defaults()
 
 
 #: ``export-process``: True, False, or ``"auto"`` (the export process wherever the
@@ -53,13 +61,13 @@ class SettingError(ValueError):
     """A value a setting cannot take (the message says what it accepts)."""
 
 
-def _word(value: Any) -> str:
+def _word(value: object) -> str:
     if not isinstance(value, (str, bool, int)):
         raise SettingError(type(value).__name__)
     return str(value).strip().lower()
 
 
-def _flag(value: Any) -> bool:
+def _flag(value: object) -> bool:
     if isinstance(value, bool):
         return value
     word = _word(value)
@@ -70,8 +78,8 @@ def _flag(value: Any) -> bool:
     raise SettingError(word)
 
 
-def _choice(*options: str) -> Callable[[Any], str]:
-    def parse(value: Any) -> str:
+def _choice(*options: str) -> Callable[[object], str]:
+    def parse(value: object) -> str:
         word = _word(value)
         if word not in options:
             raise SettingError(word)
@@ -80,13 +88,13 @@ def _choice(*options: str) -> Callable[[Any], str]:
     return parse
 
 
-def _export_process(value: Any) -> ExportProcessSetting:
+def _export_process(value: object) -> ExportProcessSetting:
     if not isinstance(value, bool) and _word(value) == EXPORT_PROCESS_AUTO:
         return EXPORT_PROCESS_AUTO
     return _flag(value)
 
 
-def _duration(value: Any) -> float:
+def _duration(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise SettingError(type(value).__name__)
     try:
@@ -98,14 +106,14 @@ def _duration(value: Any) -> float:
     return seconds
 
 
-def _interval(value: Any) -> float:
+def _interval(value: object) -> float:
     seconds = _duration(value)
     if not seconds > 0:
         raise SettingError(value)
     return seconds
 
 
-def _whole_number(value: Any) -> int:
+def _whole_number(value: object) -> int:
     """``value`` as a whole number, in the spellings an operator writes for a count:
     ``1000``, ``"1000"``, ``"1_000"``, ``"1e3"`` (and ``1000.0``, which is what
     dask's config makes of ``DASK_...=1e3``)."""
@@ -129,8 +137,8 @@ def _whole_number(value: Any) -> int:
     return value
 
 
-def _count(minimum: int) -> Callable[[Any], int]:
-    def parse(value: Any) -> int:
+def _count(minimum: int) -> Callable[[object], int]:
+    def parse(value: object) -> int:
         count = _whole_number(value)
         if count < minimum:
             raise SettingError(value)
@@ -139,8 +147,8 @@ def _count(minimum: int) -> Callable[[Any], int]:
     return parse
 
 
-def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    def parse_or_null(value: Any) -> Any:
+def _optional(parse: Callable[[object], _T]) -> Callable[[object], _T | None]:
+    def parse_or_null(value: object) -> _T | None:
         if value is None or (isinstance(value, str) and value.strip().lower() in _NULL_WORDS):
             return None
         return parse(value)
@@ -148,13 +156,13 @@ def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return parse_or_null
 
 
-def _directory(value: Any) -> str:
+def _directory(value: object) -> str:
     if not isinstance(value, str) or not value.strip() or "\x00" in value:
         raise SettingError(value)
     return value
 
 
-def _bytes(value: Any) -> int:
+def _bytes(value: object) -> int:
     if isinstance(value, bool):
         raise SettingError(value)
     try:
@@ -168,7 +176,7 @@ def _bytes(value: Any) -> int:
     return n
 
 
-def _spool_directory(value: Any) -> str | None:
+def _spool_directory(value: object) -> str | None:
     """A directory, ``auto`` (kept as the word: the spool resolves it), or off
     (None: false, no, off, empty, null)."""
     if value is None or value is False:
@@ -181,7 +189,7 @@ def _spool_directory(value: Any) -> str | None:
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
-def _factory(value: Any) -> str:
+def _factory(value: object) -> str:
     if not isinstance(value, str) or not _FACTORY.match(value.strip()):
         raise SettingError(value)
     return value.strip()
@@ -206,23 +214,23 @@ class Setting:
 
     key: str
     field: str
-    parse: Callable[[Any], Any]
+    parse: Callable[[object], SettingValue]
     accepts: str
 
     @property
-    def shipped(self) -> Any:
+    def shipped(self) -> ConfigValue:
         """The default as ``otel-spans.yaml`` writes it."""
-        node: Any = DEFAULTS[NAMESPACE]
+        node = DEFAULTS[NAMESPACE]
         for part in self.key.split("."):
-            node = node[part]
+            node = cast("dict[str, ConfigValue]", node)[part]
         return node
 
     @property
-    def default(self) -> Any:
+    def default(self) -> SettingValue:
         """The shipped default, parsed."""
         return self.parse(self.shipped)
 
-    def read(self, value: Any) -> Any:
+    def read(self, value: object) -> SettingValue:
         """``value`` parsed; a value the setting cannot take is one ERROR line
         (the setting, the value, what it accepts, the default) and the default."""
         try:
@@ -283,14 +291,44 @@ _BY_KEY = {s.key: s for s in SETTINGS}
 _BY_FIELD = {s.field: s for s in SETTINGS}
 
 
-def setting(key: str) -> Any:
+#: The keys of :data:`SETTINGS` by the type of their parsed value (the overloads of
+#: :func:`setting`)
+_FloatKey: TypeAlias = Literal["export-delay", "idle-timeout", "lazy-timeout",
+                               "shutdown-timeout", "live.after", "live.interval"]
+_BoolKey: TypeAlias = Literal["prefix-spans", "record-exceptions", "include-code",
+                              "live.pending-spans"]
+_IntKey: TypeAlias = Literal["max-task-spans", "max-code-length",
+                             "metrics.max-span-names", "forward-budget",
+                             "spool.max-memory", "spool.max-disk"]
+_OptionalIntKey: TypeAlias = Literal["metrics.span-name-depth", "metrics.max-series"]
+_StrKey: TypeAlias = Literal["task-spans", "output-dir", "export-process-cpu-policy"]
+_OptionalStrKey: TypeAlias = Literal["providers", "spool.directory"]
+
+
+@overload
+def setting(key: _FloatKey) -> float: ...
+@overload
+def setting(key: _BoolKey) -> bool: ...
+@overload
+def setting(key: _IntKey) -> int: ...
+@overload
+def setting(key: _OptionalIntKey) -> int | None: ...
+@overload
+def setting(key: _StrKey) -> str: ...
+@overload
+def setting(key: _OptionalStrKey) -> str | None: ...
+@overload
+def setting(key: Literal["export-process"]) -> ExportProcessSetting: ...
+@overload
+def setting(key: str) -> SettingValue: ...
+def setting(key: str) -> SettingValue:
     """The value of ``otel-spans.<key>`` in the current dask config, parsed (a value
     it cannot take: one ERROR line, and the default)."""
     spec = _BY_KEY[key]
     return spec.read(dask.config.get(f"{NAMESPACE}.{key}", default=spec.default))
 
 
-def _unknown_keys(node: Any, known: Any, prefix: str = "") -> list[str]:
+def _unknown_keys(node: object, known: ConfigValue, prefix: str = "") -> list[str]:
     """Keys of the dask config namespace ``node`` that are not settings."""
     if not isinstance(node, Mapping):
         return []
@@ -352,7 +390,7 @@ class PluginConfig:
     spool_max_disk: int
 
     @classmethod
-    def from_dask_config(cls, **overrides: Any) -> PluginConfig:
+    def from_dask_config(cls, **overrides: object) -> PluginConfig:
         """Read the ``otel-spans`` namespace; keyword arguments (by field name) win
         over it. Every value, from either, goes through its :class:`Setting`: one it
         cannot take is one ERROR line and the default. A key of the namespace that is
@@ -365,7 +403,9 @@ class PluginConfig:
             logger.error("dask_otel_spans: otel-spans.%s is not a setting; ignored%s "
                          "(the settings: %s)", key, _did_you_mean(key),
                          ", ".join(_BY_KEY))
-        return cls(**{
+        # (each value as its Setting parsed it: the field's type)
+        build = cast("Callable[..., PluginConfig]", cls)
+        return build(**{
             s.field: s.read(overrides[s.field]) if s.field in overrides
             else setting(s.key)
             for s in SETTINGS

@@ -37,13 +37,25 @@ import functools
 import logging
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias, TypeVar
 
 from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]
     BaseInstrumentor,  # (mypy 2.4 finds no class in opentelemetry-instrumentation 0.66b1)
 )
 
+if TYPE_CHECKING:
+    from distributed import Client, Nanny
+    from distributed.core import Server
+    from distributed.preloading import PreloadManager
+
 logger = logging.getLogger(__name__)
+
+#: A preload setting: one entry, a list of them, or none (dask's config, or what a
+#: server was given)
+_Preload: TypeAlias = "str | Sequence[str] | None"
+#: Its arguments: one list shared by every preload, or one list per preload
+_PreloadArgv: TypeAlias = "Sequence[str] | Sequence[Sequence[str]] | None"
+_R = TypeVar("_R")
 
 #: The distributed versions the instrumentor supports: the package's ``instruments``
 #: extra says the same (the launcher checks the extra, ``instrument()`` this)
@@ -60,7 +72,7 @@ _NANNY_KEYS = ("distributed.worker.preload", "distributed.worker.preload-argv")
 _adding = False
 
 
-def _entries(preload: Any) -> list[str]:
+def _entries(preload: _Preload) -> list[str]:
     """A preload setting as a list of entries (dask takes a string for one)."""
     if not preload:
         return []
@@ -69,7 +81,8 @@ def _entries(preload: Any) -> list[str]:
     return list(preload)
 
 
-def with_preload(preload: Any, preload_argv: Any) -> tuple[Any, Any]:
+def with_preload(preload: _Preload, preload_argv: _PreloadArgv
+                 ) -> tuple[_Preload, _PreloadArgv]:
     """``preload`` and ``preload_argv`` with this package's preload after the given
     ones, unless it is among them (then both unchanged). An ``argv`` given per preload
     (a list of lists) gets an empty one for it; one shared by all (a list of strings)
@@ -88,10 +101,10 @@ class _AttributePatch:
     """An attribute of a module or class replaced; undone only while it is still
     the replacement."""
 
-    owner: Any
+    owner: object
     name: str
-    original: Any
-    replacement: Any
+    original: object
+    replacement: object
 
     def apply(self) -> None:
         setattr(self.owner, self.name, self.replacement)
@@ -108,8 +121,8 @@ class _ConfigPatch:
     the list as it is now."""
 
     key: str
-    before: Any
-    after: list[str]
+    before: object
+    after: _Preload
 
     def undo(self) -> None:
         import dask.config
@@ -136,15 +149,17 @@ def _preload_config() -> list[_ConfigPatch]:
     return patches
 
 
-def _preloading_servers(original: Callable[..., Any]) -> Callable[..., Any]:
+def _preloading_servers(original: Callable[..., PreloadManager]
+                        ) -> Callable[..., PreloadManager]:
     """``distributed.preloading.process_preloads`` that gives schedulers and workers
     this package's preload when the list they were given lacks it (an explicit
     ``--preload other`` replaces the config lists), and a nanny's worker the same."""
     from distributed import Nanny, Scheduler, Worker
 
     @functools.wraps(original)
-    def process_preloads(dask_server: Any, preload: Any, preload_argv: Any,
-                         *args: Any, **kwargs: Any) -> Any:
+    def process_preloads(dask_server: Server | Client, preload: _Preload,
+                         preload_argv: _PreloadArgv, *args: object,
+                         **kwargs: object) -> PreloadManager:
         if _adding:
             try:
                 if isinstance(dask_server, (Scheduler, Worker)):
@@ -161,7 +176,7 @@ def _preloading_servers(original: Callable[..., Any]) -> Callable[..., Any]:
     return process_preloads
 
 
-def _carrying_callers(original: Callable[..., Any]) -> Callable[..., Any]:
+def _carrying_callers(original: Callable[..., _R]) -> Callable[..., _R]:
     """``Client._graph_to_futures`` (every submission goes through it) that annotates
     a bare submission with the caller's context (and, once per client, checks that
     the scheduler runs the plugin)."""
@@ -171,7 +186,7 @@ def _carrying_callers(original: Callable[..., Any]) -> Callable[..., Any]:
     from dask_otel_spans.client import caller_carrier, check_plugin_soon
 
     @functools.wraps(original)
-    def _graph_to_futures(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def _graph_to_futures(self: Client, *args: object, **kwargs: object) -> _R:
         check_plugin_soon(self)
         try:
             carrier = caller_carrier()
@@ -188,7 +203,7 @@ def _carrying_callers(original: Callable[..., Any]) -> Callable[..., Any]:
     return _graph_to_futures
 
 
-def _preload_nanny_worker(nanny: Any) -> None:
+def _preload_nanny_worker(nanny: Nanny) -> None:
     """Give the worker a nanny spawns this package's preload: the nanny passes its
     worker preloads (explicit, else the config's) to the worker process, which may
     not be instrumented itself."""
@@ -213,7 +228,7 @@ class DaskInstrumentor(BaseInstrumentor):
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments
 
-    def _instrument(self, **kwargs: Any) -> None:
+    def _instrument(self, **kwargs: object) -> None:
         global _adding
         import distributed
         import distributed.preloading
@@ -242,7 +257,7 @@ class DaskInstrumentor(BaseInstrumentor):
         logger.debug("dask_otel_spans: instrumented (schedulers and workers preload "
                      "dask_otel_spans; distributed.span is dask_otel_spans.span)")
 
-    def _uninstrument(self, **kwargs: Any) -> None:
+    def _uninstrument(self, **kwargs: object) -> None:
         global _adding
         _adding = False
         for config_patch in reversed(self._config_patches):

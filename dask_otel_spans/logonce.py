@@ -3,7 +3,6 @@ span or per message."""
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 
 class OnceLogger:
@@ -19,7 +18,7 @@ class OnceLogger:
         self.logger = logger
         self.kinds: set[str] = set()
 
-    def __call__(self, kind: str, msg: str, *args: Any, level: int = logging.WARNING,
+    def __call__(self, kind: str, msg: str, *args: object, level: int = logging.WARNING,
                  exc_info: bool = False) -> None:
         if kind not in self.kinds:
             self.kinds.add(kind)

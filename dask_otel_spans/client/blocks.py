@@ -10,7 +10,7 @@ import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import TYPE_CHECKING
 
 import dask
 import distributed
@@ -29,6 +29,9 @@ from dask_otel_spans.protocol.propagation import (
     resolve_chain,
 )
 
+if TYPE_CHECKING:
+    from distributed import Client
+
 logger = logging.getLogger(__name__)
 _log_once = OnceLogger(logger)
 
@@ -41,7 +44,7 @@ _dask_span = distributed.spans.span
 
 #: Close notices of asynchronous clients waiting for the next loop iteration: all
 #: the blocks that closed in between go to the scheduler in one message
-_BATCHES: weakref.WeakKeyDictionary[Any, list[dict[str, Any]]] = (
+_BATCHES: weakref.WeakKeyDictionary[Client, list[dict[str, object]]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -101,7 +104,7 @@ def span(*tags: str) -> Iterator[str]:
     if not trace.get_current_span(client_ctx).get_span_context().is_valid:
         client_ctx = context_from_environment(client_ctx)
     outer = dask.get_annotations().get(names.ANNOTATION_KEY)
-    carried_out: dict[str, Any] = dict(outer) if isinstance(outer, Mapping) else {}
+    carried_out: dict[str, object] = dict(outer) if isinstance(outer, Mapping) else {}
 
     parent_block = _CURRENT_BLOCK.get()
     with _dask_span(*tags) as dask_id:
@@ -127,7 +130,7 @@ def span(*tags: str) -> Iterator[str]:
         # Collections built in the block copy the annotations, and so reference
         # ``carried``: more references after the block than before it means lazy
         # collections (computed later, or never) that will bring this span's tasks.
-        block_annotations: dict[str, Any] = {names.ANNOTATION_KEY: carried}
+        block_annotations: dict[str, object] = {names.ANNOTATION_KEY: carried}
         if baggage.get_all(client_ctx):  # (the chain says the rest)
             block_annotations[names.CALLER_ANNOTATION_KEY] = injected(client_ctx)
         refs_before = _references(carried)
@@ -183,7 +186,7 @@ def caller_carrier(ctx: otel_context.Context | None = None) -> dict[str, str] | 
 
 
 def _carrier_under(
-    client_ctx: Any, parent_block: _Block | None, enclosing_ids: tuple[str, ...]
+    client_ctx: otel_context.Context, parent_block: _Block | None, enclosing_ids: tuple[str, ...]
 ) -> dict[str, str]:
     """The W3C headers to carry for a block entered with ``client_ctx`` current,
     inside the dask spans ``enclosing_ids``: none (an empty carrier) when the current
@@ -205,7 +208,7 @@ def _carrier_under(
     return carrier_from_context(client_ctx)
 
 
-def _notify_closed(msg: dict[str, Any]) -> None:
+def _notify_closed(msg: dict[str, object]) -> None:
     """Send the close notice through ``Client.log_event`` (never raises)."""
     try:
         client = distributed.default_client()
@@ -238,12 +241,13 @@ def _notify_closed(msg: dict[str, Any]) -> None:
         )
 
 
-async def _send_batch(client: Any) -> None:
+async def _send_batch(client: Client) -> None:
     """Send the queued close notices of an asynchronous client as one event."""
     batch = _BATCHES.pop(client, None)
     if not batch:
         return
     try:
+        assert client.scheduler is not None, "the client is closed"
         await client.scheduler.log_event(topic=names.EVENT_TOPIC, msg=batch)
     except Exception as e:
         _log_once(

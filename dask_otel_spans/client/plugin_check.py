@@ -4,9 +4,12 @@ when it does not."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dask_otel_spans import names
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 logger = logging.getLogger(__name__)
 
@@ -23,30 +26,36 @@ PLUGIN_FIX = (
 #: it runs the plugin
 _PLUGIN_CHECKED: set[tuple[str, str]] = set()
 
-def check_plugin_soon(client: Any) -> None:
+def check_plugin_soon(client: Client) -> None:
     """Once per client and scheduler address, ask that scheduler in the background
     whether it runs the plugin (the metadata a running plugin sets); when it does
     not, one WARNING naming the fix. Adds no wait to the caller and never raises."""
     try:
+        assert client.scheduler is not None, "the client is closed"
         key = (str(client.id), str(client.scheduler.address))
         if key in _PLUGIN_CHECKED:
             return
         _PLUGIN_CHECKED.add(key)
-        client.loop.add_callback(_check_plugin, client, key[1])
+        loop = client.loop
+        assert loop is not None, "the client has no loop"
+        loop.add_callback(_check_plugin, client, key[1])
     except Exception as e:  # (a closed client, a client without a loop)
         logger.debug("dask_otel_spans: cannot check the scheduler for the plugin: %s", e)
 
 
-async def plugin_running(client: Any) -> bool:
+async def plugin_running(client: Client) -> bool:
     """Whether the scheduler of the asynchronous ``client`` (or of a client whose
     loop this runs on) runs the plugin: the metadata a running plugin sets, asked
     for in one message, no code run on the scheduler."""
-    version = await client.scheduler.get_metadata(
+    scheduler = client.scheduler
+    if scheduler is None:  # (a closed client: as reading the attribute of None did)
+        raise AttributeError("the client is closed: it has no scheduler")
+    version = await scheduler.get_metadata(
         keys=list(names.PLUGIN_METADATA_KEYS), default=None)
     return bool(version)
 
 
-async def _check_plugin(client: Any, address: str) -> None:
+async def _check_plugin(client: Client, address: str) -> None:
     try:
         running = await plugin_running(client)
     except Exception as e:  # (the scheduler went away: nothing to say about it)

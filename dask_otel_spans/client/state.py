@@ -7,14 +7,14 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dask_otel_spans import names
 from dask_otel_spans.client.plugin_check import PLUGIN_FIX
 from dask_otel_spans.protocol.figures import ExportFigures, SignalFigures
 
 if TYPE_CHECKING:
-    from distributed import Scheduler
+    from distributed import Client, Scheduler
 
 #: ``traces_to`` and ``metrics_to`` of a plugin that could not set up its exporters
 IDLE = "nowhere (the plugin is idle: its ERROR line in the scheduler's log says why)"
@@ -71,7 +71,7 @@ class ExportState:
     spool: str | None = None
 
     @classmethod
-    def from_figures(cls, figures: ExportFigures, destinations: Mapping[str, Any],
+    def from_figures(cls, figures: ExportFigures, destinations: Mapping[str, object],
                      *, open: int, handed_over: int, flushed: bool | None) -> ExportState:
         """The state from the export session's figures and where data goes
         (``traces_to``, ``metrics_to``, ``export_process``)."""
@@ -127,7 +127,7 @@ class PluginMissing(RuntimeError):
     """The scheduler has no ``OTelSpansPlugin``."""
 
 
-def wait_for_export(client: Any, timeout: float = 30.0) -> ExportState:
+def wait_for_export(client: Client, timeout: float = 30.0) -> ExportState:
     """Wait until the scheduler's plugin handed over every span (none open), then
     flush its exporters; where data went and how far export got.
 
@@ -153,13 +153,15 @@ def wait_for_export(client: Any, timeout: float = 30.0) -> ExportState:
     # process reports its own twice a second otherwise; the exporters are flushed
     # once, at the end: a flush is an export, and a Collector's Prometheus exporter
     # keeps the exemplars of a series' latest export only)
-    state = client.run_on_scheduler(scheduler_state, flush=True, exporters=False)
+    state: ExportState | None = client.run_on_scheduler(
+        scheduler_state, flush=True, exporters=False)
     while state is not None and state.open and time.monotonic() < deadline:
         time.sleep(0.1)
         state = client.run_on_scheduler(scheduler_state, flush=True, exporters=False)
     if state is not None:
         state = client.run_on_scheduler(scheduler_state, flush=True)
     if state is None:
+        assert client.scheduler is not None  # (it answered run_on_scheduler)
         raise PluginMissing(
             f"the scheduler at {client.scheduler.address} has no dask_otel_spans "
             f"plugin: {PLUGIN_FIX}"

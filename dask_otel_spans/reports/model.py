@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Literal, TypeAlias, TypedDict, cast
 
 from dask_otel_spans import names
 from dask_otel_spans.reports.running import is_running, running_label
@@ -27,8 +27,132 @@ STATUS_ERROR = (2, "STATUS_CODE_ERROR")
 DASK, PREFIX, TASK, CLIENT, IN_TASK, FOLDED = (
     "dask", "prefix", "task", "client", "in-task", "folded")
 
+# -- the files' spans, as sdk.otlpjson.read_spans shapes them --------------------------
 
-def kind_of(span: Mapping[str, Any], parent_kind: str | None = None) -> str:
+#: Decoded attributes (a span's, its resource's, a log record's): values as the JSON
+#: has them, read where they are used
+Attributes: TypeAlias = "dict[str, object]"
+#: ``(trace id, span id)`` as a file spells them
+SpanKey: TypeAlias = "tuple[object, object]"
+#: The exception log events' attributes by span
+#: (:func:`~dask_otel_spans.sdk.otlpjson.exception_logs`)
+Logged: TypeAlias = "Mapping[SpanKey, Mapping[str, object]]"
+_TimeField = Literal["startTimeUnixNano", "endTimeUnixNano"]
+
+
+class AnyValue(TypedDict, total=False):
+    """An OTLP-JSON ``AnyValue`` (the fields the report reads)."""
+
+    stringValue: str
+
+
+class KeyValue(TypedDict):
+    """An OTLP-JSON attribute, not decoded (an event's)."""
+
+    key: str
+    value: AnyValue
+
+
+class SpanEvent(TypedDict, total=False):
+    name: str
+    attributes: list[KeyValue]
+
+
+class SpanStatus(TypedDict, total=False):
+    code: int | str
+    message: str
+
+
+class FileSpan(TypedDict, total=False):
+    """A span of an OTLP-JSON traces file with its ``attributes`` decoded and its
+    ``resource``'s attributes (the fields the report reads)."""
+
+    traceId: str
+    spanId: str
+    parentSpanId: str
+    name: str
+    startTimeUnixNano: int | str
+    endTimeUnixNano: int | str
+    attributes: Attributes
+    resource: Attributes
+    events: list[SpanEvent]
+    status: SpanStatus
+
+
+class FileLogRecord(TypedDict, total=False):
+    """A log record of an OTLP-JSON logs file with its attributes decoded
+    (``attrs``; the fields the report reads)."""
+
+    eventName: str
+    traceId: str
+    spanId: str
+    timeUnixNano: int | str
+    observedTimeUnixNano: int | str
+    attrs: Attributes
+
+
+# -- the report's data (plain JSON) -------------------------------------------------------
+
+
+class SpanError(TypedDict):
+    type: str
+    message: str
+    stacktrace: str
+
+
+class _Row(TypedDict):
+    id: str | None
+    parent: str | None
+    parent_elsewhere: str
+    name: str
+    kind: str
+    depth: int
+    start: float
+    duration: float
+    attrs: Attributes
+    error: SpanError | None
+    breakdown: list[tuple[str, float]]
+
+
+class Row(_Row, total=False):
+    """A row of a trace: a span, or the task spans folded into one."""
+
+    running: str
+    folded: int
+
+
+class TraceData(TypedDict):
+    trace_id: str
+    start_ns: int
+    duration: float
+    name: str
+    rows: list[Row]
+    activity_scale: float
+
+
+class SlowSpan(TypedDict):
+    name: str
+    duration: float
+    trace_id: str
+    id: str | None
+
+
+class Summary(TypedDict):
+    traces: int
+    spans: int
+    tasks: int
+    erred: int
+    slowest: list[SlowSpan]
+
+
+class ReportData(TypedDict):
+    """The report's data: :func:`build`'s."""
+
+    traces: list[TraceData]
+    summary: Summary
+
+
+def kind_of(span: FileSpan, parent_kind: str | None = None) -> str:
     """What a span is: a dask span, a task prefix span, a task span, a span made in
     a task on a worker (its resource names a worker, or its parent is a prefix,
     task or in-task span: the launcher's providers on a worker name none), or a
@@ -46,7 +170,7 @@ def kind_of(span: Mapping[str, Any], parent_kind: str | None = None) -> str:
     return CLIENT
 
 
-def breakdown(attrs: Mapping[str, Any]) -> list[tuple[str, float]]:
+def breakdown(attrs: Mapping[str, object]) -> list[tuple[str, float]]:
     """The ``dask.metrics.<activity>.seconds`` roll-up of a span, in dask's order
     (activities with no time left out)."""
     prefix, suffix = names.METRICS_ATTRIBUTE_PREFIX, ".seconds"
@@ -60,12 +184,12 @@ def breakdown(attrs: Mapping[str, Any]) -> list[tuple[str, float]]:
                                                    item[0]))
 
 
-def _error(span: Mapping[str, Any],
-           logged: Mapping[tuple[Any, Any], Mapping[str, Any]]) -> dict[str, str] | None:
+def _error(span: FileSpan, logged: Logged) -> SpanError | None:
     """The exception of an erred span (its event, or its log event), else its
     status description; None when it did not err."""
     attrs = span.get("attributes") or {}
-    fields = logged.get((span.get("traceId"), span.get("spanId")))
+    fields: Mapping[str, object] | None = logged.get(
+        (span.get("traceId"), span.get("spanId")))
     for event in span.get("events") or ():
         if event.get("name") == names.EXCEPTION_EVENT:
             fields = {a["key"]: a["value"].get("stringValue", "")
@@ -82,18 +206,17 @@ def _error(span: Mapping[str, Any],
     }
 
 
-def _ns(span: Mapping[str, Any], field: str) -> int:
+def _ns(span: FileSpan, field: _TimeField) -> int:
     return int(span.get(field) or 0)
 
 
-def build(spans: Sequence[Mapping[str, Any]],
-          logged: Mapping[tuple[Any, Any], Mapping[str, Any]] | None = None,
-          max_task_rows: int = MAX_TASK_ROWS) -> dict[str, Any]:
+def build(spans: Sequence[FileSpan], logged: Logged | None = None,
+          max_task_rows: int = MAX_TASK_ROWS) -> ReportData:
     """The report's data (plain JSON) from OTLP-JSON spans (as
     :func:`~dask_otel_spans.sdk.otlpjson.read_spans` reads them) and the exception
     log events of ``logged`` (:func:`~dask_otel_spans.cli.exception_logs`)."""
     logged = logged or {}
-    by_trace: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    by_trace: dict[str, list[FileSpan]] = defaultdict(list)
     for span in spans:
         by_trace[str(span.get("traceId", ""))].append(span)
     traces = [_trace(trace_id, members, logged, max_task_rows)
@@ -102,11 +225,10 @@ def build(spans: Sequence[Mapping[str, Any]],
     return {"traces": traces, "summary": _summary(traces, len(spans))}
 
 
-def _trace(trace_id: str, spans: Sequence[Mapping[str, Any]],
-           logged: Mapping[tuple[Any, Any], Mapping[str, Any]],
-           max_task_rows: int) -> dict[str, Any]:
+def _trace(trace_id: str, spans: Sequence[FileSpan], logged: Logged,
+           max_task_rows: int) -> TraceData:
     ids = {s.get("spanId") for s in spans}
-    children: dict[Any, list[Mapping[str, Any]]] = defaultdict(list)
+    children: dict[str | None, list[FileSpan]] = defaultdict(list)
     roots = []
     for span in spans:
         parent = span.get("parentSpanId")
@@ -116,9 +238,9 @@ def _trace(trace_id: str, spans: Sequence[Mapping[str, Any]],
             roots.append(span)
     start = min(_ns(s, "startTimeUnixNano") for s in spans)
     end = max(_ns(s, "endTimeUnixNano") for s in spans)
-    rows: list[dict[str, Any]] = []
+    rows: list[Row] = []
 
-    def add(span: Mapping[str, Any], depth: int, parent_kind: str | None) -> None:
+    def add(span: FileSpan, depth: int, parent_kind: str | None) -> None:
         kind = kind_of(span, parent_kind)
         attrs = span.get("attributes") or {}
         parent = span.get("parentSpanId") or ""
@@ -164,7 +286,12 @@ def _trace(trace_id: str, spans: Sequence[Mapping[str, Any]],
                                   default=0.0)}
 
 
-def _summary(traces: Iterable[dict[str, Any]], n_spans: int) -> dict[str, Any]:
+def _whole(value: object) -> int:
+    """A count attribute (a number, or the string of one), 0 when unset."""
+    return int(cast("int | float | str", value or 0))
+
+
+def _summary(traces: Iterable[TraceData], n_spans: int) -> Summary:
     tasks = erred = 0
     dask_rows = []
     traces = list(traces)
@@ -175,8 +302,8 @@ def _summary(traces: Iterable[dict[str, Any]], n_spans: int) -> dict[str, Any]:
                 continue
             dask_rows.append((row, trace["trace_id"]))
             if row["parent"] not in ids_of_dask:  # (a tree's figures cover its children)
-                tasks += int(row["attrs"].get(names.SPAN_TASK_COUNT, 0) or 0)
-                erred += int(row["attrs"].get(names.SPAN_ERRED_COUNT, 0) or 0)
+                tasks += _whole(row["attrs"].get(names.SPAN_TASK_COUNT, 0))
+                erred += _whole(row["attrs"].get(names.SPAN_ERRED_COUNT, 0))
     slowest = sorted(dask_rows, key=lambda item: -item[0]["duration"])[:SLOWEST]
     return {
         "traces": len(traces), "spans": n_spans, "tasks": tasks, "erred": erred,

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import html
 import json
-from typing import Any
 
-from dask_otel_spans.reports.model import ACTIVITY_ORDER
+from dask_otel_spans.reports.model import ACTIVITY_ORDER, ReportData
 
 #: Bokeh's Viridis11, which dask's Fine Performance Metrics dashboard spreads over the
 #: activities it shows (``FinePerformanceMetrics._get_palette``)
@@ -28,7 +27,7 @@ def interpolated(palette: tuple[str, ...], n: int) -> list[str]:
     return out
 
 
-def activity_colours(data: dict[str, Any]) -> dict[str, str]:
+def activity_colours(data: ReportData) -> dict[str, str]:
     """A colour per activity the report shows, dask's way: Viridis11 spread over the
     activities present (in dask's order, :data:`ACTIVITY_ORDER`, then by name), so an
     activity has one colour across spans and few activities stay far apart."""
@@ -177,13 +176,13 @@ document.body.dataset.rendered = "1";
 """
 
 
-def _inline_json(value: Any) -> str:
+def _inline_json(value: object) -> str:
     """JSON that is safe inside a ``<script>`` element."""
     return (json.dumps(value, separators=(",", ":"), default=str)
             .replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026"))
 
 
-def render(data: dict[str, Any], title: str = "Dask spans report") -> str:
+def render(data: ReportData, title: str = "Dask spans report") -> str:
     """The report's whole HTML page for :func:`~dask_otel_spans.reports.model.build`'s
     data."""
     colours = activity_colours(data)
@@ -200,7 +199,7 @@ def render(data: dict[str, Any], title: str = "Dask spans report") -> str:
     )
 
 
-def render_fragment(data: dict[str, Any]) -> str:
+def render_fragment(data: ReportData) -> str:
     """The report for a notebook cell: the page in a sandboxed ``iframe`` (its script
     and styles stay its own)."""
     page = html.escape(render(data), quote=True)

@@ -3,13 +3,16 @@ or shown inline in Jupyter; :func:`report` makes one from paths or from a client
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, cast
 
-from dask_otel_spans.reports.model import build
+from dask_otel_spans.reports.model import FileSpan, Summary, build
 from dask_otel_spans.reports.render import render, render_fragment
 from dask_otel_spans.reports.running import with_running
 from dask_otel_spans.sdk.otlpjson import exception_logs, read_all_spans, traces_files
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 #: Where the embedded default writes (``otel-spans.output-dir``'s default)
 DEFAULT_DIRECTORY = "dask-otel-spans"
@@ -30,17 +33,18 @@ class Report:
     """
 
     def __init__(self, paths: Sequence[str],
-                 spans: Sequence[dict[str, Any]] | None = None):
+                 spans: Sequence[FileSpan] | None = None):
         files: list[str] = []
         for path in paths:
             files += traces_files(path)
         self.files = [f for f in files if os.path.exists(f)]
         if spans is None:
-            spans = with_running(self.files, read_all_spans(self.files))
+            spans = with_running(self.files,
+                                 cast("list[FileSpan]", read_all_spans(self.files)))
         self.data = build(spans, exception_logs(self.files))
 
     @property
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> Summary:
         return self.data["summary"]
 
     def html(self) -> str:
@@ -63,7 +67,8 @@ class Report:
                 f"{s['erred']} erred, from {len(self.files)} file(s)>")
 
 
-def report(source: Any = None, timeout: float = 30.0) -> Report:
+def report(source: str | os.PathLike[str] | Iterable[str | os.PathLike[str]] | Client
+           | None = None, timeout: float = 30.0) -> Report:
     """The report of a run, to show in Jupyter (it renders inline) or to save.
 
     Parameters
@@ -86,7 +91,7 @@ def report(source: Any = None, timeout: float = 30.0) -> Report:
     if hasattr(source, "run_on_scheduler"):
         from dask_otel_spans.client import wait_for_export
 
-        state = wait_for_export(source, timeout=timeout)
+        state = wait_for_export(cast("Client", source), timeout=timeout)
         where = str(state.traces_to)
         if not where.endswith(".jsonl"):
             raise ValueError(

@@ -8,26 +8,29 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from dask_otel_spans import names
 from dask_otel_spans.sdk.otlpjson import LOGS_FILE, read_log_records
+
+if TYPE_CHECKING:
+    from dask_otel_spans.reports.model import FileLogRecord, FileSpan, SpanKey
 
 _LIVE_EVENTS = (names.SPAN_STARTED_EVENT, names.SPAN_PROGRESS_EVENT)
 
 
 def running_spans(traces_paths: Sequence[str],
-                  spans: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+                  spans: Sequence[FileSpan]) -> list[FileSpan]:
     """The running spans of the records beside each of ``traces_paths`` that are
     not among ``spans`` (those exported): from its started record (start, parent)
     to its last progress record (its figures)."""
     exported = {(s.get("traceId"), s.get("spanId")) for s in spans}
-    found: dict[tuple[Any, Any], dict[str, Any]] = {}
+    found: dict[SpanKey, FileSpan] = {}
     for path in traces_paths:
         logs = os.path.join(os.path.dirname(os.path.abspath(path)), LOGS_FILE)
         if not os.path.exists(logs):
             continue
-        for record in read_log_records(logs):
+        for record in cast("list[FileLogRecord]", read_log_records(logs)):
             event = record.get("eventName")
             key = (record.get("traceId"), record.get("spanId"))
             if event not in _LIVE_EVENTS or key in exported or not all(key):
@@ -38,7 +41,7 @@ def running_spans(traces_paths: Sequence[str],
 
 
 def with_running(traces_paths: Sequence[str],
-                 spans: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+                 spans: Sequence[FileSpan]) -> list[FileSpan]:
     """``spans`` as ``tree`` and the report show them: plus the running spans of the
     records beside ``traces_paths`` (:func:`running_spans`), less the pending spans
     (``live.pending-spans``) of a span shown; of a span not shown, its latest pending
@@ -46,7 +49,7 @@ def with_running(traces_paths: Sequence[str],
     exported = [s for s in spans if not is_running(s.get("attributes") or {})]
     out = [*exported, *running_spans(traces_paths, exported)]
     shown = {(s.get("traceId"), s.get("spanId")) for s in out}
-    latest: dict[tuple[Any, Any], dict[str, Any]] = {}
+    latest: dict[SpanKey, FileSpan] = {}
     for pending in spans:
         if not is_running(pending.get("attributes") or {}):
             continue
@@ -59,13 +62,13 @@ def with_running(traces_paths: Sequence[str],
     return out + list(latest.values())
 
 
-def _empty(trace_id: str, span_id: str) -> dict[str, Any]:
+def _empty(trace_id: str, span_id: str) -> FileSpan:
     return {"traceId": trace_id, "spanId": span_id, "parentSpanId": "", "name": "",
             "startTimeUnixNano": 0, "endTimeUnixNano": 0, "status": {},
             "resource": {}, "attributes": {names.SPAN_STATE: names.SPAN_STATE_RUNNING}}
 
 
-def _absorb(span: dict[str, Any], event: str, record: Mapping[str, Any]) -> None:
+def _absorb(span: FileSpan, event: str, record: FileLogRecord) -> None:
     attrs = record.get("attrs") or {}
     at = int(record.get("timeUnixNano") or record.get("observedTimeUnixNano") or 0)
     tags = attrs.get(names.SPAN_NAME) or []
@@ -83,11 +86,11 @@ def _absorb(span: dict[str, Any], event: str, record: Mapping[str, Any]) -> None
                                   int(span["startTimeUnixNano"]))
 
 
-def is_running(attributes: Mapping[str, Any]) -> bool:
+def is_running(attributes: Mapping[str, object]) -> bool:
     return attributes.get(names.SPAN_STATE) == names.SPAN_STATE_RUNNING
 
 
-def running_label(attributes: Mapping[str, Any]) -> str:
+def running_label(attributes: Mapping[str, object]) -> str:
     """``running 12m, 840/2000 tasks, 2 erred, 12 running`` (from the last progress
     record: tasks done of the total, erred, running now); from records without a
     total, ``running 12m, 840 tasks done, 2 erred, 3 groups running``; ``running``

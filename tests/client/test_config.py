@@ -89,6 +89,26 @@ def test_every_key_of_the_yaml_has_one_setting():
     assert sorted(s.key for s in SETTINGS) == YAML_KEYS
 
 
+def test_the_typed_keys_of_setting_name_every_setting_once_with_its_field_type():
+    """The overloads of ``setting()`` group the keys by the type of their value: each
+    group names the settings whose :class:`PluginConfig` field has that type."""
+    import dataclasses
+    import typing
+
+    from dask_otel_spans import config
+
+    groups = {
+        "float": config._FloatKey, "bool": config._BoolKey, "int": config._IntKey,
+        "int | None": config._OptionalIntKey, "str": config._StrKey,
+        "str | None": config._OptionalStrKey,
+        "ExportProcessSetting": typing.Literal["export-process"],
+    }
+    field_types = {f.name: f.type for f in dataclasses.fields(PluginConfig)}
+    typed = {key: kind for kind, keys in groups.items() for key in typing.get_args(keys)}
+    assert sum(len(typing.get_args(keys)) for keys in groups.values()) == len(typed)
+    assert typed == {s.key: field_types[s.field] for s in SETTINGS}
+
+
 def _field(key):
     [setting] = [s for s in SETTINGS if s.key == key]
     return setting.field
