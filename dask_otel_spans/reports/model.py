@@ -33,7 +33,7 @@ DASK, PREFIX, TASK, CLIENT, IN_TASK, FOLDED = (
 #: has them, read where they are used
 Attributes: TypeAlias = "dict[str, object]"
 #: ``(trace id, span id)`` as a file spells them
-SpanKey: TypeAlias = "tuple[object, object]"
+SpanKey: TypeAlias = "tuple[str | None, str | None]"
 #: The exception log events' attributes by span
 #: (:func:`~dask_otel_spans.sdk.otlpjson.exception_logs`)
 Logged: TypeAlias = "Mapping[SpanKey, Mapping[str, object]]"
