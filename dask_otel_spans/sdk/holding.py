@@ -24,9 +24,10 @@ from dask_otel_spans.sdk.otlpspans import SpanEncoding
 
 if TYPE_CHECKING:
     from opentelemetry.sdk._logs import ReadableLogRecord
-    from opentelemetry.sdk._logs.export import LogRecordExporter
     from opentelemetry.sdk.metrics.export import MetricsData
     from opentelemetry.sdk.trace import ReadableSpan
+
+    from dask_otel_spans.sdk.logbase import LogRecordExporter
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ class HoldingSpanExporter(SpanExporter):
 
 def holding_log_exporter(delivery: Delivery, health: ExportHealth) -> LogRecordExporter:
     """A log record exporter whose batches ``delivery`` sends and holds."""
-    from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
+    from dask_otel_spans.sdk.logbase import LogRecordExporter, LogRecordExportResult
 
     class HoldingLogExporter(LogRecordExporter):
         def export(self, batch: Sequence[ReadableLogRecord]) -> LogRecordExportResult:

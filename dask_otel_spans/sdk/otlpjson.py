@@ -28,17 +28,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from dask_otel_spans import names
-
-# The SDK's log API is still underscored: its exporter base and result were named
-# LogExporter and LogExportResult before opentelemetry-sdk 1.39
-try:
-    from opentelemetry.sdk._logs.export import LogRecordExporter as _LogRecordExporter
-    from opentelemetry.sdk._logs.export import LogRecordExportResult as _LogExportResult
-except ImportError:  # pragma: no cover (opentelemetry-sdk < 1.39)
-    from opentelemetry.sdk._logs.export import LogExporter as _LogRecordExporter
-    from opentelemetry.sdk._logs.export import (  # type: ignore[assignment]
-        LogExportResult as _LogExportResult,
-    )
+from dask_otel_spans.sdk.logbase import LogRecordExporter, LogRecordExportResult
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message
@@ -181,7 +171,7 @@ class OTLPJsonLinesSpanExporter(SpanExporter):
         return True
 
 
-class OTLPJsonLinesLogExporter(_LogRecordExporter):
+class OTLPJsonLinesLogExporter(LogRecordExporter):
     """Log record exporter appending one OTLP/JSON ``ExportLogsServiceRequest`` per
     line to ``path`` (default: ``logs.jsonl`` in :func:`process_files_dir`)."""
 
@@ -192,9 +182,9 @@ class OTLPJsonLinesLogExporter(_LogRecordExporter):
     def path(self) -> str:
         return self._writer.path
 
-    def export(self, batch: Sequence[ReadableLogRecord]) -> _LogExportResult:
+    def export(self, batch: Sequence[ReadableLogRecord]) -> LogRecordExportResult:
         ok = self._writer.write(to_otlp_json(encode_logs(batch)))
-        return _LogExportResult.SUCCESS if ok else _LogExportResult.FAILURE
+        return LogRecordExportResult.SUCCESS if ok else LogRecordExportResult.FAILURE
 
     def shutdown(self) -> None:
         pass
