@@ -137,8 +137,10 @@ class SpanEnder(ThreadWorker):
     def end(self, request: HandOver) -> None:
         self.thread.put(request)
 
-    def end_many(self, requests: list[HandOver]) -> None:
-        """:meth:`end` each of ``requests``, in one queue operation."""
+    def end_many(self, requests: list[HandOver] | list[Callable[[], None]]) -> None:
+        """:meth:`end` each of ``requests``, in one queue operation (or run each
+        callable, in order with the spans: the live records of
+        :mod:`~dask_otel_spans.export.live`)."""
         self.thread.put_many(requests)
 
     def _end(self, request: HandOver | Callable[[], None]) -> None:
