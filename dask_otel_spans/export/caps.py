@@ -6,10 +6,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dask_otel_spans import names
 from dask_otel_spans.sdk.providers import SDK_DEFAULT_CARDINALITY_LIMIT
+
+if TYPE_CHECKING:
+    from dask_otel_spans.export.metrics import Instrument
 
 logger = logging.getLogger(__name__)
 
@@ -38,11 +41,11 @@ class SpanNameCap:
         self.max_length = max(1, max_length)
         self._seen: set[str] = set()
         #: the name of tag tuples seen lately (admitted names only)
-        self._names: dict[tuple[Any, ...], str] = {}
+        self._names: dict[tuple[str, ...], str] = {}
         self._lock = threading.Lock()
         self.overflowed = False
 
-    def __call__(self, tags: Sequence[Any]) -> str:
+    def __call__(self, tags: Sequence[str]) -> str:
         try:
             known = self._names.get(tags) if type(tags) is tuple else None
         except TypeError:  # (a tag that cannot be hashed: named the long way)
@@ -70,7 +73,7 @@ class SpanNameCap:
         # (past the cap for good: the names admitted are never forgotten)
         return self._remember(tags, names.OTHER_SPAN_NAME)
 
-    def _remember(self, tags: Sequence[Any], value: str) -> str:
+    def _remember(self, tags: Sequence[str], value: str) -> str:
         """``value``, remembered as the name of ``tags`` (a tuple: the tags of a
         span, which its later metric updates name again); at most
         :data:`REMEMBERED_TAGS` tag tuples, then they are forgotten at once (dict
@@ -107,12 +110,12 @@ class SeriesCap:
         self.max_series = None if max_series is None else max(1, max_series)
         #: sets kept apart for the ``__other__`` forms of span name and task prefix
         self.reserve = 0 if self.max_series is None else min(100, self.max_series // 10)
-        self._admitted: dict[Any, set[frozenset[tuple[str, Any]]]] = {}
+        self._admitted: dict[Instrument, set[frozenset[tuple[str, str]]]] = {}
         self._lock = threading.Lock()
         #: instruments whose first fold was logged
         self.folded_instruments: set[str] = set()
 
-    def __call__(self, instrument: Any, attributes: dict[str, Any]) -> dict[str, Any]:
+    def __call__(self, instrument: Instrument, attributes: dict[str, str]) -> dict[str, str]:
         """The attributes under which a new series of ``instrument`` is recorded."""
         if self.max_series is None:
             return attributes
@@ -136,7 +139,7 @@ class SeriesCap:
         self._log_fold(instrument)
         return folded
 
-    def _log_fold(self, instrument: Any) -> None:
+    def _log_fold(self, instrument: Instrument) -> None:
         name = str(getattr(instrument, "name", instrument))
         if name in self.folded_instruments:
             return

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
 
 from dask_otel_spans import names
 from dask_otel_spans.export.bounded import BoundedMemory
@@ -22,7 +21,7 @@ WINDOW = 60.0
 REMEMBERED = 1000
 
 
-def _joined(tags: Sequence[Any]) -> str:
+def _joined(tags: Sequence[str]) -> str:
     return names.SPAN_NAME_SEPARATOR.join(map(str, tags))
 
 
@@ -42,11 +41,13 @@ class CollisionWarnings:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._clock = clock
-        self._said = BoundedMemory(REMEMBERED)
-        #: asked span id -> (chosen span's tags, group), until its tags are known
-        self._waiting = BoundedMemory(REMEMBERED)
+        self._said: BoundedMemory[tuple[str, str], None] = BoundedMemory(REMEMBERED)
+        #: asked span id -> (chosen span's tags, chosen span id, group), until its
+        #: tags are known
+        self._waiting: BoundedMemory[str, tuple[tuple[str, ...], str, str]] = (
+            BoundedMemory(REMEMBERED))
         #: span id -> tags, of the blocks whose close notice came
-        self._tags = BoundedMemory(REMEMBERED)
+        self._tags: BoundedMemory[str, tuple[str, ...]] = BoundedMemory(REMEMBERED)
         self._window_start = -WINDOW
         self._in_window = 0
         self.suppressed = 0
@@ -67,8 +68,9 @@ class CollisionWarnings:
             else:
                 self._say(asked, asked_tags, chosen, chosen_tags, group)
 
-    def notice(self, msg: Any) -> None:
-        """A close notice (or a batch): the tags of the blocks it names."""
+    def notice(self, msg: object) -> None:
+        """A close notice (or a batch): the tags of the blocks it names (as it came:
+        one not of the helper's shape is skipped)."""
         for notice in msg if isinstance(msg, (list, tuple)) else (msg,):
             try:
                 span_id, tags = str(notice["ids"][-1]), tuple(notice["name"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from opentelemetry import trace
 
@@ -26,6 +26,7 @@ from dask_otel_spans.protocol.propagation import (
 )
 
 if TYPE_CHECKING:
+    from opentelemetry._logs import LoggerProvider
     from opentelemetry.trace import SpanContext
 
     from dask_otel_spans.export.task_spans import TaskEvent, TaskSpanFields
@@ -46,7 +47,7 @@ class HandOver(NamedTuple):
     ids: tuple[str, ...]
     #: W3C headers carried from the client per dask span id, as sent (parsed
     #: by :meth:`SpanEnder.translate`); only the root's and the span's own
-    carried: Mapping[str, Any]
+    carried: Mapping[str, object]
     #: None for a span the scheduler never saw (no tasks): client times are used
     snapshot: SpanSnapshot | None
     now: float
@@ -106,7 +107,7 @@ class SpanEnder(ThreadWorker):
         code_max_length: int | None = None,
         record_exceptions: bool = True,
         exception_events: bool = True,
-        logger_provider: Any = None,
+        logger_provider: LoggerProvider | None = None,
     ):
         self.exception_events = exception_events
         self._exception_logger = (
@@ -136,8 +137,10 @@ class SpanEnder(ThreadWorker):
     def end(self, request: HandOver) -> None:
         self.thread.put(request)
 
-    def end_many(self, requests: list[HandOver]) -> None:
-        """:meth:`end` each of ``requests``, in one queue operation."""
+    def end_many(self, requests: list[HandOver] | list[Callable[[], None]]) -> None:
+        """:meth:`end` each of ``requests``, in one queue operation (or run each
+        callable, in order with the spans: the live records of
+        :mod:`~dask_otel_spans.export.live`)."""
         self.thread.put_many(requests)
 
     def _end(self, request: HandOver | Callable[[], None]) -> None:
@@ -196,8 +199,9 @@ class SpanEnder(ThreadWorker):
             code_max_length=self.code_max_length,
             record_exceptions=self.record_exceptions,
         )
+        # (the idle metric attribute: a number, as span_fields sets it)
         return (self._linked(fields, request),
-                float(fields.attributes.get(_IDLE_ATTRIBUTE, 0.0)))
+                float(fields.attributes.get(_IDLE_ATTRIBUTE, 0.0)))  # type: ignore[arg-type]
 
     @staticmethod
     def _linked(fields: SpanFields, request: HandOver) -> SpanFields:

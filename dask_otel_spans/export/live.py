@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from functools import partial
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from distributed.metrics import time
 from opentelemetry import trace
@@ -22,7 +22,7 @@ from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 from dask_otel_spans import names
 from dask_otel_spans.config import PluginConfig
 from dask_otel_spans.export.ender import HandOver
-from dask_otel_spans.export.metrics import DaskInstruments, MetricsPump
+from dask_otel_spans.export.metrics import DaskInstruments, MetricCall, MetricsPump
 from dask_otel_spans.export.tracking.progress import (
     LiveProgress,
     Progress,
@@ -36,6 +36,15 @@ from dask_otel_spans.export.tracking.tree import SpanTree
 from dask_otel_spans.logonce import OnceLogger
 from dask_otel_spans.protocol.propagation import ChainIds, parse_carried, resolve_chain
 
+if TYPE_CHECKING:
+    from distributed.spans import Span
+    from opentelemetry._logs import LoggerProvider
+    from opentelemetry.context import Context
+    from opentelemetry.trace import TracerProvider
+    from opentelemetry.util.types import AttributeValue
+
+    from dask_otel_spans.export.tracking.tree import TreeSpan
+
 logger = logging.getLogger(__name__)
 
 
@@ -48,11 +57,11 @@ class LiveSpan(NamedTuple):
     ids: ChainIds
 
 
-def progress_attributes(progress: Progress, not_reported: int) -> dict[str, Any]:
+def progress_attributes(progress: Progress, not_reported: int) -> dict[str, float]:
     """The attributes of a progress record (and of a pending span), past the span's
     name and id."""
     counts: TaskCounts = progress.counts
-    out: dict[str, Any] = {
+    out: dict[str, float] = {
         names.SPAN_ELAPSED: round(progress.elapsed, 3),
         names.SPAN_TASKS_DONE: counts.done,
         names.SPAN_TASKS_ERRED: counts.erred,
@@ -87,7 +96,8 @@ class LiveWriter:
         Where pending spans go; None: none
     """
 
-    def __init__(self, logger_provider: Any, tracer_provider: Any):
+    def __init__(self, logger_provider: LoggerProvider | None,
+                 tracer_provider: TracerProvider | None):
         self._logger = (logger_provider.get_logger(names.INSTRUMENTATION_SCOPE,
                                                    names.VERSION)
                         if logger_provider is not None else None)
@@ -110,14 +120,14 @@ class LiveWriter:
         return self._logger is not None or self._tracer is not None
 
     def started(self, span: LiveSpan, at: float) -> None:
-        attributes: dict[str, Any] = self._own(span)
+        attributes: dict[str, AttributeValue] = self._own(span)
         if span.parent_dask_id is not None:
             attributes[names.SPAN_PARENT_ID] = span.parent_dask_id
         if span.ids.parent_span_id is not None:
             attributes[names.SPAN_PARENT_SPAN_ID] = f"{span.ids.parent_span_id:016x}"
         self._record(names.SPAN_STARTED_EVENT, span, at, attributes)
 
-    def progress(self, span: LiveSpan, at: float, attributes: dict[str, Any],
+    def progress(self, span: LiveSpan, at: float, attributes: Mapping[str, AttributeValue],
                  pending: bool) -> None:
         attributes = {**self._own(span), **attributes}
         self._record(names.SPAN_PROGRESS_EVENT, span, at, attributes)
@@ -125,19 +135,19 @@ class LiveWriter:
             self._pending(span, at, attributes)
 
     @staticmethod
-    def _own(span: LiveSpan) -> dict[str, Any]:
+    def _own(span: LiveSpan) -> dict[str, AttributeValue]:
         return {names.SPAN_NAME: [str(t) for t in span.tags],
                 names.SPAN_ID: span.dask_id}
 
     @staticmethod
-    def _context(span: LiveSpan, remote: bool) -> Any:
+    def _context(span: LiveSpan, remote: bool) -> Context:
         ids = span.ids
         return trace.set_span_in_context(trace.NonRecordingSpan(SpanContext(
             ids.trace_id, ids.span_id, is_remote=remote,
             trace_flags=TraceFlags(ids.trace_flags), trace_state=ids.trace_state)))
 
     def _record(self, event: str, span: LiveSpan, at: float,
-                attributes: dict[str, Any]) -> None:
+                attributes: Mapping[str, AttributeValue]) -> None:
         if self._logger is None:
             return
         from opentelemetry._logs import SeverityNumber
@@ -155,7 +165,8 @@ class LiveWriter:
             self._log_once("emit", "cannot emit %s log records (%s: "
                            "%s; logged once)", event, type(e).__name__, e)
 
-    def _pending(self, span: LiveSpan, at: float, attributes: dict[str, Any]) -> None:
+    def _pending(self, span: LiveSpan, at: float,
+                 attributes: Mapping[str, AttributeValue]) -> None:
         tracer = self._tracer
         if tracer is None:  # (pending spans off)
             return
@@ -196,7 +207,7 @@ class LiveRecords:
     """
 
     def __init__(self, config: PluginConfig, tree: SpanTree, tracker: ReadinessTracker,
-                 enqueue: Callable[[list[Any]], None], writer: LiveWriter,
+                 enqueue: Callable[[list[Callable[[], None]]], None], writer: LiveWriter,
                  pump: MetricsPump | None = None, clock: Callable[[], float] = time):
         self.progress = LiveProgress(config.live_after, config.live_interval)
         self.pending_spans = config.live_pending_spans
@@ -214,7 +225,7 @@ class LiveRecords:
         """Whether anything is made (records, or metrics)."""
         return self.writer.writes or self.pump is not None
 
-    def learned(self, span: Any) -> None:
+    def learned(self, span: Span) -> None:
         """The session added ``span`` to its tree."""
         if self.active:
             self.progress.learned(span.id, self.tree.chain_of(span), span.enqueued,
@@ -226,7 +237,7 @@ class LiveRecords:
     def ended(self, requests: Iterable[HandOver]) -> None:
         """These spans are handed over for export: the started records still due,
         to the ender's queue ahead of them; their counts out of ``dask.span.tasks``."""
-        items = []
+        items: list[Callable[[], None]] = []
         for request in requests:
             span_id = request.ids[-1]
             counted = self._counted.pop(span_id, None)
@@ -265,9 +276,10 @@ class LiveRecords:
         if calls and self.pump is not None:
             self.pump.submit_many(calls)
 
-    def _started_records(self, started: Iterable[str], now: float) -> list[Any]:
+    def _started_records(self, started: Iterable[str],
+                         now: float) -> list[Callable[[], None]]:
         """The calls that make the started records of ``started`` (span ids)."""
-        items: list[Any] = []
+        items: list[Callable[[], None]] = []
         if not self.writer.writes_records:
             return items
         spans = self.tree.spans
@@ -278,7 +290,7 @@ class LiveRecords:
                                      getattr(spans[span_id], "enqueued", now)))
         return items
 
-    def _moved(self, tags: tuple[str, ...], progress: Progress) -> Any:
+    def _moved(self, tags: tuple[str, ...], progress: Progress) -> MetricCall:
         by_state = _tasks_by_state(progress.counts)
         _, before = self._counted.get(progress.span_id, (tags, {}))
         self._counted[progress.span_id] = (tags, by_state)
@@ -304,7 +316,7 @@ class LiveRecords:
 class _PassCounts:
     """The task counts of the spans one pass looks at, each worked out once."""
 
-    def __init__(self, spans: Mapping[str, Any], tracker: Any):
+    def __init__(self, spans: Mapping[str, TreeSpan], tracker: ReadinessTracker):
         self._spans = spans
         self._tracker = tracker
         self._counted: dict[str, TaskCounts] = {}

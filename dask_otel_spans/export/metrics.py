@@ -8,7 +8,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
 
 from opentelemetry.context import Context
 from opentelemetry.metrics import Counter, Meter
@@ -24,9 +24,16 @@ from dask_otel_spans.background import QueueThread, ThreadWorker
 from dask_otel_spans.export.caps import SeriesCap, SpanNameCap
 from dask_otel_spans.protocol.propagation import prefix_span_id
 
+if TYPE_CHECKING:
+    from opentelemetry.metrics import Histogram, UpDownCounter
+
 logger = logging.getLogger(__name__)
 
 V = TypeVar("V")
+
+#: An instrument of :class:`DaskInstruments` (the series of its histogram are
+#: recorded at once; only its counters' are summed)
+Instrument: TypeAlias = "Counter | UpDownCounter | Histogram"
 
 
 #: Bucket boundaries (seconds) of ``dask.span.duration``, given to the SDK as advice:
@@ -42,8 +49,8 @@ SPAN_DURATION_BUCKETS = (
 _IDLE_KEY = ("execute", names.IDLE_PREFIX, names.IDLE_ACTIVITY, "seconds")
 
 
-def unit_family(unit: Any) -> tuple[str, str]:
-    """``(instrument suffix, OTel unit)`` for a dask unit."""
+def unit_family(unit: object) -> tuple[str, str]:
+    """``(instrument suffix, OTel unit)`` for a dask unit (as a heartbeat key has it)."""
     if isinstance(unit, str):
         return names.UNIT_FAMILIES.get(unit, names.CUSTOM_UNIT_FAMILY)
     return names.CUSTOM_UNIT_FAMILY
@@ -76,7 +83,7 @@ class _Series:
 
     __slots__ = ("instrument", "attributes", "key", "context")
 
-    def __init__(self, instrument: Any, attributes: dict[str, Any]):
+    def __init__(self, instrument: Instrument, attributes: dict[str, str]):
         self.instrument = instrument
         self.attributes = attributes
         #: set by the caller for series whose points have exemplars
@@ -148,8 +155,9 @@ class DaskInstruments:
         #: (instrument, span name) -> the series of the instruments whose one
         #: attribute is the span name (duration, active spans)
         self._by_name: dict[tuple[int, str], _Series] = {}
-        #: sums not handed to the SDK yet: series key -> [series, sum]
-        self._unsent: dict[tuple[Any, ...], list[Any]] = {}
+        #: sums not handed to the SDK yet: series key -> [series, sum] (a list, summed
+        #: in place: no type says what each of its items is)
+        self._unsent: dict[tuple[Hashable, ...], list[Any]] = {}
         self._lock = threading.Lock()
         #: figures for tests and benchmarks: updates summed, SDK calls made
         self.updates = 0
@@ -178,7 +186,7 @@ class DaskInstruments:
         ``span_traces`` to its ``(trace id, OTel span id, trace flags)``: the sums
         get exemplars of the span's prefix span (or of the span itself, without
         prefix spans)."""
-        span_names: dict[Any, str] = {}  # the name of each span, once per call
+        span_names: dict[Hashable, str] = {}  # the name of each span, once per call
         cache = self._cache
         for key, value in deltas.items():
             if not isinstance(key, tuple) or len(key) < 4:
@@ -200,7 +208,7 @@ class DaskInstruments:
             series.context = self._exemplar_context(span_id, prefix, span_traces)
             self._sum(series, value)
 
-    def _span_series(self, name: str, key: tuple[Any, ...], prefix: Any) -> _Series:
+    def _span_series(self, name: str, key: tuple[Hashable, ...], prefix: Hashable) -> _Series:
         """The series of heartbeat ``key`` of a span named ``name`` (made once)."""
         unit = key[-1]
         attrs = {
@@ -214,7 +222,7 @@ class DaskInstruments:
         self._cache.put((name, key[0], prefix, key[-2], unit), series)
         return series
 
-    def _exemplar_context(self, span_id: Any, prefix: Any,
+    def _exemplar_context(self, span_id: str, prefix: Hashable,
                           span_traces: Mapping[str, tuple[int, int, int]] | None
                           ) -> Context | None:
         """The context of the span whose points are exemplars of ``span_id``'s
@@ -299,10 +307,10 @@ class DaskInstruments:
                     names.SPAN_NAME: name, names.TASK_STATE: state})
             self._sum(series, count)
 
-    def _series(self, instrument: Any, attributes: dict[str, Any]) -> _Series:
+    def _series(self, instrument: Instrument, attributes: dict[str, str]) -> _Series:
         return _Series(instrument, self.series_cap(instrument, attributes))
 
-    def _named_series(self, instrument: Any, name: str) -> _Series:
+    def _named_series(self, instrument: Instrument, name: str) -> _Series:
         """The series of ``instrument`` whose one attribute is the span name
         ``name`` (made once per name: the span-name cap bounds them)."""
         key = (id(instrument), name)
@@ -341,7 +349,7 @@ class DaskInstruments:
 
 #: An update of the instruments: an unbound method of :class:`DaskInstruments` (a
 #: rename fails at import, not at run time on the metrics thread) and its arguments
-MetricCall = tuple[Callable[..., None], tuple[Any, ...]]
+MetricCall: TypeAlias = tuple[Callable[..., None], tuple[object, ...]]
 
 
 class MetricsPump(ThreadWorker):
@@ -375,7 +383,7 @@ class MetricsPump(ThreadWorker):
             return None
         return max(0.0, self._next_send - time.monotonic())
 
-    def submit(self, method: Callable[..., None], *args: Any) -> None:
+    def submit(self, method: Callable[..., None], *args: object) -> None:
         """Call ``method(instruments, *args)`` on the thread (``method`` a method of
         :class:`DaskInstruments`, e.g. ``DaskInstruments.add_worker_deltas``)."""
         self.thread.put((method, args))

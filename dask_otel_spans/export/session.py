@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dask_otel_spans.background import QueueThread
 from dask_otel_spans.config import TICK_INTERVAL, PluginConfig
@@ -33,6 +33,10 @@ from dask_otel_spans.protocol.exceptions import OTHER, exception_type
 from dask_otel_spans.protocol.figures import ExportFigures
 from dask_otel_spans.protocol.propagation import parse_carried, resolve_chain
 from dask_otel_spans.protocol.tasks import SLOWEST
+
+if TYPE_CHECKING:
+    from dask_otel_spans.protocol.events import CodeSnippets
+    from dask_otel_spans.protocol.snapshots import DoneFigures
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +90,7 @@ class ExportSession:
         self.share_watch: ExportShareWatch | None = None
         self._next_pass = time.monotonic()
         #: span id -> (trace id, span id, flags), for exemplars (the latest spans)
-        self._traces = BoundedMemory(MAX_TRACES)
+        self._traces: BoundedMemory[str, tuple[int, int, int]] = BoundedMemory(MAX_TRACES)
         self._log_once = OnceLogger(logger)
         #: messages that were not of the protocol (skipped)
         self.unreadable = 0
@@ -237,7 +241,7 @@ class ExportSession:
     def on_group_running(self, span_id: str, group: int, prefix: str) -> None:
         self.tree.group(span_id, group, prefix)
 
-    def on_group_done(self, span_id: str, group: int, figures: tuple[Any, ...]) -> None:
+    def on_group_done(self, span_id: str, group: int, figures: DoneFigures) -> None:
         tg = self.tree.group(span_id, group, figures[0], figures)
         if tg is not None:
             self.tracker.group_done(span_id, tg.stop)
@@ -246,34 +250,34 @@ class ExportSession:
         self.tree.group_counts(entries)
 
     def on_group_erred(self, span_id: str, group: int, count: int,
-                       classes: list[tuple[Any, str, int]]) -> None:
+                       classes: list[tuple[str | bytes | None, str, int]]) -> None:
         self.tree.group_erred(span_id, group, count, [
             (exception_type(name, origin) if origin is not None or name else OTHER, n)
             for origin, name, n in classes])
 
     def on_group_tasks(self, span_id: str, group: int, prefix: str,
-                       records: list[tuple[Any, ...]], erred_seen: int,
+                       records: list[tuple[object, ...]], erred_seen: int,
                        others_seen: int) -> None:
         self.tree.add_tasks(span_id, prefix, records, erred_seen, others_seen)
 
     def on_span_metrics(self, span_id: str, metrics: Mapping[Hashable, float]) -> None:
         self.tree.add_metrics(span_id, metrics)
 
-    def on_span_code(self, span_id: str, code: tuple[Any, ...]) -> None:
+    def on_span_code(self, span_id: str, code: CodeSnippets) -> None:
         self.tree.add_code(span_id, code)
 
     def on_worker_count(self, n: int) -> None:
         self.tree.n_workers = int(n)
 
     def on_graph_submitted(self, time: float, client: str | None, span_ids: list[str],
-                 chains: Any, collisions: list[tuple[str, str, str]],
+                 chains: object, collisions: list[tuple[str, str, str]],
                  links: list[tuple[str, dict[str, str]]]) -> None:
         self.tracker.graph(time, client, span_ids, chains, links)
         self.live.graph(span_ids)
         if collisions:
             self.collisions.seen(collisions, self.tree.tags)
 
-    def on_close_notice(self, time: float, msg: Any) -> None:
+    def on_close_notice(self, time: float, msg: object) -> None:
         self.tracker.close_notice(time, msg)
         self.collisions.notice(msg)
 

@@ -6,15 +6,17 @@ from __future__ import annotations
 import ast
 import builtins
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dask_otel_spans import names
 from dask_otel_spans.protocol.exceptions import exception_type
 from dask_otel_spans.protocol.propagation import task_span_id
 
 if TYPE_CHECKING:
+    from opentelemetry.util.types import AttributeValue
+
     from dask_otel_spans.protocol.tasks import TaskRecord
 
 #: ``repr(exception)`` as dask's ``error_message`` sends it: ``Type(args)``
@@ -31,7 +33,7 @@ class TaskEvent:
 
     name: str
     time_ns: int
-    attributes: dict[str, Any]
+    attributes: Mapping[str, AttributeValue]
 
 
 @dataclass(frozen=True)
@@ -42,13 +44,13 @@ class TaskSpanFields:
     span_id: int
     start_ns: int
     end_ns: int
-    attributes: dict[str, Any]
+    attributes: dict[str, AttributeValue]
     events: list[TaskEvent]
     #: the exception type, for an erred task (status ERROR, as its description)
     error: str | None
 
 
-def exception_message(kind: str, args: tuple[Any, ...]) -> str:
+def exception_message(kind: str, args: tuple[object, ...]) -> str:
     """``str(e)`` of an exception of the type named ``kind`` made with ``args``.
 
     A built-in type is made again from ``args`` (literals only) and asked, so that
@@ -92,13 +94,13 @@ def exception_parts(text: str) -> tuple[str, str]:
     return kind, exception_message(kind, args)
 
 
-def exception_attributes(record: TaskRecord, with_details: bool) -> dict[str, Any]:
+def exception_attributes(record: TaskRecord, with_details: bool) -> dict[str, str]:
     """The ``exception`` event's attributes: the type, and unless ``with_details``
     is off (``record-exceptions: false``) the message and a stack trace in Python's
     format (the worker's frames, then the exception line)."""
     kind, message = exception_parts(record.exception or "")
     kind = exception_type(kind, record.exception_class)
-    attributes: dict[str, Any] = {names.EXCEPTION_TYPE: kind}
+    attributes: dict[str, str] = {names.EXCEPTION_TYPE: kind}
     if with_details:
         attributes[names.EXCEPTION_MESSAGE] = message
         # (Python's last line: the type alone when the message is empty; Python
@@ -127,7 +129,7 @@ def task_span_fields(
         start, stop = record.start, record.stop
         if not start or not stop:
             start, stop = default_start, default_stop
-        attributes: dict[str, Any] = {
+        attributes: dict[str, AttributeValue] = {
             names.TASK_PREFIX: prefix,
             names.TASK_KEY: record.key,
             names.WORKER_ADDRESS: record.worker,

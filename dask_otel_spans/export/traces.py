@@ -7,7 +7,7 @@ from collections import defaultdict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dask_otel_spans import names
 from dask_otel_spans.export.task_spans import TaskSpanFields, task_span_fields
@@ -15,7 +15,9 @@ from dask_otel_spans.protocol.exceptions import OTHER
 from dask_otel_spans.protocol.propagation import ChainIds, prefix_span_id
 
 if TYPE_CHECKING:
+    from distributed.client import SourceCode
     from opentelemetry.trace import SpanContext
+    from opentelemetry.util.types import AttributeValue
 
     from dask_otel_spans.protocol.snapshots import GroupSnapshot, SpanSnapshot
 
@@ -30,7 +32,7 @@ _KEY_CACHE_SIZE = 4096
 
 
 @functools.lru_cache(maxsize=_KEY_CACHE_SIZE)
-def metric_attribute(activity: Any, unit: Any) -> str:
+def metric_attribute(activity: str, unit: str) -> str:
     """``dask.metrics.<activity>.<unit>``"""
     return f"{names.METRICS_ATTRIBUTE_PREFIX}{activity}.{unit}"
 
@@ -153,7 +155,7 @@ def active_cpu_seconds(
     return total
 
 
-def code_attribute(code: Iterable[tuple[Any, ...]], max_length: int) -> str:
+def code_attribute(code: Iterable[tuple[SourceCode, ...]], max_length: int) -> str:
     """Client code snippets of a span as one string, cut to ``max_length``."""
     parts = []
     for snippet in code:
@@ -174,7 +176,7 @@ class PrefixSpanFields:
     span_id: int
     start_ns: int
     end_ns: int
-    attributes: dict[str, Any]
+    attributes: dict[str, AttributeValue]
     #: its task spans (``task-spans``)
     tasks: list[TaskSpanFields] = field(default_factory=list)
     #: set when tasks erred: the status description
@@ -189,7 +191,7 @@ class SpanFields:
     ids: ChainIds
     start_ns: int
     end_ns: int
-    attributes: dict[str, Any]
+    attributes: dict[str, AttributeValue]
     #: set when tasks erred: the status description
     error: str | None
     prefixes: list[PrefixSpanFields]
@@ -210,7 +212,7 @@ def span_display_name(tags: Sequence[str]) -> str:
 
 def _base_attributes(
     tags: Sequence[str], dask_id: str, summary: SpanSummary, active_cpu: float
-) -> dict[str, Any]:
+) -> dict[str, AttributeValue]:
     return {
         names.SPAN_NAME: [str(t) for t in tags],
         names.SPAN_ID: str(dask_id),
@@ -281,7 +283,7 @@ def prefix_fields(
         fig = _group_figures(groups)
         start = fig.start or default_start
         stop = max(fig.stop or default_stop, start)
-        attributes: dict[str, Any] = {
+        attributes: dict[str, AttributeValue] = {
             names.TASK_PREFIX: prefix,
             names.TASK_GROUP_COUNT: len(groups),
             names.TASK_GROUP_TASK_COUNT: fig.task_count,
@@ -377,7 +379,8 @@ def span_fields(
         attributes[metric_attribute(activity, unit)] = value
     idle = max(0.0, active_cpu - summary.execute_seconds)
     idle_attr = metric_attribute(names.IDLE_ACTIVITY, "seconds")
-    attributes[idle_attr] = attributes.get(idle_attr, 0) + idle
+    # (a metric attribute, set just above if at all: a number)
+    attributes[idle_attr] = attributes.get(idle_attr, 0) + idle  # type: ignore[operator]
     attributes[names.SPAN_CLOSE_REASON] = close_reason
     kind = error_type(summary)
     if kind is not None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
@@ -19,6 +19,8 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from dask_otel_spans import names
 
 if TYPE_CHECKING:
+    from opentelemetry.util.types import AttributeValue
+
     from dask_otel_spans.export.task_spans import TaskEvent
 
 logger = logging.getLogger(__name__)
@@ -56,12 +58,14 @@ class Started:
 
     __slots__ = ("span_context", "recording", "state")
 
-    def __init__(self, span_context: SpanContext, recording: bool, state: Any = None):
+    def __init__(self, span_context: SpanContext, recording: bool,
+                 state: trace.Span | _Recorded | None = None):
         #: the span's own context (exception log events are made in it)
         self.span_context = span_context
         #: False when the sampler dropped it: ending it does nothing
         self.recording = recording
-        #: what the writer needs to end it
+        #: what the writer needs to end it: :class:`ApiWriter`'s, the API span;
+        #: :class:`DirectWriter`'s, what it recorded (None when not recording)
         self.state = state
 
 
@@ -78,7 +82,7 @@ class SpanWriter:
     max_name_length: int | None = None
 
     def start(self, name: str, trace_id: int, span_id: int, parent: Parent,
-              attributes: dict[str, Any], start_ns: int,
+              attributes: Mapping[str, AttributeValue], start_ns: int,
               links: Sequence[SpanContext] = ()) -> Started:
         """Start the span ``span_id`` below ``parent`` (in ``trace_id`` when it has
         no valid parent), as the provider's sampler decides."""
@@ -89,7 +93,7 @@ class SpanWriter:
                            [Link(c) for c in links] if links else None)
 
     def _start(self, name: str, trace_id: int, span_id: int, parent: Parent,
-               attributes: dict[str, Any], start_ns: int,
+               attributes: Mapping[str, AttributeValue], start_ns: int,
                links: list[Link] | None) -> Started:
         raise NotImplementedError
 
@@ -121,7 +125,7 @@ class _PinnedIdGenerator(IdGenerator):
         return False
 
 
-def attribute_length_limit(provider: Any) -> int | None:
+def attribute_length_limit(provider: trace.TracerProvider) -> int | None:
     """The attribute value length limit that spans of ``provider`` get: the SDK
     provider's own span limits when it has them, else the environment's
     (``OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT``, then
@@ -146,7 +150,7 @@ class ApiWriter(SpanWriter):
         derived from dask span ids (an SDK tracer's: others make ids of their own)
     """
 
-    def __init__(self, tracer_provider: Any):
+    def __init__(self, tracer_provider: trace.TracerProvider):
         self._ids = _PinnedIdGenerator()
         tracer = tracer_provider.get_tracer(names.INSTRUMENTATION_SCOPE, names.VERSION)
         if hasattr(tracer, "id_generator"):
@@ -163,7 +167,7 @@ class ApiWriter(SpanWriter):
         self.max_name_length = attribute_length_limit(tracer_provider)
 
     def _start(self, name: str, trace_id: int, span_id: int, parent: Parent,
-               attributes: dict[str, Any], start_ns: int,
+               attributes: Mapping[str, AttributeValue], start_ns: int,
                links: list[Link] | None) -> Started:
         self._ids.trace_id = trace_id
         self._ids.span_id = span_id
@@ -174,11 +178,13 @@ class ApiWriter(SpanWriter):
         return Started(span.get_span_context(), span.is_recording(), span)
 
     def below(self, started: Started) -> Parent:
-        return Parent(started.span_context, trace.set_span_in_context(started.state))
+        # (its state: the API span, as _start made it)
+        return Parent(started.span_context,
+                      trace.set_span_in_context(started.state))  # type: ignore[arg-type]
 
     def end(self, started: Started, end_ns: int, events: Sequence[TaskEvent] = (),
             error: str | None = None) -> None:
-        span = started.state
+        span: trace.Span = started.state  # type: ignore[assignment]  # (as _start made it)
         for event in events:
             span.add_event(event.name, event.attributes, timestamp=event.time_ns)
         if error:
@@ -191,11 +197,11 @@ class _Recorded(NamedTuple):
 
     name: str
     parent: SpanContext | None
-    attributes: Mapping[str, Any]
+    attributes: Mapping[str, AttributeValue]
     links: list[Link] | None
     start_ns: int
     #: the SDK's own span metrics' end callback (SDKs that have them), or None
-    end_metrics: Any
+    end_metrics: Callable[[], None] | None
 
 
 class DirectWriter(SpanWriter):
@@ -224,7 +230,7 @@ class DirectWriter(SpanWriter):
         self.max_name_length = self._limits.max_span_attribute_length
 
     def _start(self, name: str, trace_id: int, span_id: int, parent: Parent,
-               attributes: dict[str, Any], start_ns: int,
+               attributes: Mapping[str, AttributeValue], start_ns: int,
                links: list[Link] | None) -> Started:
         parent_context = parent.span_context
         if parent_context is not None and parent_context.is_valid:
@@ -251,7 +257,7 @@ class DirectWriter(SpanWriter):
             error: str | None = None) -> None:
         if not started.recording:
             return
-        recorded: _Recorded = started.state
+        recorded: _Recorded = started.state  # type: ignore[assignment]  # (recording)
         limits = self._limits
         span = ReadableSpan(
             name=recorded.name,
@@ -293,7 +299,8 @@ class DirectWriter(SpanWriter):
         ])
 
 
-def span_attributes(attributes: Mapping[str, Any], limits: SpanLimits) -> Mapping[str, Any]:
+def span_attributes(attributes: Mapping[str, AttributeValue],
+                    limits: SpanLimits) -> Mapping[str, AttributeValue]:
     """A span's attributes as the SDK keeps them under ``limits``: a plain copy (its
     sequences as tuples) when no value needs the SDK's cleaning and nothing is past a
     limit (most spans: the SDK's ``BoundedAttributes`` costs over 1 µs an
@@ -308,7 +315,8 @@ def span_attributes(attributes: Mapping[str, Any], limits: SpanLimits) -> Mappin
     return BoundedAttributes(count, attributes, immutable=True, max_value_len=length)
 
 
-def _plain_copy(attributes: Mapping[str, Any], length: int | None) -> dict[str, Any] | None:
+def _plain_copy(attributes: Mapping[str, AttributeValue],
+                length: int | None) -> dict[str, AttributeValue] | None:
     """``attributes`` with sequences as tuples, or None when a key or value is not
     one that every supported SDK keeps as it is (a non-empty str key; a value of
     exactly str, bool, int or float, or a list or tuple of one of them, strings
@@ -325,24 +333,27 @@ def _plain_copy(attributes: Mapping[str, Any], length: int | None) -> dict[str, 
     if kinds & _SEQUENCES:
         for key, value in out.items():
             if type(value) in _SEQUENCES:
-                value = tuple(value)
+                value = tuple(value)  # type: ignore[arg-type]  # (a list or a tuple)
                 if not _plain_sequence(value, length):
                     return None
                 out[key] = value
     return out
 
 
-def _plain_sequence(values: tuple[Any, ...], length: int | None) -> bool:
+def _plain_sequence(values: tuple[AttributeValue, ...], length: int | None) -> bool:
     """Whether ``values`` are all of one plain type (strings within ``length``)."""
     if not values:
         return True
     kinds = set(map(type, values))
     if len(kinds) != 1 or not kinds <= _PLAIN_SET:
         return False
-    return str not in kinds or length is None or max(map(len, values)) <= length
+    # (len() only when they are all strings)
+    return (str not in kinds or length is None
+            or max(map(len, values)) <= length)  # type: ignore[arg-type]
 
 
-def span_writer(tracer_provider: Any, *, owned: bool) -> SpanWriter | None:
+def span_writer(tracer_provider: trace.TracerProvider | None, *,
+                owned: bool) -> SpanWriter | None:
     """The writer of the spans of ``tracer_provider``: built directly
     (:class:`DirectWriter`) for a provider the package built and owns (the embedded
     default, every ``OTEL_*`` configuration), through the API (:class:`ApiWriter`)

@@ -19,7 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from dask_otel_spans.export.tracking.tree import TreeGroup, TreeSpan
 
 #: Progress records per interval at most (the longest-running spans); the others are
 #: counted in each record made (``dask.live.spans_not_reported``)
@@ -55,7 +58,7 @@ def is_over(counts: TaskCounts, closed: bool, done: bool) -> bool:
     return not counts.groups_running and (closed or done)
 
 
-def _group_tasks(tg: Any) -> tuple[int, int, int, int, int]:
+def _group_tasks(tg: TreeGroup) -> tuple[int, int, int, int, int]:
     """A group's tasks ``(total, done, erred, running, waiting)`` (a group of the span
     tree copy: :class:`~dask_otel_spans.export.tracking.tree.TreeGroup`). A running
     group not counted yet (no ``counts`` message) counts its erred tasks only."""
@@ -72,7 +75,7 @@ def _group_tasks(tg: Any) -> tuple[int, int, int, int, int]:
     return (total, settled - erred, erred, running, waiting)
 
 
-def task_counts(span: Any) -> TaskCounts:
+def task_counts(span: TreeSpan) -> TaskCounts:
     """The :class:`TaskCounts` of ``span`` (a span of the span tree copy) and its
     descendants."""
     sums = [0, 0, 0, 0, 0]  # (total, done, erred, running, waiting)

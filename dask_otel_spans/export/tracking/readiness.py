@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from distributed.metrics import time
 
@@ -30,6 +30,10 @@ from dask_otel_spans.protocol.dask_facts import (
 from dask_otel_spans.protocol.notices import read_notice
 from dask_otel_spans.protocol.propagation import carried_headers
 from dask_otel_spans.protocol.snapshots import snapshot_span
+
+if TYPE_CHECKING:
+    from distributed.scheduler import TaskGroup
+    from distributed.spans import Span
 
 logger = logging.getLogger(__name__)
 
@@ -68,12 +72,12 @@ class ReadinessTracker:
 
     def __init__(
         self,
-        spans: Mapping[str, Any],
-        chain_of: Callable[[Any], tuple[str, ...]],
+        spans: Mapping[str, Span],
+        chain_of: Callable[[Span], tuple[str, ...]],
         config: PluginConfig,
         *,
         n_workers: Callable[[], int] = lambda: 0,
-        on_handed_over: Callable[[Any], None] | None = None,
+        on_handed_over: Callable[[Span], None] | None = None,
     ):
         self.spans = spans
         self.chain_of = chain_of
@@ -83,8 +87,8 @@ class ReadinessTracker:
         self._open: dict[str, OpenSpan] = {}
         #: handed over spans whose parent is still open: the ender holds their summary
         self._summarized: set[str] = set()
-        self._unseen_handed_over = BoundedMemory(MAX_REMEMBERED)
-        self._submitted_unknown = BoundedMemory(MAX_REMEMBERED)
+        self._unseen_handed_over: BoundedMemory[str, None] = BoundedMemory(MAX_REMEMBERED)
+        self._submitted_unknown: BoundedMemory[str, None] = BoundedMemory(MAX_REMEMBERED)
         self._schedule = CheckSchedule()
         self._metric_calls: list[MetricCall] = []
         self._requests: list[HandOver] = []
@@ -123,7 +127,7 @@ class ReadinessTracker:
 
     # -- events ----------------------------------------------------------------------
 
-    def add_span(self, span: Any, now: float | None = None) -> None:
+    def add_span(self, span: Span, now: float | None = None) -> None:
         """A span of the tree, new or adopted."""
         if span.id in self._unseen_handed_over:
             return
@@ -159,7 +163,7 @@ class ReadinessTracker:
             self._schedule.wake_up_at(rec, stop + self.grace)
 
     def graph(self, now: float, client: str | None, span_ids: Iterable[str],
-              chains: Any, links: Iterable[tuple[str, Any]] = ()) -> None:
+              chains: object, links: Iterable[tuple[str, dict[str, str]]] = ()) -> None:
         """A graph reached the scheduler: its tasks' spans saw activity, the W3C
         contexts its annotation carried apply to them, and the spans its bare
         submissions landed in link to their callers (``(span id, W3C headers)``)."""
@@ -171,8 +175,9 @@ class ReadinessTracker:
                 rec.links.add(headers)
         self._mark_active(span_ids, now, client)
 
-    def close_notice(self, now: float, msg: Any) -> None:
-        """The client helper's block exited (one notice, or a batch of them)."""
+    def close_notice(self, now: float, msg: object) -> None:
+        """The client helper's block exited (one notice, or a batch of them; as it
+        came: :func:`read_notice` checks each)."""
         grace = self.grace
         for notice in msg if isinstance(msg, (list, tuple)) else (msg,):
             try:
@@ -243,7 +248,7 @@ class ReadinessTracker:
 
     # -- events, in detail -----------------------------------------------------------
 
-    def _absorb_chains(self, chains: Any) -> None:
+    def _absorb_chains(self, chains: object) -> None:
         """Apply the W3C contexts of an annotation's chains (each {dask id:
         headers}) to the open spans."""
         if isinstance(chains, Mapping):
@@ -267,7 +272,7 @@ class ReadinessTracker:
                 absorbed.add(dask_id)
                 self._absorb(dask_id, carried)
 
-    def _absorb(self, dask_id: str, carried: dict[str, Any]) -> None:
+    def _absorb(self, dask_id: str, carried: dict[str, object]) -> None:
         """A graph carried the contexts ``carried`` of the chain of ``dask_id``."""
         rec = self._open.get(dask_id)
         if rec is not None:
@@ -281,7 +286,7 @@ class ReadinessTracker:
         elif dask_id not in self.spans:
             self._submitted_unknown.remember(dask_id)
 
-    def _chain_known(self, chain: dict[Any, Any], absorbed: set[str]) -> bool:
+    def _chain_known(self, chain: dict[str, object], absorbed: set[str]) -> bool:
         """Whether every span of a carried ``chain`` not absorbed yet is open with
         its own context from its close notice (which carried this very chain):
         then only the graph's coming is news."""
@@ -327,9 +332,11 @@ class ReadinessTracker:
                         node_rec.clients.add(client)
                 node = node.parent
 
-    def _on_close_notice(self, msg: Any, now: float, grace: float) -> None:
+    def _on_close_notice(self, msg: object, now: float, grace: float) -> None:
         try:
-            notice = read_notice(msg)
+            # (as it came: read_notice checks it, and raises for one not of the
+            # helper's shape)
+            notice = read_notice(msg)  # type: ignore[arg-type]
         except Exception as e:
             self._log_once(
                 "bad-notice", "ignoring a malformed close notice on topic %r (%s): "
@@ -365,7 +372,7 @@ class ReadinessTracker:
 
     # -- readiness -------------------------------------------------------------------
 
-    def _note_done(self, rec: OpenSpan, now: float, leaf_group: Any,
+    def _note_done(self, rec: OpenSpan, now: float, leaf_group: TaskGroup | None,
                    verdicts: Verdicts) -> float:
         """The span is done, as this pass first sees: since when (the grace period
         covers heartbeats still in flight: it counts from when the last task
@@ -502,7 +509,7 @@ class ReadinessTracker:
     def _log_failure(self, where: str) -> None:
         self._log_once.failure(where)
 
-    def _log_bad_annotation(self, value: Any) -> None:
+    def _log_bad_annotation(self, value: object) -> None:
         self._log_once(
             "bad-annotation", "ignoring an %r annotation that is not a mapping of dask "
             "span id to W3C headers: %.200r", names.ANNOTATION_KEY, value,

@@ -1,9 +1,13 @@
 """The readiness tracker's record of one dask span that was not handed over yet."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dask_otel_spans import names
+
+if TYPE_CHECKING:
+    from distributed.scheduler import TaskGroup
+    from distributed.spans import Span
 
 
 class CallerLinks:
@@ -67,9 +71,9 @@ class OpenSpan:
         self.tags = tags
         self.ids = ids
         #: the tree's Span; None until the scheduler has tasks of it
-        self.span: Any = None
+        self.span: Span | None = None
         #: W3C headers carried from the client for ids of the chain, as sent
-        self.carried: dict[str, Any] = {}
+        self.carried: dict[str, object] = {}
         #: callers of bare submissions whose tasks dask put in it
         self.links = CallerLinks()
         #: opened by the client helper: wait for its close notice
@@ -102,7 +106,7 @@ class OpenSpan:
         #: when a pass looks at it again, unless something changes first
         self.wake_at: float | None = None
         #: a TaskGroup found not done by the last check: looked at first
-        self.unfinished_group: Any = None
+        self.unfinished_group: TaskGroup | None = None
         #: id of an open child found not done (or closed, and so handed over before
         #: it) by the last check: looked at first
         self.unfinished_child: str | None = None
@@ -115,7 +119,7 @@ class OpenSpan:
         )
 
 
-def carried_for_translation(rec: OpenSpan, root: OpenSpan | None) -> dict[str, Any]:
+def carried_for_translation(rec: OpenSpan, root: OpenSpan | None) -> dict[str, object]:
     """The carried headers the translation reads of a span: the root's (which an open
     ``root`` record may hold alone) and its own; empty carriers left out (they say
     what no carrier says)."""

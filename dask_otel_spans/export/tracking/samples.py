@@ -3,7 +3,7 @@ groups' samples under ``max-task-spans``."""
 from __future__ import annotations
 
 import heapq
-from typing import Any
+from collections.abc import Iterable
 
 from dask_otel_spans.protocol.tasks import TaskRecord
 
@@ -23,7 +23,8 @@ class PrefixTasks:
         self.seen = 0
         self._tie = 0
 
-    def add(self, records: Any, erred_seen: int, others_seen: int) -> None:
+    def add(self, records: Iterable[tuple[object, ...]], erred_seen: int,
+            others_seen: int) -> None:
         """Merge a group's records (as the ``tasks`` message carries them)."""
         self.seen += int(erred_seen) + int(others_seen)
         for fields in records:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Iterator, Mapping
-from typing import Any, cast
+from typing import TYPE_CHECKING
 
 from distributed.spans import Span
 
@@ -22,6 +22,10 @@ from dask_otel_spans.protocol.dask_private import (
     cumulative_metrics,
     set_nthreads_offset,
 )
+
+if TYPE_CHECKING:
+    from dask_otel_spans.protocol.events import CodeSnippets
+    from dask_otel_spans.protocol.snapshots import DoneFigures, GroupFields
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +77,7 @@ class TreeGroup:
         #: then); None when settled or not told yet
         self.counts: tuple[int, int, int, int] | None = None
 
-    def settle(self, figures: Any) -> None:
+    def settle(self, figures: DoneFigures | GroupFields) -> None:
         """Take the figures of a ``done`` message
         (:func:`~dask_otel_spans.protocol.snapshots.done_figures`; without the erred window
         at their end, no task of it erred since it was last done). ``start`` and
@@ -108,6 +112,14 @@ class TreeSpan(Span):
     _parent_span: Span | None
     #: prefix -> the tasks of its own groups that get task spans
     task_samples: dict[str, PrefixTasks]
+    #: its groups are the copy's stand-ins for the scheduler's ``TaskGroup``
+    #: (with the fields that ``Span``'s properties read), its children and
+    #: descendants spans of the copy (:meth:`SpanTree.add_span`)
+    groups: set[TreeGroup]  # type: ignore[assignment]
+    children: list[TreeSpan]  # type: ignore[assignment]
+
+    if TYPE_CHECKING:
+        def traverse_spans(self) -> Iterator[TreeSpan]: ...
 
     @property
     def parent(self) -> Span | None:
@@ -151,7 +163,7 @@ class SpanTree:
         self.last_position = -1
         self.tags = _Tags(self)
 
-    def add_span(self, ids: Any, name: Any, enqueued: float, offset: int,
+    def add_span(self, ids: tuple[str, ...], name: Iterable[str], enqueued: float, offset: int,
                  position: int = -1) -> TreeSpan | None:
         """Add a span; None when it is in the copy already (adopted again)."""
         ids = tuple(ids)
@@ -175,7 +187,7 @@ class SpanTree:
         return span
 
     def group(self, span_id: str, key: int, prefix: str,
-              figures: Any = None) -> TreeGroup | None:
+              figures: DoneFigures | GroupFields | None = None) -> TreeGroup | None:
         """A task group of a span runs (``figures`` None) or settled; None when the
         span was handed over already (a late settle changes nothing)."""
         span = self.spans.get(span_id)
@@ -184,15 +196,14 @@ class SpanTree:
         tg = self.groups.get((span_id, key))
         if tg is None:
             tg = self.groups[span_id, key] = TreeGroup(key, str(prefix), span_id)
-            # (a stand-in with the fields of a TaskGroup that Span's properties read)
-            span.groups.add(tg)  # type: ignore[arg-type]
+            span.groups.add(tg)
         if figures is None:
             tg.states = RUNNING
         else:
             tg.settle(figures)
         return tg
 
-    def group_counts(self, entries: Iterable[Any]) -> None:
+    def group_counts(self, entries: Iterable[tuple[str, int, int, int, int, int]]) -> None:
         """The tasks by state of running groups (the ``counts`` message's entries:
         ``(span id, group key, total, erred, running, waiting)``); an entry of a
         group not in the copy, or settled, changes nothing. The errors seen by then
@@ -223,7 +234,8 @@ class SpanTree:
         for kind, n in types:
             errors[kind] = errors.get(kind, 0) + n
 
-    def add_tasks(self, span_id: str, prefix: str, records: Any, erred_seen: int,
+    def add_tasks(self, span_id: str, prefix: str, records: Iterable[tuple[object, ...]],
+                  erred_seen: int,
                   others_seen: int) -> None:
         """Tasks of a group of the span chosen for task spans, merged into its
         prefix's under the cap (nothing when the span was handed over already)."""
@@ -242,20 +254,25 @@ class SpanTree:
         if span is not None:
             cumulative_metrics(span).update(metrics)
 
-    def add_code(self, span_id: str, code: Any) -> None:
+    def add_code(self, span_id: str, code: CodeSnippets) -> None:
         span = self.spans.get(span_id)
         if span is not None:
             for snippets in code:
                 code_snippets(span)[tuple(snippets)] = None
 
-    def add_deltas(self, deltas: Mapping[Any, float]) -> None:
+    def add_deltas(self, deltas: Mapping[Hashable, float]) -> None:
         """Heartbeat deltas ``{(context, span_id, prefix, activity, unit): value}``,
         summed into the spans' metrics (as ``SpansSchedulerExtension.heartbeat``
         does); a key that is not of that shape is skipped."""
         spans = self.spans
+        context: Hashable
+        span_id: str
+        other: list[Hashable]
         for key, value in deltas.items():
             try:
-                context, span_id, *other = key
+                # (a key from a worker's heartbeat: dask's are tuples; one of
+                # another shape is skipped)
+                context, span_id, *other = key  # type: ignore[misc]
             except (TypeError, ValueError):
                 continue
             span = spans.get(span_id)
@@ -263,9 +280,10 @@ class SpanTree:
                 own_key = (context, *other)
                 cumulative_metrics(span)[own_key] += value
 
-    def forget(self, span: TreeSpan) -> None:
+    def forget(self, span: Span) -> None:
         """An handed over span leaves the copy (its parent's list of children keeps it
-        while the parent is open); its tags stay a while for late deltas."""
+        while the parent is open); its tags stay a while for late deltas. (``span``
+        as the readiness tracker hands it back: a span of the copy.)"""
         span_id = span.id
         if self.spans.get(span_id) is not span:
             return
@@ -273,9 +291,9 @@ class SpanTree:
         self.chains.pop(span_id, None)
         for child in span.children:
             # (no reference cycle is left: it goes when its parent forgets it)
-            cast(TreeSpan, child)._parent_span = None
+            child._parent_span = None
         for tg in span.groups:
-            self.groups.pop((span_id, tg.key), None)  # type: ignore[attr-defined]
+            self.groups.pop((span_id, tg.key), None)
         recent = self.recent_tags
         recent[span_id] = tuple(span.name)
         while len(recent) > RECENT_TAGS:

@@ -21,6 +21,11 @@ class Verdicts:
     records:
         span id -> :class:`~dask_otel_spans.export.tracking.records.OpenSpan`, of the
         spans not handed over yet
+
+    Notes
+    -----
+    The records it judges are of spans the scheduler saw (``rec.span`` set: the
+    callers look first); the lines that read ``rec.span`` say so to mypy.
     """
 
     def __init__(self, records: Mapping[str, OpenSpan]):
@@ -50,7 +55,7 @@ class Verdicts:
         return out
 
     def _is_done(self, rec: OpenSpan) -> bool:
-        if not rec.span.groups and not rec.span.children:
+        if not rec.span.groups and not rec.span.children:  # type: ignore[union-attr]
             # distributed makes a span with its first task group (or as the parent
             # of one that has it): this one's group is on its way
             return False
@@ -94,9 +99,9 @@ class Verdicts:
             if not group_done(unfinished):
                 return False
             rec.unfinished_group = None
-            if len(rec.span.groups) == 1:
+            if len(rec.span.groups) == 1:  # type: ignore[union-attr]
                 return True  # (that group: groups are only ever added)
-        for tg in rec.span.groups:
+        for tg in rec.span.groups:  # type: ignore[union-attr]
             if not group_done(tg):
                 rec.unfinished_group = tg
                 return False
@@ -109,7 +114,7 @@ class Verdicts:
         cached = self.finished.get(rec.id)
         if cached is not None:
             return cached
-        out = max((tg.stop for tg in rec.span.groups), default=0.0)
+        out = max((tg.stop for tg in rec.span.groups), default=0.0)  # type: ignore[union-attr]
         out = max(out, rec.children_finished_at)
         if rec.open_children:
             for child in self.open_with_tasks(list(rec.open_children)):
