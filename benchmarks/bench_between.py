@@ -4,6 +4,8 @@ another process that only counts.
 
     python benchmarks/bench_between.py --pairs 8        # the figures in the README
     python benchmarks/bench_between.py --quick          # smoke run: 1 pair, 30 spans
+    python benchmarks/bench_between.py --workload nested --spans 2000 --pairs 3
+        # one-task leaf spans three levels deep: the export process as shipped
 
 Each pair starts two clusters one after the other, baseline first in odd pairs and
 plugin first in even ones: a ``dask scheduler`` (with ``--preload dask_otel_spans``,
@@ -23,7 +25,9 @@ seconds after its results (plain blocks are handed over once idle for 5 s); then
 window closed, ``wait_for_export`` on the plugin side (the spans delivered), and the
 scheduler process's modules, the objects its garbage collector tracks and its threads.
 Reported per pair and as medians: plugin / baseline of tasks/s, of the scheduler's CPU
-per task and of the scheduler's and its children's CPU per task.
+per task and of the scheduler's and its children's CPU per task; and the export
+process's CPU as a fraction of the baseline scheduler's. ``--workload nested`` runs
+``nested`` instead (``--spans`` one-task leaf spans, 10 x 10 x ``spans // 100``).
 """
 from __future__ import annotations
 
@@ -42,7 +46,12 @@ sys.path.insert(0, HERE)
 
 from bench_account import SETTLE_S  # noqa: E402
 from bench_delivery import CountingReceiver  # noqa: E402
-from bench_scheduler import Cluster, futures_workload, small_workload  # noqa: E402
+from bench_scheduler import (  # noqa: E402
+    Cluster,
+    futures_workload,
+    nested_workload,
+    small_workload,
+)
 
 from dask_otel_spans import wait_for_export  # noqa: E402
 
@@ -80,8 +89,15 @@ def _otlp_environ(port: int) -> dict[str, str]:
             "OTEL_EXPORTER_OTLP_INSECURE": "true"}
 
 
+def _workload(client: Any, workload: str, spans: int) -> int:
+    """Run ``workload`` of ``spans`` spans: the tasks it ran."""
+    if workload == "nested":
+        return nested_workload(client, 10, 10, max(1, spans // 100))
+    return small_workload(client, spans, 2)
+
+
 def one_run(with_plugin: bool, spans: int, settle: float,
-            environ: dict[str, str]) -> dict[str, Any]:
+            environ: dict[str, str], workload: str = "small") -> dict[str, Any]:
     """One fresh cluster, with or without the plugin: its figures."""
     cluster = Cluster(False, workers=2, threads=2, clock=False, environ=environ,
                       preload="dask_otel_spans" if with_plugin else None)
@@ -93,7 +109,7 @@ def one_run(with_plugin: bool, spans: int, settle: float,
             wait_for_export(client, timeout=60)
         cpu0, children0 = cluster.cpu(), cluster.export_cpu()
         t0 = time.perf_counter()
-        n = small_workload(client, spans, 2)
+        n = _workload(client, workload, spans)
         wall = time.perf_counter() - t0
         time.sleep(settle)
         cpu, children = cluster.cpu() - cpu0, cluster.export_cpu() - children0
@@ -106,7 +122,8 @@ def one_run(with_plugin: bool, spans: int, settle: float,
     finally:
         cluster.close()
     return {"tasks/s": n / wall, "cpu/task": cpu / n,
-            "tree cpu/task": (cpu + children) / n, "delivered": delivered,
+            "tree cpu/task": (cpu + children) / n, "export cpu/task": children / n,
+            "delivered": delivered,
             "load": load, **counts}
 
 
@@ -136,6 +153,8 @@ def report(runs: dict[bool, list[dict[str, Any]]]) -> None:
                        ("scheduler CPU per task", "cpu/task"),
                        ("scheduler + children CPU per task", "tree cpu/task")):
         print(_median_line(label, _ratios(runs, key)))
+    print(_median_line("export process CPU, of the baseline's", [
+        p["export cpu/task"] / b["cpu/task"] for b, p in zip(runs[False], runs[True])]))
     ratios = _ratios(runs, "tasks/s")
     if len(ratios) > 1:  # (the order's effect: the machine, not the plugin)
         print(f"  tasks/s by order: baseline first median "
@@ -197,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=8)
     parser.add_argument("--spans", type=int, default=300)
+    parser.add_argument("--workload", choices=("small", "nested"), default="small")
     parser.add_argument("--settle", type=float, default=SETTLE_S,
                         help="seconds after the results during which CPU counts")
     parser.add_argument("--quick", action="store_true",
@@ -210,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         args.pairs, args.spans, args.settle = 1, 30, 1.0
     # (the client's WARNING that a baseline scheduler runs no plugin, once a cluster)
     logging.getLogger("dask_otel_spans").setLevel(logging.ERROR)
-    print(f"machine: {os.cpu_count()} cores; small: {args.spans} spans x 2 tasks; "
+    print(f"machine: {os.cpu_count()} cores; {args.workload}: {args.spans} spans; "
           f"{args.pairs} pairs of fresh clusters, alternating order; settle "
           f"{args.settle:g} s")
     receiver = ReceiverProcess()
@@ -220,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.pairs):
             for with_plugin in ((False, True) if i % 2 == 0 else (True, False)):
                 runs[with_plugin].append(one_run(with_plugin, args.spans, args.settle,
-                                                 environ))
+                                                 environ, args.workload))
             _pair_line(i, runs[False][-1], runs[True][-1])
         report(runs)
         print(f"receiver: {json.dumps(receiver.counts())}")
