@@ -1,6 +1,8 @@
 """OTLP span encoding: the SDK's encoder (``encode_spans(...).SerializeToString()``, what
 its OTLP exporters send) against the package's (``dask_otel_spans/sdk/otlpspans.py``,
-the same bytes), on the OTel spans a replay of a recording ends.
+the same bytes); and the file exporter's OTLP/JSON line, protobuf's JSON printer of the
+SDK's request against the package's (the same keys and values), on the OTel spans a
+replay of a recording ends.
 
     python benchmarks/bench_target.py /tmp/nested.msgs --repeat 1   # makes .capture
     python benchmarks/bench_encoding.py /tmp/nested.msgs.capture --repeat 7
@@ -8,12 +10,13 @@ the same bytes), on the OTel spans a replay of a recording ends.
 The spans are rebuilt from the capture as ``ReadableSpan``s with one shared resource
 and scope (as the export process has them), cut into batches of 512 (the batch span
 processor's default), encoded by each side in alternating runs of the same process;
-CPU per OTel span, best of ``--repeat``. Every run checks that both sides' bytes are
-equal.
+CPU per OTel span, best of ``--repeat``. Every run checks that both sides' bytes (and
+JSON documents) are equal.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pickle
 import sys
@@ -37,7 +40,8 @@ from opentelemetry.trace import (  # noqa: E402
     TraceFlags,
 )
 
-from dask_otel_spans.sdk.otlpspans import SpanEncoding  # noqa: E402
+from dask_otel_spans.sdk.otlpjson import to_otlp_json  # noqa: E402
+from dask_otel_spans.sdk.otlpspans import SpanEncoding, SpanJsonEncoding  # noqa: E402
 
 BATCH = 512
 
@@ -68,9 +72,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     spans = rebuild(args.capture)
     batches = [spans[i:i + BATCH] for i in range(0, len(spans), BATCH)]
-    encoding = SpanEncoding()
-    sides = {"sdk": lambda batch: encode_spans(batch).SerializeToString(),
-             "package": encoding.request}
+    encoding, json_encoding = SpanEncoding(), SpanJsonEncoding()
+    sides = {
+        "sdk": lambda batch: encode_spans(batch).SerializeToString(),
+        "package": encoding.request,
+        "sdk json": lambda batch: json.dumps(to_otlp_json(encode_spans(batch)),
+                                             separators=(",", ":")),
+        "package json": lambda batch: json.dumps(json_encoding.request(batch),
+                                                 separators=(",", ":")),
+    }
     best: dict[str, float] = {}
     for _ in range(args.repeat):
         out = {}
@@ -79,15 +89,16 @@ def main(argv: list[str] | None = None) -> int:
             out[side] = [encode(batch) for batch in batches]
             per_span = (time.process_time() - cpu0) / len(spans) * 1e6
             best[side] = min(best.get(side, float("inf")), per_span)
-        if out["sdk"] != out["package"]:
-            print("the two encodings differ")
+        if out["sdk"] != out["package"] or out["sdk json"] != out["package json"]:
+            print("the encodings differ")
             return 1
     attributes = sum(len(s.attributes or ()) for s in spans) / len(spans)
     print(f"{len(spans)} OTel spans, {attributes:.1f} attributes each, "
           f"{sum(map(len, out['sdk']))} bytes, equal on both sides")
     for side, per_span in best.items():
         print(f"{side}: {per_span:.1f} µs of CPU per OTel span, best of {args.repeat}")
-    print(f"package / sdk: {best['package'] / best['sdk']:.2f}")
+    print(f"package / sdk: {best['package'] / best['sdk']:.2f}; OTLP/JSON lines "
+          f"{best['package json'] / best['sdk json']:.2f}")
     return 0
 
 

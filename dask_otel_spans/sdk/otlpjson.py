@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypedDict, overload
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     MetricExporter,
@@ -29,6 +28,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from dask_otel_spans import names
 from dask_otel_spans.sdk.logbase import LogRecordExporter, LogRecordExportResult
+from dask_otel_spans.sdk.otlpspans import SpanJsonEncoding
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message
@@ -155,13 +155,14 @@ class OTLPJsonLinesSpanExporter(SpanExporter):
 
     def __init__(self, path: str | None = None):
         self._writer = _JsonLinesWriter(path, TRACES_FILE)
+        self._encoding = SpanJsonEncoding()
 
     @property
     def path(self) -> str:
         return self._writer.path
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        ok = self._writer.write(to_otlp_json(encode_spans(spans)))
+        ok = self._writer.write(self._encoding.request(spans))
         return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
 
     def shutdown(self) -> None:

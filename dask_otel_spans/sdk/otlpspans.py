@@ -1,7 +1,9 @@
-"""OTLP spans encoded straight into protobuf bytes: the ``ExportTraceServiceRequest``
-the SDK's exporter would send for a batch of finished spans, byte for byte, without
-building a protobuf object per span, attribute and value (the SDK's encoder spends
-most of the export process's time there)."""
+"""OTLP spans encoded straight from finished spans: the ``ExportTraceServiceRequest``
+the SDK's exporter would send for a batch, byte for byte (:class:`SpanEncoding`), and
+its OTLP/JSON as the package's file exporter writes it, key for key
+(:class:`SpanJsonEncoding`), without building a protobuf object per span, attribute
+and value (the SDK's encoder and protobuf's JSON printer spent most of the export
+process's time there)."""
 from __future__ import annotations
 
 import logging
@@ -19,6 +21,8 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import Event, ReadableSpan
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
     from opentelemetry.trace import Link
+
+    from dask_otel_spans.sdk.otlpjson import JSONValue
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +145,30 @@ def _attributes(tag: bytes, attributes: Mapping[str, object] | None,
     return out
 
 
+def _probe(resource: Resource | None, scope: InstrumentationScope | None
+           ) -> ExportTraceServiceRequest:
+    """The SDK's encoding of one span with a local parent and a link, of ``resource``
+    and ``scope``: what the encoders learn the SDK's ways from."""
+    from opentelemetry.attributes import BoundedAttributes
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.trace import Link, SpanContext
+
+    context = SpanContext(1, 1, False)
+    return encode_spans([ReadableSpan(
+        "probe", context, parent=context, resource=resource or Resource({}),
+        instrumentation_scope=scope,
+        links=[Link(context, BoundedAttributes(attributes={}))],
+    )])
+
+
+def _sdk_writes_flags() -> tuple[bool, bool]:
+    """Whether the installed SDK writes the ``flags`` field of spans and of links."""
+    span = _probe(None, None).resource_spans[0].scope_spans[0].spans[0]
+    return span.flags != 0, span.links[0].flags != 0
+
+
 class SpanEncoding:
     """What the installed SDK's encoder writes beside the spans' own fields, learnt
     from the SDK itself (probe spans through its public ``encode_spans``): each
@@ -151,32 +179,14 @@ class SpanEncoding:
         self.log = OnceLogger(logger)
         self._resources: dict[Resource, tuple[bytes, bytes]] = {}
         self._scopes: dict[InstrumentationScope | None, tuple[bytes, bytes]] = {}
-        span = self._probe(None, None).resource_spans[0].scope_spans[0].spans[0]
-        self.span_flags = span.flags != 0
-        self.link_flags = span.links[0].flags != 0
-
-    @staticmethod
-    def _probe(resource: Resource | None, scope: InstrumentationScope | None
-               ) -> ExportTraceServiceRequest:
-        from opentelemetry.attributes import BoundedAttributes
-        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import ReadableSpan
-        from opentelemetry.trace import Link, SpanContext
-
-        context = SpanContext(1, 1, False)
-        return encode_spans([ReadableSpan(
-            "probe", context, parent=context, resource=resource or Resource({}),
-            instrumentation_scope=scope,
-            links=[Link(context, BoundedAttributes(attributes={}))],
-        )])
+        self.span_flags, self.link_flags = _sdk_writes_flags()
 
     def resource(self, resource: Resource) -> tuple[bytes, bytes]:
         """A ``ResourceSpans``' fields before its scopes (the resource) and after
         them (the schema URL)."""
         fields = self._resources.get(resource)
         if fields is None:
-            resource_spans = self._probe(resource, None).resource_spans[0]
+            resource_spans = _probe(resource, None).resource_spans[0]
             fields = (_field(b"\x0a", resource_spans.resource.SerializeToString()),
                       _string(b"\x1a", resource_spans.schema_url))
             if len(self._resources) < _HEADS_MAX:
@@ -188,7 +198,7 @@ class SpanEncoding:
         (the schema URL)."""
         fields = self._scopes.get(scope)
         if fields is None:
-            scope_spans = self._probe(None, scope).resource_spans[0].scope_spans[0]
+            scope_spans = _probe(None, scope).resource_spans[0].scope_spans[0]
             fields = (_field(b"\x0a", scope_spans.scope.SerializeToString()),
                       _string(b"\x1a", scope_spans.schema_url))
             if len(self._scopes) < _HEADS_MAX:
@@ -300,3 +310,202 @@ _FLAGS_LOCAL = b"\x85\x01" + _fixed32(0x100)
 _FLAGS_REMOTE = b"\x85\x01" + _fixed32(0x300)
 #: resources and scopes whose encoding is kept
 _HEADS_MAX = 64
+
+
+# -- OTLP/JSON ---------------------------------------------------------------------------
+
+def _json_double(value: float) -> float | str:
+    """A double as protobuf's JSON mapping writes it (``Infinity``, ``NaN`` as
+    strings)."""
+    if value != value:
+        return "NaN"
+    if value in (_INFINITY, -_INFINITY):
+        return "Infinity" if value > 0 else "-Infinity"
+    return value
+
+
+_INFINITY = float("inf")
+
+
+def _json_value(value: object) -> dict[str, JSONValue]:
+    """An ``AnyValue`` of a plain value, as protobuf's JSON mapping writes it."""
+    cls = value.__class__
+    if cls is str:
+        return {"stringValue": value}  # type: ignore[dict-item]
+    if cls is int:
+        if not _INT64_MIN <= value < _INT64_END:  # type: ignore[operator]
+            raise _Unusual
+        return {"intValue": str(value)}
+    if cls is float:
+        return {"doubleValue": _json_double(value)}  # type: ignore[arg-type]
+    if cls is bool:
+        return {"boolValue": value}  # type: ignore[dict-item]
+    if cls is tuple or cls is list:
+        values: list[JSONValue] = [_json_value(v) for v in value]  # type: ignore[attr-defined]
+        return {"arrayValue": {"values": values} if values else {}}
+    raise _Unusual
+
+
+def _json_attributes(attributes: Mapping[str, object] | None,
+                     log: OnceLogger) -> list[JSONValue]:
+    """The ``KeyValue`` list of ``attributes`` (left out as the SDK leaves them out)."""
+    out: list[JSONValue] = []
+    if not attributes:
+        return out
+    for key, value in attributes.items():
+        try:
+            encoded: dict[str, JSONValue] = (
+                {"key": key, "value": _json_value(value)} if key
+                else {"value": _json_value(value)})
+        except _Unusual:
+            kind = f"encode:{key}:{value.__class__.__qualname__}"
+            pair = None if kind in log.kinds else _unusual_attribute(key, value)
+            if pair is None:
+                log(kind, "attribute %r (%s) cannot be encoded; left out of its spans, "
+                    "as the SDK's encoder leaves it out", key, type(value).__name__)
+                continue
+            from google.protobuf.json_format import MessageToDict
+            from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+
+            encoded = MessageToDict(KeyValue.FromString(pair), use_integers_for_enums=True)
+        out.append(encoded)
+    return out
+
+
+class SpanJsonEncoding:
+    """OTLP/JSON of finished spans, as the package's file exporter writes them:
+    protobuf's JSON mapping of the SDK's ``ExportTraceServiceRequest`` (camelCase,
+    64-bit integers as strings, enums as numbers, fields at their default left out)
+    with trace and span ids in hex, key for key."""
+
+    def __init__(self) -> None:
+        self.log = OnceLogger(logger)
+        self._resources: dict[Resource, tuple[JSONValue, str]] = {}
+        self._scopes: dict[InstrumentationScope | None, tuple[JSONValue, str]] = {}
+        self.span_flags, self.link_flags = _sdk_writes_flags()
+
+    def resource(self, resource: Resource) -> tuple[JSONValue, str]:
+        """A resource as the JSON mapping writes it, and its schema URL."""
+        fields = self._resources.get(resource)
+        if fields is None:
+            from google.protobuf.json_format import MessageToDict
+
+            resource_spans = _probe(resource, None).resource_spans[0]
+            fields = (MessageToDict(resource_spans.resource, use_integers_for_enums=True),
+                      resource_spans.schema_url)
+            if len(self._resources) < _HEADS_MAX:
+                self._resources[resource] = fields
+        return fields
+
+    def scope(self, scope: InstrumentationScope | None) -> tuple[JSONValue, str]:
+        """A scope as the JSON mapping writes it, and its schema URL."""
+        fields = self._scopes.get(scope)
+        if fields is None:
+            from google.protobuf.json_format import MessageToDict
+
+            scope_spans = _probe(None, scope).resource_spans[0].scope_spans[0]
+            fields = (MessageToDict(scope_spans.scope, use_integers_for_enums=True),
+                      scope_spans.schema_url)
+            if len(self._scopes) < _HEADS_MAX:
+                self._scopes[scope] = fields
+        return fields
+
+    def span(self, span: ReadableSpan) -> dict[str, JSONValue]:
+        """One span, its keys in the order of their field numbers."""
+        context, parent = span.context, span.parent
+        out: dict[str, JSONValue] = {"traceId": f"{context.trace_id:032x}",
+                                     "spanId": f"{context.span_id:016x}"}
+        if context.trace_state:
+            out["traceState"] = ",".join(
+                [f"{key}={value}" for key, value in context.trace_state.items()])
+        if parent is not None:
+            out["parentSpanId"] = f"{parent.span_id:016x}"
+        if span.name:
+            out["name"] = span.name
+        out["kind"] = span.kind.value + 1
+        if span.start_time:
+            out["startTimeUnixNano"] = str(span.start_time)
+        if span.end_time:
+            out["endTimeUnixNano"] = str(span.end_time)
+        attributes = _json_attributes(span.attributes, self.log)
+        if attributes:
+            out["attributes"] = attributes
+        if span.dropped_attributes:
+            out["droppedAttributesCount"] = span.dropped_attributes
+        if span.events or span.links:
+            self._events_and_links(span, out)
+        status = span.status
+        out["status"] = (({"message": status.description} if status.description else {})
+                         | ({"code": status.status_code.value}
+                            if status.status_code.value else {}))
+        if self.span_flags:
+            out["flags"] = 0x300 if parent is not None and parent.is_remote else 0x100
+        return out
+
+    def _events_and_links(self, span: ReadableSpan, out: dict[str, JSONValue]) -> None:
+        events: list[JSONValue] = [self._event(event) for event in span.events]
+        if events:
+            out["events"] = events
+        if span.dropped_events:
+            out["droppedEventsCount"] = span.dropped_events
+        links: list[JSONValue] = [self._link(link) for link in span.links]
+        if links:
+            out["links"] = links
+        if span.dropped_links:
+            out["droppedLinksCount"] = span.dropped_links
+
+    def _event(self, event: Event) -> dict[str, JSONValue]:
+        out: dict[str, JSONValue] = {}
+        if event.timestamp:
+            out["timeUnixNano"] = str(event.timestamp)
+        if event.name:
+            out["name"] = event.name
+        attributes = _json_attributes(event.attributes, self.log)
+        if attributes:
+            out["attributes"] = attributes
+        dropped = getattr(event.attributes, "dropped", 0)
+        if dropped:
+            out["droppedAttributesCount"] = dropped
+        return out
+
+    def _link(self, link: Link) -> dict[str, JSONValue]:
+        context = link.context
+        out: dict[str, JSONValue] = {"traceId": f"{context.trace_id:032x}",
+                                     "spanId": f"{context.span_id:016x}"}
+        attributes = _json_attributes(link.attributes, self.log)
+        if attributes:
+            out["attributes"] = attributes
+        dropped = getattr(link.attributes, "dropped", 0)
+        if dropped:
+            out["droppedAttributesCount"] = dropped
+        if self.link_flags:
+            out["flags"] = 0x300 if context.is_remote else 0x100
+        return out
+
+    def request(self, spans: Sequence[ReadableSpan]) -> dict[str, JSONValue]:
+        """The ``ExportTraceServiceRequest`` of ``spans`` as OTLP/JSON: grouped by
+        resource, then scope, in the order first seen, as the SDK groups them."""
+        groups: dict[Resource, dict[InstrumentationScope | None, list[JSONValue]]] = {}
+        last_resource = last_scope = last = None
+        for span in spans:
+            resource, scope = span.resource, span.instrumentation_scope
+            if resource is not last_resource or scope is not last_scope:
+                last = groups.setdefault(resource, {}).setdefault(scope, [])
+                last_resource, last_scope = resource, scope
+            last.append(self.span(span))  # type: ignore[union-attr]
+        resource_spans: list[JSONValue] = []
+        for resource, scopes in groups.items():
+            resource_json, resource_schema = self.resource(resource)
+            scope_spans: list[JSONValue] = []
+            for scope, encoded in scopes.items():
+                scope_json, scope_schema = self.scope(scope)
+                one: dict[str, JSONValue] = {"scope": scope_json, "spans": encoded}
+                if scope_schema:
+                    one["schemaUrl"] = scope_schema
+                scope_spans.append(one)
+            entry: dict[str, JSONValue] = {"resource": resource_json,
+                                           "scopeSpans": scope_spans}
+            if resource_schema:
+                entry["schemaUrl"] = resource_schema
+            resource_spans.append(entry)
+        return {"resourceSpans": resource_spans} if resource_spans else {}

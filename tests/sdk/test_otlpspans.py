@@ -1,9 +1,12 @@
-"""The package's span encoding is the SDK's OTLP encoding, byte for byte, for every
-field a span can carry (run on the newest and, in ``.ci/run``, the oldest supported
-SDK: what each writes is learnt from it)."""
+"""The package's span encodings are the SDK's, for every field a span can carry: the
+OTLP protobuf bytes, byte for byte, and the OTLP/JSON of the file exporter, key for key
+(run on the newest and, in ``.ci/run``, the oldest supported SDK: what each writes is
+learnt from it)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import NamedTuple
 
 import pytest
 from opentelemetry.attributes import BoundedAttributes
@@ -21,7 +24,8 @@ from opentelemetry.trace import (
     TraceState,
 )
 
-from dask_otel_spans.sdk.otlpspans import SpanEncoding
+from dask_otel_spans.sdk.otlpjson import to_otlp_json
+from dask_otel_spans.sdk.otlpspans import SpanEncoding, SpanJsonEncoding
 
 RESOURCE = Resource.create({"service.name": "dask", "k8s.pod.name": "scheduler-0"})
 SCOPE = InstrumentationScope("dask_otel_spans", "1.2.3")
@@ -42,23 +46,31 @@ def _bounded(attributes: dict[str, object]) -> BoundedAttributes:
     return BoundedAttributes(attributes=attributes)  # type: ignore[arg-type]
 
 
-@pytest.fixture
-def encoding() -> SpanEncoding:
-    return SpanEncoding()
+class Encoder(NamedTuple):
+    """The package's encoding of a batch, and what the SDK makes of it."""
+
+    request: Callable[[list[ReadableSpan]], object]
+    sdk: Callable[[list[ReadableSpan]], object]
 
 
-def _sdk(spans: list[ReadableSpan]) -> bytes:
-    return encode_spans(spans).SerializeToString()
+@pytest.fixture(params=["protobuf", "json"])
+def encoding(request) -> Encoder:
+    if request.param == "protobuf":
+        return Encoder(SpanEncoding().request,
+                       lambda spans: encode_spans(spans).SerializeToString())
+    return Encoder(SpanJsonEncoding().request,
+                   lambda spans: to_otlp_json(encode_spans(spans)))
 
 
 @pytest.mark.parametrize("value", [
     "dask", "", "Ünïcode ✓", "x" * 300, True, False, 0, 1, 127, 128, 2**62, -1, -(2**63),
     0.0, 1.5, -2.25e-300, float("inf"), b"\x00\xff", ("a", "b"), (1, 2, 3), (True,),
     (0.5, 1.5), (), ["list", "of"], None, {"nested": 1}, ("a", None), 2**63,
+    float("nan"), float("-inf"), ("x", 1),
 ], ids=repr)
 def test_an_attribute_value_is_encoded_as_the_sdk_encodes_it(encoding, value):
     spans = [_span(attributes={"dask.value": value, "dask.span.name": "a"})]
-    assert encoding.request(spans) == _sdk(spans)
+    assert encoding.request(spans) == encoding.sdk(spans)
 
 
 def test_every_span_field_is_encoded_as_the_sdk_encodes_it(encoding):
@@ -80,7 +92,7 @@ def test_every_span_field_is_encoded_as_the_sdk_encodes_it(encoding):
         _span("", kind=SpanKind.PRODUCER, start_time=None, end_time=None),
         _span("consumer", kind=SpanKind.CONSUMER, attributes={"": "empty key"}),
     ]
-    assert encoding.request(spans) == _sdk(spans)
+    assert encoding.request(spans) == encoding.sdk(spans)
 
 
 def test_dropped_counts_are_encoded_as_the_sdk_encodes_them(encoding):
@@ -93,7 +105,7 @@ def test_dropped_counts_are_encoded_as_the_sdk_encodes_them(encoding):
     span.end()
     finished = [span]
     assert finished[0].dropped_attributes and finished[0].dropped_events
-    assert encoding.request(finished) == _sdk(finished)
+    assert encoding.request(finished) == encoding.sdk(finished)
 
 
 def test_spans_are_grouped_by_resource_and_scope_as_the_sdk_groups_them(encoding):
@@ -103,7 +115,7 @@ def test_spans_are_grouped_by_resource_and_scope_as_the_sdk_groups_them(encoding
     spans = [_span("a"), _span("b", instrumentation_scope=other_scope),
              _span("c", resource=other_resource), _span("d", resource=equal_resource),
              _span("e", instrumentation_scope=None), _span("f")]
-    assert encoding.request(spans) == _sdk(spans)
+    assert encoding.request(spans) == encoding.sdk(spans)
 
 
 def test_an_attribute_the_sdk_cannot_encode_is_left_out_with_one_log_line(encoding, caplog):
@@ -111,6 +123,6 @@ def test_an_attribute_the_sdk_cannot_encode_is_left_out_with_one_log_line(encodi
              _span("again", attributes={"dask.bad": 2**70})]
     with caplog.at_level(logging.WARNING, logger="dask_otel_spans.sdk.otlpspans"):
         ours = encoding.request(spans)
-    assert ours == _sdk(spans)
+    assert ours == encoding.sdk(spans)
     ours_logged = [r for r in caplog.records if r.name == "dask_otel_spans.sdk.otlpspans"]
     assert len(ours_logged) == 1 and "dask.bad" in ours_logged[0].getMessage()
