@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from struct import Struct
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from dask_otel_spans.logonce import OnceLogger
 
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceRequest,
     )
+    from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import Event, ReadableSpan
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -169,6 +170,55 @@ def _sdk_writes_flags() -> tuple[bool, bool]:
     return span.flags != 0, span.links[0].flags != 0
 
 
+#: what a request keeps of a resource or a scope, in one encoding
+_Head = TypeVar("_Head")
+#: one encoded span
+_Part = TypeVar("_Part")
+
+
+class _Heads(Generic[_Head]):
+    """The resources' and scopes' parts of a request as the SDK encodes them (from
+    its encoding of a probe span), made once per resource and scope."""
+
+    def __init__(self, of_resource: Callable[[ResourceSpans], _Head],
+                 of_scope: Callable[[ScopeSpans], _Head]):
+        self._of_resource, self._of_scope = of_resource, of_scope
+        self._resources: dict[Resource, _Head] = {}
+        self._scopes: dict[InstrumentationScope | None, _Head] = {}
+
+    def resource(self, resource: Resource) -> _Head:
+        head = self._resources.get(resource)
+        if head is None:
+            head = self._of_resource(_probe(resource, None).resource_spans[0])
+            if len(self._resources) < _HEADS_MAX:
+                self._resources[resource] = head
+        return head
+
+    def scope(self, scope: InstrumentationScope | None) -> _Head:
+        head = self._scopes.get(scope)
+        if head is None:
+            head = self._of_scope(_probe(None, scope).resource_spans[0].scope_spans[0])
+            if len(self._scopes) < _HEADS_MAX:
+                self._scopes[scope] = head
+        return head
+
+
+def _grouped(spans: Sequence[ReadableSpan], encode: Callable[[ReadableSpan], _Part]
+             ) -> dict[Resource, dict[InstrumentationScope | None, list[_Part]]]:
+    """``spans`` encoded, grouped by resource, then scope, in the order first seen,
+    as the SDK groups them (equal resources together)."""
+    groups: dict[Resource, dict[InstrumentationScope | None, list[_Part]]] = {}
+    last_resource = last_scope = None
+    last: list[_Part] = []
+    for span in spans:
+        resource, scope = span.resource, span.instrumentation_scope
+        if resource is not last_resource or scope is not last_scope or not groups:
+            last = groups.setdefault(resource, {}).setdefault(scope, [])
+            last_resource, last_scope = resource, scope
+        last.append(encode(span))
+    return groups
+
+
 class SpanEncoding:
     """What the installed SDK's encoder writes beside the spans' own fields, learnt
     from the SDK itself (probe spans through its public ``encode_spans``): each
@@ -177,33 +227,13 @@ class SpanEncoding:
 
     def __init__(self) -> None:
         self.log = OnceLogger(logger)
-        self._resources: dict[Resource, tuple[bytes, bytes]] = {}
-        self._scopes: dict[InstrumentationScope | None, tuple[bytes, bytes]] = {}
+        #: (the resource or scope field, its schema URL field)
+        self.heads: _Heads[tuple[bytes, bytes]] = _Heads(
+            lambda rs: (_field(b"\x0a", rs.resource.SerializeToString()),
+                        _string(b"\x1a", rs.schema_url)),
+            lambda ss: (_field(b"\x0a", ss.scope.SerializeToString()),
+                        _string(b"\x1a", ss.schema_url)))
         self.span_flags, self.link_flags = _sdk_writes_flags()
-
-    def resource(self, resource: Resource) -> tuple[bytes, bytes]:
-        """A ``ResourceSpans``' fields before its scopes (the resource) and after
-        them (the schema URL)."""
-        fields = self._resources.get(resource)
-        if fields is None:
-            resource_spans = _probe(resource, None).resource_spans[0]
-            fields = (_field(b"\x0a", resource_spans.resource.SerializeToString()),
-                      _string(b"\x1a", resource_spans.schema_url))
-            if len(self._resources) < _HEADS_MAX:
-                self._resources[resource] = fields
-        return fields
-
-    def scope(self, scope: InstrumentationScope | None) -> tuple[bytes, bytes]:
-        """A ``ScopeSpans``' fields before its spans (the scope) and after them
-        (the schema URL)."""
-        fields = self._scopes.get(scope)
-        if fields is None:
-            scope_spans = _probe(None, scope).resource_spans[0].scope_spans[0]
-            fields = (_field(b"\x0a", scope_spans.scope.SerializeToString()),
-                      _string(b"\x1a", scope_spans.schema_url))
-            if len(self._scopes) < _HEADS_MAX:
-                self._scopes[scope] = fields
-        return fields
 
     def span(self, span: ReadableSpan) -> bytes:
         """One ``Span`` message, its fields in the order of their numbers."""
@@ -274,24 +304,16 @@ class SpanEncoding:
         return b"".join(parts)
 
     def request(self, spans: Sequence[ReadableSpan]) -> bytes:
-        """The ``ExportTraceServiceRequest`` of ``spans``: grouped by resource, then
-        scope, in the order first seen, as the SDK groups them."""
-        groups: dict[Resource, dict[InstrumentationScope | None, list[bytes]]] = {}
-        last_resource = last_scope = last = None
-        for span in spans:
-            resource, scope = span.resource, span.instrumentation_scope
-            if resource is not last_resource or scope is not last_scope:
-                last = groups.setdefault(resource, {}).setdefault(scope, [])
-                last_resource, last_scope = resource, scope
-            last.append(_field(b"\x12", self.span(span)))  # type: ignore[union-attr]
+        """The ``ExportTraceServiceRequest`` of ``spans``."""
         out = []
-        for resource, scopes in groups.items():
-            resource_field, resource_schema = self.resource(resource)
+        for resource, scopes in _grouped(spans, self.span).items():
+            resource_field, resource_schema = self.heads.resource(resource)
             scope_spans = []
             for scope, encoded in scopes.items():
-                scope_field, scope_schema = self.scope(scope)
+                scope_field, scope_schema = self.heads.scope(scope)
                 scope_spans.append(_field(b"\x12", b"".join(
-                    [scope_field, *encoded, scope_schema])))
+                    [scope_field, *[_field(b"\x12", span) for span in encoded],
+                     scope_schema])))
             out.append(_field(b"\x0a", b"".join(
                 [resource_field, *scope_spans, resource_schema])))
         return b"".join(out)
@@ -379,36 +401,16 @@ class SpanJsonEncoding:
     with trace and span ids in hex, key for key."""
 
     def __init__(self) -> None:
+        from google.protobuf.json_format import MessageToDict
+
         self.log = OnceLogger(logger)
-        self._resources: dict[Resource, tuple[JSONValue, str]] = {}
-        self._scopes: dict[InstrumentationScope | None, tuple[JSONValue, str]] = {}
+        #: (the resource or scope as the JSON mapping writes it, its schema URL)
+        self.heads: _Heads[tuple[JSONValue, str]] = _Heads(
+            lambda rs: (MessageToDict(rs.resource, use_integers_for_enums=True),
+                        rs.schema_url),
+            lambda ss: (MessageToDict(ss.scope, use_integers_for_enums=True),
+                        ss.schema_url))
         self.span_flags, self.link_flags = _sdk_writes_flags()
-
-    def resource(self, resource: Resource) -> tuple[JSONValue, str]:
-        """A resource as the JSON mapping writes it, and its schema URL."""
-        fields = self._resources.get(resource)
-        if fields is None:
-            from google.protobuf.json_format import MessageToDict
-
-            resource_spans = _probe(resource, None).resource_spans[0]
-            fields = (MessageToDict(resource_spans.resource, use_integers_for_enums=True),
-                      resource_spans.schema_url)
-            if len(self._resources) < _HEADS_MAX:
-                self._resources[resource] = fields
-        return fields
-
-    def scope(self, scope: InstrumentationScope | None) -> tuple[JSONValue, str]:
-        """A scope as the JSON mapping writes it, and its schema URL."""
-        fields = self._scopes.get(scope)
-        if fields is None:
-            from google.protobuf.json_format import MessageToDict
-
-            scope_spans = _probe(None, scope).resource_spans[0].scope_spans[0]
-            fields = (MessageToDict(scope_spans.scope, use_integers_for_enums=True),
-                      scope_spans.schema_url)
-            if len(self._scopes) < _HEADS_MAX:
-                self._scopes[scope] = fields
-        return fields
 
     def span(self, span: ReadableSpan) -> dict[str, JSONValue]:
         """One span, its keys in the order of their field numbers."""
@@ -483,23 +485,15 @@ class SpanJsonEncoding:
         return out
 
     def request(self, spans: Sequence[ReadableSpan]) -> dict[str, JSONValue]:
-        """The ``ExportTraceServiceRequest`` of ``spans`` as OTLP/JSON: grouped by
-        resource, then scope, in the order first seen, as the SDK groups them."""
-        groups: dict[Resource, dict[InstrumentationScope | None, list[JSONValue]]] = {}
-        last_resource = last_scope = last = None
-        for span in spans:
-            resource, scope = span.resource, span.instrumentation_scope
-            if resource is not last_resource or scope is not last_scope:
-                last = groups.setdefault(resource, {}).setdefault(scope, [])
-                last_resource, last_scope = resource, scope
-            last.append(self.span(span))  # type: ignore[union-attr]
+        """The ``ExportTraceServiceRequest`` of ``spans`` as OTLP/JSON."""
         resource_spans: list[JSONValue] = []
-        for resource, scopes in groups.items():
-            resource_json, resource_schema = self.resource(resource)
+        for resource, scopes in _grouped(spans, self.span).items():
+            resource_json, resource_schema = self.heads.resource(resource)
             scope_spans: list[JSONValue] = []
             for scope, encoded in scopes.items():
-                scope_json, scope_schema = self.scope(scope)
-                one: dict[str, JSONValue] = {"scope": scope_json, "spans": encoded}
+                scope_json, scope_schema = self.heads.scope(scope)
+                spans_json: list[JSONValue] = list(encoded)
+                one: dict[str, JSONValue] = {"scope": scope_json, "spans": spans_json}
                 if scope_schema:
                     one["schemaUrl"] = scope_schema
                 scope_spans.append(one)
