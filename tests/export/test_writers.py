@@ -123,7 +123,7 @@ class Recorder(SpanProcessor):
         self.ended.append(span)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True  # (the base class returns None on SDK 1.25: "not flushed")
+        return True  # (the base class returned None on older SDKs: "not flushed")
 
 
 class RecordOnlyReads(Sampler):
