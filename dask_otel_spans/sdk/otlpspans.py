@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
     from opentelemetry.trace import Link
 
-    from dask_otel_spans.sdk.otlpjson import JSONValue
+    from dask_otel_spans.sdk.otlpjsonshapes import JSONValue
 
 logger = logging.getLogger(__name__)
 
