@@ -456,30 +456,30 @@ class SpanJsonEncoding:
         if span.dropped_links:
             out["droppedLinksCount"] = span.dropped_links
 
+    def _put_attributes(self, out: dict[str, JSONValue],
+                        attributes: Mapping[str, object] | None) -> None:
+        """An event's or a link's attributes and their dropped count, where any."""
+        encoded = _json_attributes(attributes, self.log)
+        if encoded:
+            out["attributes"] = encoded
+        dropped = getattr(attributes, "dropped", 0)
+        if dropped:
+            out["droppedAttributesCount"] = dropped
+
     def _event(self, event: Event) -> dict[str, JSONValue]:
         out: dict[str, JSONValue] = {}
         if event.timestamp:
             out["timeUnixNano"] = str(event.timestamp)
         if event.name:
             out["name"] = event.name
-        attributes = _json_attributes(event.attributes, self.log)
-        if attributes:
-            out["attributes"] = attributes
-        dropped = getattr(event.attributes, "dropped", 0)
-        if dropped:
-            out["droppedAttributesCount"] = dropped
+        self._put_attributes(out, event.attributes)
         return out
 
     def _link(self, link: Link) -> dict[str, JSONValue]:
         context = link.context
         out: dict[str, JSONValue] = {"traceId": f"{context.trace_id:032x}",
                                      "spanId": f"{context.span_id:016x}"}
-        attributes = _json_attributes(link.attributes, self.log)
-        if attributes:
-            out["attributes"] = attributes
-        dropped = getattr(link.attributes, "dropped", 0)
-        if dropped:
-            out["droppedAttributesCount"] = dropped
+        self._put_attributes(out, link.attributes)
         if self.link_flags:
             out["flags"] = 0x300 if context.is_remote else 0x100
         return out
