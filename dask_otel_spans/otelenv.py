@@ -131,7 +131,8 @@ def check_environ(environ: Mapping[str, str]) -> None:
         if "otlp" not in chosen:
             continue
         check_otlp_settings(environ, signal)
-    for variable in ("OTEL_METRIC_EXPORT_INTERVAL", "OTEL_BSP_SCHEDULE_DELAY"):
+    for variable in ("OTEL_METRIC_EXPORT_INTERVAL", "OTEL_METRIC_EXPORT_TIMEOUT",
+                     "OTEL_BSP_SCHEDULE_DELAY"):
         check_millis(environ, variable)
 
 

@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from dask_otel_spans.sdk.delivery import Delivery
 from dask_otel_spans.sdk.health import ExportHealth, count_points
+from dask_otel_spans.sdk.otlpmetrics import MetricEncoding
 from dask_otel_spans.sdk.otlpspans import SpanEncoding
 
 if TYPE_CHECKING:
@@ -53,12 +54,6 @@ def _encode_logs(batch: Sequence[ReadableLogRecord]) -> bytes:
     from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 
     return encode_logs(batch).SerializeToString()
-
-
-def _encode_metrics(data: MetricsData) -> bytes:
-    from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
-
-    return encode_metrics(data).SerializeToString()
 
 
 class HoldingSpanExporter(SpanExporter):
@@ -119,10 +114,11 @@ class HoldingMetricExporter(MetricExporter):
         )
         self.delivery = delivery
         self.health = health
+        self.encoding = MetricEncoding()
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
                **kwargs: object) -> MetricExportResult:
-        _hand_over(self.delivery, self.health, _encode_metrics, metrics_data,
+        _hand_over(self.delivery, self.health, self.encoding.request, metrics_data,
                    count_points(metrics_data))
         return MetricExportResult.SUCCESS
 

@@ -70,6 +70,8 @@ class RequestSender(Protocol):
 
     #: where it sends, in words
     where: str
+    #: seconds a send may take, as the SDK's exporter's timeout
+    timeout: float
 
     def send(self, payload: bytes) -> Reply: ...
 
@@ -103,7 +105,8 @@ class GrpcRequestSender:
             self._channel = grpc.secure_channel(target, credentials, options, compression)
         self._call = self._channel.unary_unary(GRPC_METHODS[signal])
         self._metadata = tuple((kwargs.get("headers") or {}).items())
-        self._timeout = float(kwargs.get("timeout") or DEFAULT_TIMEOUT)
+        #: seconds a send may take (``OTEL_EXPORTER_OTLP_[<SIGNAL>_]TIMEOUT``)
+        self.timeout = float(kwargs.get("timeout") or DEFAULT_TIMEOUT)
         #: where it sends, in words
         self.where = f"OTLP grpc to {kwargs.get('endpoint', 'the default endpoint')}"
 
@@ -111,7 +114,7 @@ class GrpcRequestSender:
         import grpc
 
         try:
-            self._call(payload, timeout=self._timeout, metadata=self._metadata)
+            self._call(payload, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as error:
             code = error.code() if hasattr(error, "code") else None
             name = getattr(code, "name", str(code))
@@ -162,7 +165,8 @@ class HttpRequestSender:
         self._compression = compression if compression in ("gzip", "deflate") else None
         if self._compression:
             self._headers["Content-Encoding"] = self._compression
-        self._timeout = float(kwargs.get("timeout") or DEFAULT_TIMEOUT)
+        #: seconds a send may take (``OTEL_EXPORTER_OTLP_[<SIGNAL>_]TIMEOUT``)
+        self.timeout = float(kwargs.get("timeout") or DEFAULT_TIMEOUT)
         certificate = kwargs.get("certificate_file")
         key, chain = kwargs.get("client_key_file"), kwargs.get("client_certificate_file")
         self._context = (ssl.create_default_context(cafile=certificate)
@@ -179,7 +183,7 @@ class HttpRequestSender:
         request = urllib.request.Request(self._url, data=body, headers=self._headers,
                                          method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=self._timeout,
+            with urllib.request.urlopen(request, timeout=self.timeout,
                                         context=self._context) as response:
                 response.read()
                 return Reply(True)

@@ -8,10 +8,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from struct import Struct
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from dask_otel_spans.logonce import OnceLogger
+from dask_otel_spans.sdk.protowire import (
+    INT64_END,
+    INT64_MIN,
+    ONE_BYTE,
+    Unusual,
+    any_value,
+    double,
+    field,
+    fixed32,
+    fixed64,
+    key_field,
+    string,
+    varint,
+)
 
 if TYPE_CHECKING:
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -26,63 +39,6 @@ if TYPE_CHECKING:
     from dask_otel_spans.sdk.otlpjsonshapes import JSONValue
 
 logger = logging.getLogger(__name__)
-
-_fixed64 = Struct("<Q").pack
-_fixed32 = Struct("<I").pack
-_double = Struct("<d").pack
-_ONE_BYTE = [bytes((i,)) for i in range(128)]
-_INT64_MIN, _INT64_END = -(1 << 63), 1 << 63
-
-
-def _varint(n: int) -> bytes:
-    if n < 0x80:
-        return _ONE_BYTE[n]
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _field(tag: bytes, payload: bytes) -> bytes:
-    """A length-delimited field: its tag, the payload's length, the payload."""
-    n = len(payload)
-    return tag + (_ONE_BYTE[n] if n < 0x80 else _varint(n)) + payload
-
-
-class _Unusual(Exception):
-    """A value of a class the fast path does not encode: the SDK is asked."""
-
-
-def _value(value: object) -> bytes:
-    """An ``AnyValue`` of a plain value (``str``, ``int``, ``float``, ``bool``, or a
-    tuple or list of them), as the SDK's encoder makes it."""
-    encode = _BY_CLASS.get(value.__class__)
-    if encode is None:
-        raise _Unusual
-    return encode(value)
-
-
-def _int(value: int) -> bytes:
-    if not _INT64_MIN <= value < _INT64_END:
-        raise _Unusual
-    return b"\x18" + _varint(value & 0xFFFFFFFFFFFFFFFF)
-
-
-def _array(values: Sequence[object]) -> bytes:
-    return _field(b"\x2a", b"".join([_field(b"\x0a", _value(v)) for v in values]))
-
-
-#: the encoding of a value of each plain class
-_BY_CLASS: dict[type, Callable[[Any], bytes]] = {
-    str: lambda value: _field(b"\x0a", value.encode()),
-    int: _int,
-    float: lambda value: b"\x21" + _double(value),
-    bool: lambda value: b"\x10\x01" if value else b"\x10\x00",
-    tuple: _array,
-    list: _array,
-}
 
 
 def _unusual_attribute(key: str, value: object) -> bytes | None:
@@ -101,11 +57,6 @@ def _unusual_attribute(key: str, value: object) -> bytes | None:
     return encoded[0].SerializeToString() if encoded else None
 
 
-#: the encoded key field of the attribute names seen (a few dozen in practice)
-_KEYS: dict[str, bytes] = {}
-_KEYS_MAX = 4096
-
-
 def _attributes(tag: bytes, attributes: Mapping[str, object] | None,
                 log: OnceLogger) -> list[bytes]:
     """One ``KeyValue`` field per attribute; one the SDK could not encode is left out
@@ -113,36 +64,31 @@ def _attributes(tag: bytes, attributes: Mapping[str, object] | None,
     out: list[bytes] = []
     if not attributes:
         return out
-    keys, one_byte = _KEYS, _ONE_BYTE
+    one_byte = ONE_BYTE
     for key, value in attributes.items():
-        encoded_key = keys.get(key)
-        if encoded_key is None:
-            encoded_key = _string(b"\x0a", key)
-            if len(keys) < _KEYS_MAX:
-                keys[key] = encoded_key
         cls = value.__class__
         if cls is str:
             data = value.encode()  # type: ignore[attr-defined]
             n = len(data)
-            encoded = b"\x0a" + (one_byte[n] if n < 0x80 else _varint(n)) + data
+            encoded = b"\x0a" + (one_byte[n] if n < 0x80 else varint(n)) + data
         elif cls is float:
-            encoded = b"\x21" + _double(value)
+            encoded = b"\x21" + double(value)
         else:
             try:
-                encoded = _value(value)
-            except _Unusual:
+                encoded = any_value(value)
+            except Unusual:
                 kind = f"encode:{key}:{cls.__qualname__}"
                 pair = None if kind in log.kinds else _unusual_attribute(key, value)
                 if pair is None:
                     log(kind, "attribute %r (%s) cannot be encoded; left out of its "
                         "spans, as the SDK's encoder leaves it out", key, cls.__name__)
                 else:
-                    out.append(_field(tag, pair))
+                    out.append(field(tag, pair))
                 continue
         n = len(encoded)
-        pair = encoded_key + b"\x12" + (one_byte[n] if n < 0x80 else _varint(n)) + encoded
+        pair = key_field(key) + b"\x12" + (one_byte[n] if n < 0x80 else varint(n)) + encoded
         n = len(pair)
-        out.append(tag + (one_byte[n] if n < 0x80 else _varint(n)) + pair)
+        out.append(tag + (one_byte[n] if n < 0x80 else varint(n)) + pair)
     return out
 
 
@@ -229,10 +175,10 @@ class SpanEncoding:
         self.log = OnceLogger(logger)
         #: (the resource or scope field, its schema URL field)
         self.heads: _Heads[tuple[bytes, bytes]] = _Heads(
-            lambda rs: (_field(b"\x0a", rs.resource.SerializeToString()),
-                        _string(b"\x1a", rs.schema_url)),
-            lambda ss: (_field(b"\x0a", ss.scope.SerializeToString()),
-                        _string(b"\x1a", ss.schema_url)))
+            lambda rs: (field(b"\x0a", rs.resource.SerializeToString()),
+                        string(b"\x1a", rs.schema_url)),
+            lambda ss: (field(b"\x0a", ss.scope.SerializeToString()),
+                        string(b"\x1a", ss.schema_url)))
         self.span_flags, self.link_flags = _sdk_writes_flags()
 
     def span(self, span: ReadableSpan) -> bytes:
@@ -243,29 +189,29 @@ class SpanEncoding:
                  b"\x12\x08" + context.span_id.to_bytes(8, "big")]
         trace_state = context.trace_state
         if trace_state:
-            parts.append(_string(b"\x1a", ",".join(
+            parts.append(string(b"\x1a", ",".join(
                 [f"{key}={value}" for key, value in trace_state.items()])))
         if parent is not None:
             parts.append(b"\x22\x08" + parent.span_id.to_bytes(8, "big"))
         if span.name:
-            parts.append(_field(b"\x2a", span.name.encode()))
+            parts.append(field(b"\x2a", span.name.encode()))
         parts.append(_KINDS[span.kind.value])
         if span.start_time:
-            parts.append(b"\x39" + _fixed64(span.start_time))
+            parts.append(b"\x39" + fixed64(span.start_time))
         if span.end_time:
-            parts.append(b"\x41" + _fixed64(span.end_time))
+            parts.append(b"\x41" + fixed64(span.end_time))
         attributes = span.attributes
         if attributes:
             parts += _attributes(b"\x4a", attributes, self.log)
             if span.dropped_attributes:
-                parts.append(b"\x50" + _varint(span.dropped_attributes))
+                parts.append(b"\x50" + varint(span.dropped_attributes))
         if span.events or span.links:
             self._events_and_links(span, parts)
         status = span.status
         description = status.description
         code = status.status_code.value
-        parts.append(_field(b"\x7a", (_string(b"\x12", description) if description else b"")
-                            + (b"\x18" + _ONE_BYTE[code] if code else b"")))
+        parts.append(field(b"\x7a", (string(b"\x12", description) if description else b"")
+                            + (b"\x18" + ONE_BYTE[code] if code else b"")))
         if self.span_flags:
             parts.append(_FLAGS_REMOTE if parent is not None and parent.is_remote
                          else _FLAGS_LOCAL)
@@ -273,22 +219,22 @@ class SpanEncoding:
 
     def _events_and_links(self, span: ReadableSpan, parts: list[bytes]) -> None:
         for event in span.events:
-            parts.append(_field(b"\x5a", self._event(event)))
+            parts.append(field(b"\x5a", self._event(event)))
         if span.dropped_events:
-            parts.append(b"\x60" + _varint(span.dropped_events))
+            parts.append(b"\x60" + varint(span.dropped_events))
         for link in span.links:
-            parts.append(_field(b"\x6a", self._link(link)))
+            parts.append(field(b"\x6a", self._link(link)))
         if span.dropped_links:
-            parts.append(b"\x70" + _varint(span.dropped_links))
+            parts.append(b"\x70" + varint(span.dropped_links))
 
     def _event(self, event: Event) -> bytes:
-        parts = [b"\x09" + _fixed64(event.timestamp)] if event.timestamp else []
+        parts = [b"\x09" + fixed64(event.timestamp)] if event.timestamp else []
         if event.name:
-            parts.append(_string(b"\x12", event.name))
+            parts.append(string(b"\x12", event.name))
         parts += _attributes(b"\x1a", event.attributes, self.log)
         dropped = getattr(event.attributes, "dropped", 0)
         if dropped:
-            parts.append(b"\x20" + _varint(dropped))
+            parts.append(b"\x20" + varint(dropped))
         return b"".join(parts)
 
     def _link(self, link: Link) -> bytes:
@@ -298,9 +244,9 @@ class SpanEncoding:
         parts += _attributes(b"\x22", link.attributes, self.log)
         dropped = getattr(link.attributes, "dropped", 0)
         if dropped:
-            parts.append(b"\x28" + _varint(dropped))
+            parts.append(b"\x28" + varint(dropped))
         if self.link_flags:
-            parts.append(b"\x35" + _fixed32(0x300 if context.is_remote else 0x100))
+            parts.append(b"\x35" + fixed32(0x300 if context.is_remote else 0x100))
         return b"".join(parts)
 
     def request(self, spans: Sequence[ReadableSpan]) -> bytes:
@@ -311,32 +257,28 @@ class SpanEncoding:
             scope_spans = []
             for scope, encoded in scopes.items():
                 scope_field, scope_schema = self.heads.scope(scope)
-                scope_spans.append(_field(b"\x12", b"".join(
-                    [scope_field, *[_field(b"\x12", span) for span in encoded],
+                scope_spans.append(field(b"\x12", b"".join(
+                    [scope_field, *[field(b"\x12", span) for span in encoded],
                      scope_schema])))
-            out.append(_field(b"\x0a", b"".join(
+            out.append(field(b"\x0a", b"".join(
                 [resource_field, *scope_spans, resource_schema])))
         return b"".join(out)
 
 
-def _string(tag: bytes, value: str | None) -> bytes:
-    """A string field, left out when empty (proto3)."""
-    return _field(tag, value.encode()) if value else b""
-
 
 #: the ``kind`` field of each ``SpanKind`` value (OTLP's enum counts from 1)
-_KINDS = [b"\x30" + _ONE_BYTE[value + 1] for value in range(5)]
+_KINDS = [b"\x30" + ONE_BYTE[value + 1] for value in range(5)]
 #: the ``flags`` field (number 16, fixed32): the parent's is-remote bit is known (0x100),
 #: and set (0x200)
-_FLAGS_LOCAL = b"\x85\x01" + _fixed32(0x100)
-_FLAGS_REMOTE = b"\x85\x01" + _fixed32(0x300)
+_FLAGS_LOCAL = b"\x85\x01" + fixed32(0x100)
+_FLAGS_REMOTE = b"\x85\x01" + fixed32(0x300)
 #: resources and scopes whose encoding is kept
 _HEADS_MAX = 64
 
 
 # -- OTLP/JSON ---------------------------------------------------------------------------
 
-def _json_double(value: float) -> float | str:
+def _jsondouble(value: float) -> float | str:
     """A double as protobuf's JSON mapping writes it (``Infinity``, ``NaN`` as
     strings)."""
     if value != value:
@@ -355,17 +297,17 @@ def _json_value(value: object) -> dict[str, JSONValue]:
     if cls is str:
         return {"stringValue": value}  # type: ignore[dict-item]
     if cls is int:
-        if not _INT64_MIN <= value < _INT64_END:  # type: ignore[operator]
-            raise _Unusual
+        if not INT64_MIN <= value < INT64_END:  # type: ignore[operator]
+            raise Unusual
         return {"intValue": str(value)}
     if cls is float:
-        return {"doubleValue": _json_double(value)}  # type: ignore[arg-type]
+        return {"doubleValue": _jsondouble(value)}  # type: ignore[arg-type]
     if cls is bool:
         return {"boolValue": value}  # type: ignore[dict-item]
     if cls is tuple or cls is list:
         values: list[JSONValue] = [_json_value(v) for v in value]  # type: ignore[attr-defined]
         return {"arrayValue": {"values": values} if values else {}}
-    raise _Unusual
+    raise Unusual
 
 
 def _json_attributes(attributes: Mapping[str, object] | None,
@@ -379,7 +321,7 @@ def _json_attributes(attributes: Mapping[str, object] | None,
             encoded: dict[str, JSONValue] = (
                 {"key": key, "value": _json_value(value)} if key
                 else {"value": _json_value(value)})
-        except _Unusual:
+        except Unusual:
             kind = f"encode:{key}:{value.__class__.__qualname__}"
             pair = None if kind in log.kinds else _unusual_attribute(key, value)
             if pair is None:

@@ -65,6 +65,7 @@ from dask_otel_spans.sdk.otlpjson import (
     OTLPJsonLinesSpanExporter,
 )
 from dask_otel_spans.sdk.otlpsend import request_sender
+from dask_otel_spans.sdk.sending import SendingMetricExporter
 
 if TYPE_CHECKING:
     from opentelemetry.sdk._logs import LoggerProvider
@@ -220,18 +221,26 @@ def _metric_reader(
     exporter_health = ExportHealth("metrics", where)
     if health is not None:
         health.append(exporter_health)
-    if name == "otlp" and delivery is not None and prefers_delta(exporter):
-        # (cumulative points need no holding: the next export carries the totals;
-        # delta ones are sent by the delivery, the SDK's exporter only told the
-        # preferences)
-        delivery.add_signal("metrics", request_sender(environ, "metrics"),
-                            exporter_health)
-        wrapped: MetricExporter = HoldingMetricExporter(exporter, delivery,
-                                                        exporter_health)
+    if name == "otlp" and delivery is not None:
+        # (the SDK's exporter only told the preferences: points are encoded by the
+        # package, delta ones sent and held by the delivery, cumulative ones sent
+        # once per export, as they need no holding: the next export carries the
+        # totals)
+        if prefers_delta(exporter):
+            delivery.add_signal("metrics", request_sender(environ, "metrics"),
+                                exporter_health)
+            wrapped: MetricExporter = HoldingMetricExporter(exporter, delivery,
+                                                            exporter_health)
+        else:
+            wrapped = SendingMetricExporter(exporter, request_sender(environ, "metrics"),
+                                            exporter_health)
         exporter.shutdown()
     else:
         wrapped = HealthMetricExporter(exporter, exporter_health)
-    reader = PeriodicExportingMetricReader(wrapped, export_interval_millis=interval)
+    timeout = environ.get("OTEL_METRIC_EXPORT_TIMEOUT")
+    reader = PeriodicExportingMetricReader(
+        wrapped, export_interval_millis=interval,
+        export_timeout_millis=float(timeout) if timeout else None)
     return reader, where
 
 

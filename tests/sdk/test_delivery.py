@@ -205,3 +205,63 @@ def test_delta_metric_points_missed_in_an_outage_arrive_when_it_is_back(
             back.stop()
     finally:
         close(providers)
+
+
+def _sums(receiver, name: str) -> list[tuple[int, int]]:
+    """(value, temporality) of each point of the sum ``name`` the receiver took."""
+    return [(point.as_int, metric.sum.aggregation_temporality)
+            for request in receiver.metric_requests for rm in request.resource_metrics
+            for sm in rm.scope_metrics for metric in sm.metrics if metric.name == name
+            for point in metric.sum.data_points]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_cumulative_metric_points_are_sent_with_each_export(protocol, tmp_path):
+    receiver = receiver_of(protocol)
+    providers = build(environ_to(receiver, protocol, OTEL_METRICS_EXPORTER="otlp"),
+                      tmp_path)
+    try:
+        counter = providers.meter_provider.get_meter("test").create_counter("rows")
+        counter.add(5)
+        assert providers.meter_provider.force_flush()
+        counter.add(2)
+        assert providers.meter_provider.force_flush()
+        assert _sums(receiver, "rows") == [(5, 2), (7, 2)]  # (2: cumulative)
+        assert providers.delivery()["metrics"].delivered == 2
+    finally:
+        close(providers)
+        receiver.stop()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_cumulative_export_turned_away_for_now_is_sent_again_within_its_timeout(
+        protocol, tmp_path):
+    hint = {"retry_delay": 0.1} if protocol == "grpc" else {"retry_after": 0.1}
+    receiver = receiver_of(protocol, unavailable_metrics=2, **hint)  # (try after 0.1 s)
+    providers = build(environ_to(receiver, protocol, OTEL_METRICS_EXPORTER="otlp",
+                                 OTEL_EXPORTER_OTLP_TIMEOUT="5"), tmp_path)
+    try:
+        providers.meter_provider.get_meter("test").create_counter("rows").add(5)
+        assert providers.meter_provider.force_flush(timeout_millis=10_000)
+        attempts = receiver.metric_attempts
+        assert len(attempts) == 3 and attempts[-1] - attempts[0] >= 0.2
+        assert _sums(receiver, "rows") == [(5, 2)]
+        assert providers.delivery()["metrics"].failed == 0
+    finally:
+        close(providers)
+        receiver.stop()
+
+
+def test_cumulative_points_that_cannot_be_sent_in_time_are_counted_failed_not_held(
+        tmp_path, caplog):
+    receiver = OTLPReceiver(port=free_port())  # (never started)
+    environ = environ_to(receiver, "grpc", OTEL_METRICS_EXPORTER="otlp")
+    providers = build(environ, tmp_path)
+    try:
+        providers.meter_provider.get_meter("test").create_counter("rows").add(5)
+        providers.meter_provider.force_flush()  # (tried for the exporter's 0.5 s)
+        assert providers.delivery()["metrics"].failed == 1
+        assert "metrics" not in providers.redelivery.signals
+        assert "cannot export metric points" in caplog.text
+    finally:
+        close(providers)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent import futures
 from typing import Any
 
@@ -34,18 +35,19 @@ class _Service:
     keep the request, answer with the service's empty response."""
 
     def __init__(self, receiver: OTLPReceiver, requests: list, response: type,
-                 delayed: bool = False):
+                 delayed: bool = False, refuse: Callable[[], bool] | None = None):
         self.receiver = receiver
         self.requests = requests
         self.response = response
         self.delayed = delayed
+        self.refuse = refuse
 
     def Export(self, request, context):
         if self.delayed:
             time.sleep(self.receiver.delay)
-            if self.receiver._refuse():
-                context.set_trailing_metadata(self.receiver.retry_metadata)
-                context.abort(grpc.StatusCode.UNAVAILABLE, "busy: retry later")
+        if self.refuse is not None and self.refuse():
+            context.set_trailing_metadata(self.receiver.retry_metadata)
+            context.abort(grpc.StatusCode.UNAVAILABLE, "busy: retry later")
         if self.receiver._accept(context):
             with self.receiver._lock:
                 self.requests.append(request)
@@ -59,14 +61,17 @@ class OTLPReceiver:
     ``delay``: seconds each trace export waits before its answer.
     ``unavailable``: trace exports answered UNAVAILABLE first, with a ``RetryInfo``
     of ``retry_delay`` seconds (when given); ``attempts`` holds the monotonic time of
-    every trace export.
+    every trace export. ``unavailable_metrics``: the same for metric exports
+    (``metric_attempts``).
     """
 
     def __init__(self, required_headers: dict[str, str] | None = None, port: int = 0,
                  delay: float = 0.0, credentials: Any = None, unavailable: int = 0,
-                 retry_delay: float | None = None):
+                 retry_delay: float | None = None, unavailable_metrics: int = 0):
         self.required_headers = required_headers or {}
         self.unavailable = unavailable
+        self.unavailable_metrics = unavailable_metrics
+        self.metric_attempts: list[float] = []
         self.attempts: list[float] = []
         self.retry_metadata: tuple = ()
         if retry_delay is not None:
@@ -87,7 +92,8 @@ class OTLPReceiver:
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(
             _Service(self, self.trace_requests,
-                     trace_service_pb2.ExportTraceServiceResponse, delayed=True),
+                     trace_service_pb2.ExportTraceServiceResponse, delayed=True,
+                     refuse=self._refuse),
             self.server,
         )
         logs_service_pb2_grpc.add_LogsServiceServicer_to_server(
@@ -97,7 +103,8 @@ class OTLPReceiver:
         )
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
             _Service(self, self.metric_requests,
-                     metrics_service_pb2.ExportMetricsServiceResponse),
+                     metrics_service_pb2.ExportMetricsServiceResponse,
+                     refuse=self._refuse_metrics),
             self.server,
         )
         if credentials is not None:
@@ -115,6 +122,13 @@ class OTLPReceiver:
                 self.unavailable -= 1
                 return True
         return False
+
+    def _refuse_metrics(self) -> bool:
+        with self._lock:
+            self.metric_attempts.append(time.monotonic())
+            refuse = self.unavailable_metrics > 0
+            self.unavailable_metrics -= refuse
+        return refuse
 
     def _accept(self, context: Any) -> bool:
         metadata = {k: v for k, v in context.invocation_metadata()}
@@ -186,11 +200,14 @@ class OTLPHttpReceiver:
     """An OTLP/HTTP (``http/protobuf``) receiver: POST ``/v1/traces``, ``/v1/metrics``,
     ``/v1/logs``; the first ``unavailable`` trace requests are answered 503 with
     ``Retry-After: retry_after`` (when given); ``attempts``: the monotonic time of
-    every trace request. ``port``: 0 for a free one (:meth:`start` again on the
-    same port after :meth:`stop`)."""
+    every trace request; ``unavailable_metrics``, ``metric_attempts``: the same for
+    metric requests. ``port``: 0 for a free one (:meth:`start` again on the same port
+    after :meth:`stop`)."""
 
     def __init__(self, port: int = 0, unavailable: int = 0,
-                 retry_after: float | None = None):
+                 retry_after: float | None = None, unavailable_metrics: int = 0):
+        self.unavailable_metrics = unavailable_metrics
+        self.metric_attempts: list[float] = []
         self.trace_requests: list[Any] = []
         self.log_requests: list[Any] = []
         self.metric_requests: list[Any] = []
@@ -228,18 +245,24 @@ class OTLPHttpReceiver:
                     self.end_headers()
                     return
                 requests, request, response = kinds[self.path]
+                refuse = False
                 if self.path == "/v1/traces":
                     with receiver._lock:
                         receiver.attempts.append(time.monotonic())
                         refuse = receiver.unavailable > 0
                         receiver.unavailable -= refuse
-                    if refuse:
-                        self.send_response(503)
-                        if receiver.retry_after is not None:
-                            self.send_header("Retry-After", f"{receiver.retry_after:g}")
-                        self.send_header("Content-Length", "0")
-                        self.end_headers()
-                        return
+                elif self.path == "/v1/metrics":
+                    with receiver._lock:
+                        receiver.metric_attempts.append(time.monotonic())
+                        refuse = receiver.unavailable_metrics > 0
+                        receiver.unavailable_metrics -= refuse
+                if refuse:
+                    self.send_response(503)
+                    if receiver.retry_after is not None:
+                        self.send_header("Retry-After", f"{receiver.retry_after:g}")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 with receiver._lock:
                     requests.append(request.FromString(body))
                 data = response().SerializeToString()
