@@ -275,8 +275,9 @@ class DaskInstruments:
         (its ``(trace id, OTel span id, trace flags)``) is the duration's exemplar."""
         name = self.span_names(tags)
         duration_series = self._named_series(self.span_duration, name)
+        context = exemplar_context(trace)
         self.span_duration.record(max(0.0, duration), duration_series.attributes,
-                                  context=exemplar_context(trace))
+                                  context=context)
         if opened:
             self._sum(self._named_series(self.span_active, name), -1)
         if idle_seconds > 0:
@@ -290,7 +291,7 @@ class DaskInstruments:
                     names.UNIT: "seconds",
                 })
                 self._cache.put((name, _IDLE_KEY), idle)
-            idle.context = exemplar_context(trace)
+            idle.context = context
             self._sum(idle, idle_seconds)
 
     def span_tasks_moved(self, tags: Sequence[str], moved: Mapping[str, int]) -> None:

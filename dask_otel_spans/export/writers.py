@@ -13,6 +13,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits
 from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.trace.sampling import DEFAULT_ON, Decision
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
@@ -207,7 +208,8 @@ class _Recorded(NamedTuple):
 class DirectWriter(SpanWriter):
     """Builds each ended span as a ``ReadableSpan`` and hands it to the provider's span
     processors' ``on_end``, as the SDK's tracer would after ``start_span`` and
-    ``end``: the provider's sampler decides, with the same arguments; its resource,
+    ``end``: the provider's sampler decides, with the same arguments (the SDK's
+    default, ``parentbased_always_on``, is decided here as it decides); its resource,
     the tracer's instrumentation scope and the provider's span limits are applied;
     ``on_start`` (and the SDK's experimental ``_on_ending``) is not called: the
     package's own batch processors do nothing there.
@@ -220,6 +222,9 @@ class DirectWriter(SpanWriter):
 
     def __init__(self, tracer: SdkTracer):
         self._sampler = tracer.sampler
+        #: the SDK's default sampler (``parentbased_always_on``): decided here as it
+        #: decides, without its context look-ups and result object
+        self._default_sampler = tracer.sampler is DEFAULT_ON
         self._resource = tracer.resource
         self._processor = tracer.span_processor
         self._info = tracer.instrumentation_info
@@ -237,21 +242,29 @@ class DirectWriter(SpanWriter):
             trace_id = parent_context.trace_id
         else:
             parent_context = None
-        result = self._sampler.should_sample(parent.context, trace_id, name,
-                                             SpanKind.INTERNAL, attributes, links)
-        decision = result.decision
+        if self._default_sampler:
+            # (ParentBased(ALWAYS_ON): the parent's sampled flag, else sampled; the
+            # parent's trace state; the attributes as given)
+            sampled = parent_context is None or parent_context.trace_flags.sampled
+            decision = Decision.RECORD_AND_SAMPLE if sampled else Decision.DROP
+            trace_state = parent_context.trace_state if parent_context is not None else None
+        else:
+            result = self._sampler.should_sample(parent.context, trace_id, name,
+                                                 SpanKind.INTERNAL, attributes, links)
+            decision, attributes, trace_state = (result.decision, result.attributes,
+                                                 result.trace_state)
         flags = TraceFlags.SAMPLED if decision.is_sampled() else TraceFlags.DEFAULT
         if (_RANDOM_TRACE_ID is not None and parent_context is not None
                 and parent_context.trace_flags & _RANDOM_TRACE_ID):
             flags |= _RANDOM_TRACE_ID
         context = SpanContext(trace_id, span_id, is_remote=False,
-                              trace_flags=TraceFlags(flags), trace_state=result.trace_state)
+                              trace_flags=TraceFlags(flags), trace_state=trace_state)
         end_metrics = (self._span_metrics.start_span(parent_context, decision)
                        if self._span_metrics is not None else None)
         if not decision.is_recording():
             return Started(context, False)
         return Started(context, True, _Recorded(
-            name, parent_context, result.attributes, links, start_ns, end_metrics))
+            name, parent_context, attributes, links, start_ns, end_metrics))
 
     def end(self, started: Started, end_ns: int, events: Sequence[TaskEvent] = (),
             error: str | None = None) -> None:

@@ -4,6 +4,7 @@ OTLP encoders of :mod:`~dask_otel_spans.sdk.otlpspans` and
 :mod:`~dask_otel_spans.sdk.otlpmetrics` build requests from these)."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from struct import Struct
 from typing import Any
@@ -75,19 +76,11 @@ _BY_CLASS: dict[type, Callable[[Any], bytes]] = {
     list: _array,
 }
 
-#: the encoded key field of the attribute names seen (a few dozen in practice)
-_KEYS: dict[str, bytes] = {}
-_KEYS_MAX = 4096
-
-
+@functools.lru_cache(maxsize=4096)
 def key_field(key: str) -> bytes:
-    """The ``key`` field of a ``KeyValue`` (remembered for the names seen)."""
-    encoded = _KEYS.get(key)
-    if encoded is None:
-        encoded = string(b"\x0a", key)
-        if len(_KEYS) < _KEYS_MAX:
-            _KEYS[key] = encoded
-    return encoded
+    """The ``key`` field of a ``KeyValue`` (remembered for the names seen lately: a
+    few dozen in practice)."""
+    return string(b"\x0a", key)
 
 
 def key_values(tag: bytes, attributes: Mapping[str, object] | None) -> list[bytes]:

@@ -47,6 +47,10 @@ ROOTS = [str(uuid.uuid5(uuid.NAMESPACE_OID, f"root-{i}")) for i in range(8)]
 #: the client's span (trace flags sampled and random, with a trace state)
 CLIENT = {LOAD: {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-03",
                  "tracestate": "vendor=abc,other=1"}}
+UNSAMPLED = "5d8e2a4c-6b1f-4c3a-9e7d-0f1a2b3c4d5e"
+UNSAMPLED_CLIENT = {UNSAMPLED: {
+    "traceparent": "00-1bf7651916cd43dd8448eb211c80319c-c7ad6b7169203331-00",
+    "tracestate": "vendor=def"}}
 CALLERS = [SpanContext(0x1234 + i, 0x99 + i, is_remote=True,
                        trace_flags=TraceFlags(TraceFlags.SAMPLED)) for i in range(3)]
 STACK = 'Traceback (most recent call last):\n  File "etl.py", line 3\nValueError: bad 3'
@@ -105,8 +109,17 @@ def root_span(dask_id: str) -> SpanFields:
                       [erred_task(dask_id, f"read-{dask_id[-2:]}", 200.1)])
 
 
+def unsampled_client_span() -> SpanFields:
+    """A dask span below a client's span that was not sampled (a trace state too)."""
+    ids = resolve_chain([UNSAMPLED], parse_carried(UNSAMPLED_CLIENT) or {})
+    return SpanFields("not sampled", ids, 110_000_000_000, 111_000_000_000,
+                      {names.SPAN_NAME: ["etl", "not sampled"], "dask.span.id": UNSAMPLED},
+                      None, [])
+
+
 def workload() -> list[SpanFields]:
-    return [load_span()] + [root_span(dask_id) for dask_id in ROOTS]
+    return ([load_span()] + [root_span(dask_id) for dask_id in ROOTS]
+            + [unsampled_client_span()])
 
 
 class Recorder(SpanProcessor):
