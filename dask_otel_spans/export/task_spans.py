@@ -27,7 +27,7 @@ def _ns(seconds: float) -> int:
     return int(round(seconds * 1e9))
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class TaskEvent:
     """A span event: name, time (ns), attributes."""
 
@@ -36,7 +36,7 @@ class TaskEvent:
     attributes: Mapping[str, AttributeValue]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class TaskSpanFields:
     """Fields of the OTel span of one task."""
 

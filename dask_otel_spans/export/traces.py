@@ -48,7 +48,7 @@ def split_metric_key(key: Hashable) -> tuple[str, str, str, str] | None:
     return context, where, str(key[-2]), str(key[-1])
 
 
-@dataclass
+@dataclass(slots=True)
 class SpanSummary:
     """Additive figures of a span, or of a span tree once children were added."""
 
@@ -168,7 +168,7 @@ def code_attribute(code: Iterable[tuple[SourceCode, ...]], max_length: int) -> s
     return "\n".join(parts)[:max_length]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class PrefixSpanFields:
     """Fields of the child span of one task prefix."""
 
@@ -183,7 +183,7 @@ class PrefixSpanFields:
     error: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class SpanFields:
     """Everything needed to end the OTel span of one dask span."""
 
@@ -299,20 +299,28 @@ def prefix_fields(
         tasks = task_span_fields(
             span.id, prefix, records, default_start=start, default_stop=stop,
             record_exceptions=record_exceptions,
-        )
+        ) if records else []
         out.append(
             PrefixSpanFields(
                 name=prefix,
                 span_id=prefix_span_id(span.id, prefix),
                 start_ns=to_ns(start),
                 # (it covers its task spans, whatever the groups' figures say)
-                end_ns=max([to_ns(stop), *(t.end_ns for t in tasks)]),
+                end_ns=_covering(to_ns(stop), tasks),
                 attributes=attributes,
                 tasks=tasks,
-                error=error_description(fig),
+                error=error_description(fig) if fig.erred_count else None,
             )
         )
     return out
+
+
+def _covering(end_ns: int, *below: Sequence[PrefixSpanFields | TaskSpanFields]) -> int:
+    """``end_ns``, or the latest end of the spans ``below`` when later."""
+    for spans in below:
+        if spans:
+            end_ns = max(end_ns, max([s.end_ns for s in spans]))
+    return end_ns
 
 
 def own_task_fields(
@@ -406,8 +414,7 @@ def span_fields(
         ids=ids,
         start_ns=to_ns(start),
         # (it covers its own task spans, whatever the groups' figures say)
-        end_ns=max([to_ns(stop), *(p.end_ns for p in prefixes),
-                    *(t.end_ns for t in tasks)]),
+        end_ns=_covering(to_ns(stop), prefixes, tasks),
         attributes=attributes,
         error=error_description(summary),
         prefixes=prefixes,

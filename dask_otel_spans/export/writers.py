@@ -38,20 +38,30 @@ _SEQUENCES = frozenset({list, tuple})
 _PLAIN_OR_SEQUENCE = _PLAIN_SET | _SEQUENCES
 
 
-class Parent(NamedTuple):
+class Parent:
     """The parent of a span to start: its span context (None: a root) and the
-    context that holds it, as the tracer and its sampler are given it."""
+    context that holds it, as the tracer and its sampler are given it (made when
+    first asked for: the direct writer with the SDK's default sampler never asks)."""
 
-    span_context: SpanContext | None
-    context: Context
+    __slots__ = ("span_context", "_context")
+
+    def __init__(self, span_context: SpanContext | None, context: Context | None = None):
+        self.span_context = span_context
+        self._context = context
+
+    @property
+    def context(self) -> Context:
+        if self._context is None:
+            self._context = (
+                Context() if self.span_context is None
+                else trace.set_span_in_context(trace.NonRecordingSpan(self.span_context)))
+        return self._context
 
 
 def parent_of(span_context: SpanContext | None) -> Parent:
     """The parent of a dask span's OTel span: the (remote) span context carried from
     the client or the parent dask span's, or none."""
-    if span_context is None:
-        return Parent(None, Context())
-    return Parent(span_context, trace.set_span_in_context(trace.NonRecordingSpan(span_context)))
+    return Parent(span_context)
 
 
 class Started:
@@ -100,8 +110,7 @@ class SpanWriter:
 
     def below(self, started: Started) -> Parent:
         """The parent that spans started below ``started`` get."""
-        context = started.span_context
-        return Parent(context, trace.set_span_in_context(trace.NonRecordingSpan(context)))
+        return Parent(started.span_context)
 
     def end(self, started: Started, end_ns: int, events: Sequence[TaskEvent] = (),
             error: str | None = None) -> None:
