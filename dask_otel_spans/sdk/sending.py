@@ -43,6 +43,8 @@ class SendingMetricExporter(MetricExporter):
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
                **kwargs: object) -> MetricExportResult:
         points = count_points(metrics_data)
+        if self._closed.is_set():
+            return MetricExportResult.FAILURE
         try:
             payload = self.encoding.request(metrics_data)
         except Exception:
@@ -55,7 +57,12 @@ class SendingMetricExporter(MetricExporter):
         deadline = time.monotonic() + min(timeout_millis / 1000, self.sender.timeout)
         attempt = 0
         while True:
-            reply = self.sender.send(payload)
+            try:
+                reply = self.sender.send(payload)
+            except Exception:  # (a sender closed under it at shutdown, say)
+                logger.debug("dask_otel_spans: a metric export failed", exc_info=True)
+                self.health.record(False, points)
+                return MetricExportResult.FAILURE
             if reply.delivered:
                 self.health.record(True, points)
                 return MetricExportResult.SUCCESS

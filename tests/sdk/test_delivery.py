@@ -5,12 +5,18 @@ and a spool is sent from anywhere."""
 from __future__ import annotations
 
 import pytest
+from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricExportResult
 from support.polling import wait_for
 from support.processes import free_port
 from support.receivers import OTLPHttpReceiver, OTLPReceiver
 
 from dask_otel_spans.sdk.delivery import Delivery, resend
+from dask_otel_spans.sdk.health import ExportHealth
+from dask_otel_spans.sdk.otlpsend import request_sender
 from dask_otel_spans.sdk.providers import Providers, resolve_providers
+from dask_otel_spans.sdk.sending import SendingMetricExporter
 from dask_otel_spans.sdk.spool import Spool
 
 PROTOCOLS = ("grpc", "http/protobuf")
@@ -265,3 +271,19 @@ def test_cumulative_points_that_cannot_be_sent_in_time_are_counted_failed_not_he
         assert "cannot export metric points" in caplog.text
     finally:
         close(providers)
+
+
+def test_a_cumulative_export_after_shutdown_fails_without_sending(tmp_path):
+    receiver = receiver_of("grpc")
+    reader = InMemoryMetricReader()
+    MeterProvider(metric_readers=[reader]).get_meter("t").create_counter("rows").add(1)
+    environ = environ_to(receiver, "grpc", OTEL_METRICS_EXPORTER="otlp")
+    exporter = SendingMetricExporter(OTLPMetricExporter(insecure=True),
+                                     request_sender(environ, "metrics"),
+                                     ExportHealth("metrics", receiver.endpoint))
+    try:
+        exporter.shutdown()
+        assert exporter.export(reader.get_metrics_data()) == MetricExportResult.FAILURE
+        assert receiver.metric_attempts == []
+    finally:
+        receiver.stop()
