@@ -83,18 +83,22 @@ class SpanSummary:
 
 
 def _group_figures(groups: Iterable[GroupSnapshot]) -> SpanSummary:
-    out = SpanSummary()
+    task_count = erred_count = nbytes_total = 0
+    duration = start = stop = 0.0
+    errors: dict[str, int] = {}
     for tg in groups:
-        out.task_count += tg.task_count
-        out.erred_count += tg.erred_count
+        task_count += tg.task_count
+        erred_count += tg.erred_count
         for kind, n in tg.errors:
-            out.errors[kind] = out.errors.get(kind, 0) + n
-        out.nbytes_total += tg.nbytes_total
-        out.task_duration += tg.duration
-        if tg.start and (not out.start or tg.start < out.start):
-            out.start = tg.start
-        out.stop = max(out.stop, tg.stop)
-    return out
+            errors[kind] = errors.get(kind, 0) + n
+        nbytes_total += tg.nbytes_total
+        duration += tg.duration
+        if tg.start and (not start or tg.start < start):
+            start = tg.start
+        if tg.stop > stop:
+            stop = tg.stop
+    return SpanSummary(task_count, erred_count, nbytes_total, duration, start, stop,
+                       {}, 0.0, errors)
 
 
 def own_summary(span: SpanSnapshot) -> SpanSummary:

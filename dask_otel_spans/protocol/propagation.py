@@ -61,20 +61,27 @@ def otel_trace_id(dask_span_id: str) -> int:
     return _id_bits(dask_span_id) or 1
 
 
+@functools.lru_cache(maxsize=_PARSED_CACHE_SIZE)
 def prefix_span_id(dask_span_id: str, prefix: str) -> int:
     """Deterministic OTel span id of the child span of a task prefix: the low 64 bits
-    of ``uuid5(<dask span id as a UUID>, prefix)``, computed without building UUIDs."""
-    namespace = _id_bits(dask_span_id).to_bytes(16, "big")
-    digest = hashlib.sha1(namespace + str(prefix).encode("utf-8")).digest()
-    low = int.from_bytes(digest[8:16], "big")
-    # the RFC 4122 variant bits, as uuid5 sets them
-    return ((low & _UUID_VARIANT_CLEAR) | _UUID_VARIANT_RFC4122) or 1
+    of ``uuid5(<dask span id as a UUID>, prefix)``, computed without building UUIDs
+    (remembered for the spans seen lately: the metrics' exemplars and the span's
+    translation both ask)."""
+    return _uuid5_low_bits(dask_span_id, str(prefix))
 
 
 def task_span_id(dask_span_id: str, key: str) -> int:
     """Deterministic OTel span id of a task span: as :func:`prefix_span_id`, with
     ``"task/" + key`` (the task key as ``str``) in place of the prefix."""
-    return prefix_span_id(dask_span_id, "task/" + key)
+    return _uuid5_low_bits(dask_span_id, "task/" + key)
+
+
+def _uuid5_low_bits(dask_span_id: str, name: str) -> int:
+    namespace = _id_bits(dask_span_id).to_bytes(16, "big")
+    digest = hashlib.sha1(namespace + name.encode("utf-8")).digest()
+    low = int.from_bytes(digest[8:16], "big")
+    # the RFC 4122 variant bits, as uuid5 sets them
+    return ((low & _UUID_VARIANT_CLEAR) | _UUID_VARIANT_RFC4122) or 1
 
 
 def carrier_from_context(ctx: Context | None = None) -> dict[str, str]:
