@@ -16,12 +16,10 @@ from dask_otel_spans.sdk.protowire import (
     INT64_MIN,
     ONE_BYTE,
     Unusual,
-    any_value,
-    double,
     field,
     fixed32,
     fixed64,
-    key_field,
+    key_values,
     string,
     varint,
 )
@@ -57,39 +55,17 @@ def _unusual_attribute(key: str, value: object) -> bytes | None:
     return encoded[0].SerializeToString() if encoded else None
 
 
-def _attributes(tag: bytes, attributes: Mapping[str, object] | None,
-                log: OnceLogger) -> list[bytes]:
-    """One ``KeyValue`` field per attribute; one the SDK could not encode is left out
-    (logged once per key), as the SDK's encoder leaves it out."""
-    out: list[bytes] = []
-    if not attributes:
-        return out
-    one_byte = ONE_BYTE
-    for key, value in attributes.items():
-        cls = value.__class__
-        if cls is str:
-            data = value.encode()  # type: ignore[attr-defined]
-            n = len(data)
-            encoded = b"\x0a" + (one_byte[n] if n < 0x80 else varint(n)) + data
-        elif cls is float:
-            encoded = b"\x21" + double(value)
-        else:
-            try:
-                encoded = any_value(value)
-            except Unusual:
-                kind = f"encode:{key}:{cls.__qualname__}"
-                pair = None if kind in log.kinds else _unusual_attribute(key, value)
-                if pair is None:
-                    log(kind, "attribute %r (%s) cannot be encoded; left out of its "
-                        "spans, as the SDK's encoder leaves it out", key, cls.__name__)
-                else:
-                    out.append(field(tag, pair))
-                continue
-        n = len(encoded)
-        pair = key_field(key) + b"\x12" + (one_byte[n] if n < 0x80 else varint(n)) + encoded
-        n = len(pair)
-        out.append(tag + (one_byte[n] if n < 0x80 else varint(n)) + pair)
-    return out
+def _sdk_key_value(log: OnceLogger) -> Callable[[str, object], bytes | None]:
+    """The ``KeyValue`` of an attribute whose value is not plain, as the installed
+    SDK encodes it; None, logged once per key and class, when it leaves it out."""
+    def key_value(key: str, value: object) -> bytes | None:
+        kind = f"encode:{key}:{value.__class__.__qualname__}"
+        pair = None if kind in log.kinds else _unusual_attribute(key, value)
+        if pair is None:
+            log(kind, "attribute %r (%s) cannot be encoded; left out of its spans, as "
+                "the SDK's encoder leaves it out", key, value.__class__.__name__)
+        return pair
+    return key_value
 
 
 def _probe(resource: Resource | None, scope: InstrumentationScope | None
@@ -180,6 +156,7 @@ class SpanEncoding:
             lambda ss: (field(b"\x0a", ss.scope.SerializeToString()),
                         string(b"\x1a", ss.schema_url)))
         self.span_flags, self.link_flags = _sdk_writes_flags()
+        self._unusual = _sdk_key_value(self.log)
 
     def span(self, span: ReadableSpan) -> bytes:
         """One ``Span`` message, its fields in the order of their numbers."""
@@ -202,7 +179,7 @@ class SpanEncoding:
             parts.append(b"\x41" + fixed64(span.end_time))
         attributes = span.attributes
         if attributes:
-            parts += _attributes(b"\x4a", attributes, self.log)
+            parts += key_values(b"\x4a", attributes, self._unusual)
             if span.dropped_attributes:
                 parts.append(b"\x50" + varint(span.dropped_attributes))
         if span.events or span.links:
@@ -231,7 +208,7 @@ class SpanEncoding:
         parts = [b"\x09" + fixed64(event.timestamp)] if event.timestamp else []
         if event.name:
             parts.append(string(b"\x12", event.name))
-        parts += _attributes(b"\x1a", event.attributes, self.log)
+        parts += key_values(b"\x1a", event.attributes, self._unusual)
         dropped = getattr(event.attributes, "dropped", 0)
         if dropped:
             parts.append(b"\x20" + varint(dropped))
@@ -241,7 +218,7 @@ class SpanEncoding:
         context = link.context
         parts = [b"\x0a\x10" + context.trace_id.to_bytes(16, "big"),
                  b"\x12\x08" + context.span_id.to_bytes(8, "big")]
-        parts += _attributes(b"\x22", link.attributes, self.log)
+        parts += key_values(b"\x22", link.attributes, self._unusual)
         dropped = getattr(link.attributes, "dropped", 0)
         if dropped:
             parts.append(b"\x28" + varint(dropped))

@@ -83,21 +83,36 @@ def key_field(key: str) -> bytes:
     return string(b"\x0a", key)
 
 
-def key_values(tag: bytes, attributes: Mapping[str, object] | None) -> list[bytes]:
-    """One ``KeyValue`` field per attribute of plain values; :class:`Unusual` when a
-    value is not plain."""
+def key_values(tag: bytes, attributes: Mapping[str, object] | None,
+               unusual: Callable[[str, object], bytes | None] | None = None
+               ) -> list[bytes]:
+    """One ``KeyValue`` field per attribute. A value that is not plain raises
+    :class:`Unusual`, or, with ``unusual``, gets the ``KeyValue`` it returns for it
+    (None: the attribute is left out)."""
     out: list[bytes] = []
     if not attributes:
         return out
+    one_byte = ONE_BYTE
     for key, value in attributes.items():
         cls = value.__class__
         if cls is str:
             data = value.encode()  # type: ignore[attr-defined]
             n = len(data)
-            encoded = b"\x0a" + (ONE_BYTE[n] if n < 0x80 else varint(n)) + data
+            encoded = b"\x0a" + (one_byte[n] if n < 0x80 else varint(n)) + data
         elif cls is float:
             encoded = b"\x21" + double(value)
         else:
-            encoded = any_value(value)
-        out.append(field(tag, key_field(key) + field(b"\x12", encoded)))
+            try:
+                encoded = any_value(value)
+            except Unusual:
+                if unusual is None:
+                    raise
+                pair = unusual(key, value)
+                if pair is not None:
+                    out.append(field(tag, pair))
+                continue
+        n = len(encoded)
+        pair = key_field(key) + b"\x12" + (one_byte[n] if n < 0x80 else varint(n)) + encoded
+        n = len(pair)
+        out.append(tag + (one_byte[n] if n < 0x80 else varint(n)) + pair)
     return out
