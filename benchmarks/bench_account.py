@@ -90,7 +90,7 @@ def _syscalls(proc: subprocess.Popen) -> dict[str, int]:
     return out
 
 
-def _callgrind_wrapper(path: str, cache_sim: bool = False,
+def callgrind_wrapper(path: str, cache_sim: bool = False,
                        branch_sim: bool = False) -> list[str]:
     return ["valgrind", "--tool=callgrind", "--instr-atstart=no",
             "--collect-systime=yes", f"--callgrind-out-file={path}.%p",
@@ -98,12 +98,12 @@ def _callgrind_wrapper(path: str, cache_sim: bool = False,
             *(["--branch-sim=yes"] if branch_sim else [])]
 
 
-def _callgrind(pid: int, *options: str) -> None:
+def callgrind(pid: int, *options: str) -> None:
     subprocess.run(["callgrind_control", *options, str(pid)], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
 
 
-def _callgrind_totals(path: str, pid: int, timeout: float = 120.0) -> dict[str, int]:
+def callgrind_totals(path: str, pid: int, timeout: float = 120.0) -> dict[str, int]:
     """Event totals of the dumps of ``pid`` (``Ir``, ``sysCount``, ``sysTime``),
     waiting up to ``timeout`` seconds for a dump to be written whole
     (``callgrind_control --dump`` may return before its file is)."""
@@ -147,7 +147,7 @@ def one_run(with_plugin: bool, spans: int, per_span: int, strace: bool,
             time_scale: float = 1.0, pin: bool = False,
             stop_child: bool = False, pipe_size: int = 0,
             cache_sim: bool = False, branch_sim: bool = False) -> dict[str, float]:
-    wrapper = (_callgrind_wrapper(instructions, cache_sim, branch_sim) if instructions
+    wrapper = (callgrind_wrapper(instructions, cache_sim, branch_sim) if instructions
                else None)
     if pin:  # the scheduler alone on CPU 0; everything else on the other CPUs
         wrapper = ["taskset", "-c", "0", *(wrapper or ())]
@@ -186,7 +186,7 @@ def one_run(with_plugin: bool, spans: int, per_span: int, strace: bool,
         if tracer is not None or spy is not None:
             time.sleep(1.0)  # (attached)
         if instructions:
-            _callgrind(cluster.scheduler.pid, "--instr=on")
+            callgrind(cluster.scheduler.pid, "--instr=on")
         stopped = (cluster.scheduler.children(recursive=True)
                    if stop_child and with_plugin else [])
         for child in stopped if pipe_size else ():
@@ -206,9 +206,9 @@ def one_run(with_plugin: bool, spans: int, per_span: int, strace: bool,
             child.resume()
         time.sleep(SETTLE_S)
         if instructions:
-            _callgrind(cluster.scheduler.pid, "--dump")
-            _callgrind(cluster.scheduler.pid, "--instr=off")
-            counted = _callgrind_totals(instructions, cluster.scheduler.pid)
+            callgrind(cluster.scheduler.pid, "--dump")
+            callgrind(cluster.scheduler.pid, "--instr=off")
+            counted = callgrind_totals(instructions, cluster.scheduler.pid)
         calls = _syscalls(tracer) if tracer is not None else {}
         for recorder in (spy, child_spy):
             if recorder is not None:

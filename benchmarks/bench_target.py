@@ -81,6 +81,18 @@ def _replay(session: Any, recording: dict[str, Any]) -> int:
     return int(session.tracker.handed_over)
 
 
+def _window(mark: str) -> None:
+    """With ``--instructions``, the measured window's edges: say ``mark`` and wait
+    for the parent to switch callgrind's counting on (``ready``) or dump it
+    (``done``)."""
+    if os.environ.get(_HANDSHAKE):
+        print(mark, flush=True)
+        sys.stdin.readline()
+
+
+_HANDSHAKE = "BENCH_TARGET_HANDSHAKE"
+
+
 def _settle() -> None:
     """The export process's garbage collector settings, on both sides."""
     from dask_otel_spans.transport.child import settle_garbage_collector
@@ -144,9 +156,11 @@ def run_package(recording_path: str, port: int) -> dict[str, Any]:
         recording = pickle.load(f)
     session = _session(_environ(port))
     _settle()
+    _window("ready")
     cpu0 = time.process_time()
     dask_spans = _replay(session, recording)
     cpu = time.process_time() - cpu0
+    _window("done")
     otel_spans = session.pipeline.ender.otel_spans
     session.stop(10)
     return {"cpu_s": cpu, "dask_spans": dask_spans, "otel_spans": otel_spans}
@@ -182,6 +196,7 @@ def run_floor(capture_path: str, port: int) -> dict[str, Any]:
     durations = captured["series"].get("dask.span.duration") or [{}]
     adds, dask_spans = captured["counter_adds"], captured["dask_spans"]
     _settle()
+    _window("ready")
     cpu0 = time.process_time()
     for (name, trace_id, span_id, flags, parent, start, end, attrs, events, links,
          code, description) in captured["spans"]:
@@ -206,23 +221,50 @@ def run_floor(capture_path: str, port: int) -> dict[str, Any]:
     processor.force_flush()
     meter_provider.force_flush()
     cpu = time.process_time() - cpu0
+    _window("done")
     processor.shutdown()
     meter_provider.shutdown()
     return {"cpu_s": cpu, "dask_spans": dask_spans, "otel_spans": len(captured["spans"])}
 
 
-def _child(side: str, path: str, port: int, tree: str = ROOT) -> dict[str, Any]:
-    """One side in a fresh process; ``tree``: the source tree whose package (and
-    benchmark) it runs."""
-    here = os.path.join(tree, "benchmarks")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tree, here, *sys.path])}
+def _child(side: str, path: str, port: int, tree: str = ROOT,
+           instructions: str | None = None) -> dict[str, Any]:
+    """One side in a fresh process, this script with ``tree``'s package first on its
+    path; with ``instructions`` (a path stem for callgrind's files), under callgrind,
+    counting the measured window only (``Ir``, every thread)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tree, HERE, *sys.path])}
     env = {k: v for k, v in env.items() if not k.startswith("OTEL_")}
-    out = subprocess.run([sys.executable, os.path.join(here, "bench_target.py"), path,
-                          "--one", side, "--port", str(port)],
-                         env=env, cwd=here, capture_output=True, text=True)
-    if out.returncode:
-        raise RuntimeError(f"{side} failed:\n{out.stderr[-3000:]}")
-    figures: dict[str, Any] = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+    command = [sys.executable, __file__, path, "--one", side, "--port", str(port)]
+    if instructions is None:
+        out = subprocess.run(command, env=env, cwd=HERE, capture_output=True, text=True)
+        if out.returncode:
+            raise RuntimeError(f"{side} failed:\n{out.stderr[-3000:]}")
+        figures: dict[str, Any] = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+        return figures
+    from bench_account import callgrind, callgrind_totals, callgrind_wrapper
+
+    env[_HANDSHAKE] = "1"
+    proc = subprocess.Popen([*callgrind_wrapper(instructions), *command], env=env,
+                            cwd=HERE, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        mark = line.strip()
+        if mark == "ready":
+            callgrind(proc.pid, "--instr=on")
+        elif mark == "done":
+            callgrind(proc.pid, "--dump")
+            callgrind(proc.pid, "--instr=off")
+        else:
+            continue
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+    if proc.wait():
+        raise RuntimeError(f"{side} failed under callgrind")
+    figures = ast.literal_eval(lines[-1].strip())
+    figures["instructions"] = callgrind_totals(instructions, proc.pid).get("Ir", 0)
     return figures
 
 
@@ -230,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("path", help="the recording (bench_replay.py --record)")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--instructions", metavar="DIR",
+                        help="count instructions under valgrind's callgrind (files in "
+                             "DIR; ~50 times slower) instead of CPU time")
     parser.add_argument("--against", metavar="TREE",
                         help="also the package of another source tree (a git worktree), "
                              "in the same rounds")
@@ -258,6 +303,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.against:
         sides.insert(1, ("before", args.path, os.path.abspath(args.against)))
     runs: dict[str, list[float]] = {side: [] for side, _, _ in sides}
+    stem = None
+    if args.instructions:
+        os.makedirs(args.instructions, exist_ok=True)
+        stem = os.path.join(os.path.abspath(args.instructions), "cg")
+    unit = "instructions" if stem else "µs of CPU"
     try:
         for i in range(args.repeat):
             # (the package sides in turn first: neither always runs after the floor)
@@ -266,19 +316,20 @@ def main(argv: list[str] | None = None) -> int:
             for side, path, tree in order:
                 received = receiver.counts()["spans"]
                 figures = _child("package" if side == "before" else side, path,
-                                 receiver.port, tree)
+                                 receiver.port, tree, stem and f"{stem}-{side}-{i}")
                 arrived = receiver.counts()["spans"] - received
-                per_span = figures["cpu_s"] / max(1, figures["dask_spans"]) * 1e6
+                per_span = (figures["instructions"] if stem else figures["cpu_s"] * 1e6
+                            ) / max(1, figures["dask_spans"])
                 runs[side].append(per_span)
                 note = ("" if arrived >= figures["otel_spans"] else
                         f" ({arrived} of {figures['otel_spans']} OTel spans arrived)")
-                print(f"  run {i + 1}, {side}: {per_span:.1f} µs of CPU per dask span"
+                print(f"  run {i + 1}, {side}: {per_span:.1f} {unit} per dask span"
                       f"{note}", flush=True)
     finally:
         receiver.stop()
     gc.collect()
     for side, values in runs.items():
-        print(f"{side}: {min(values):.1f} µs of CPU per dask span, best of {args.repeat}"
+        print(f"{side}: {min(values):.1f} {unit} per dask span, best of {args.repeat}"
               f" (median {statistics.median(values):.1f})")
     floor = runs["floor"]
     for side in [s for s in runs if s != "floor"]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
 
@@ -94,22 +93,18 @@ class _Series:
 
 
 class _Recent(Generic[V]):
-    """LRU of values by key, so that steady-state adds allocate nothing."""
+    """Values by key, at most ``maxsize`` (then forgotten all at once: a value is
+    made again when asked for), so that steady-state adds allocate nothing."""
 
     def __init__(self, maxsize: int = 4096):
         self.maxsize = maxsize
-        self._data: OrderedDict[Hashable, V] = OrderedDict()
-
-    def get(self, key: Hashable) -> V | None:
-        value = self._data.get(key)
-        if value is not None:
-            self._data.move_to_end(key)
-        return value
+        self._data: dict[Hashable, V] = {}
+        self.get = self._data.get
 
     def put(self, key: Hashable, value: V) -> None:
+        if len(self._data) >= self.maxsize:
+            self._data.clear()
         self._data[key] = value
-        if len(self._data) > self.maxsize:
-            self._data.popitem(last=False)
 
 
 class DaskInstruments:

@@ -101,6 +101,8 @@ def key_values(tag: bytes, attributes: Mapping[str, object] | None,
             encoded = b"\x0a" + (one_byte[n] if n < 0x80 else varint(n)) + data
         elif cls is float:
             encoded = b"\x21" + double(value)
+        elif cls is int and INT64_MIN <= value < INT64_END:  # type: ignore[operator]
+            encoded = b"\x18" + varint(value & 0xFFFFFFFFFFFFFFFF)  # type: ignore[operator]
         else:
             try:
                 encoded = any_value(value)
