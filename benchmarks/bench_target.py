@@ -162,8 +162,10 @@ def run_package(recording_path: str, port: int) -> dict[str, Any]:
     cpu = time.process_time() - cpu0
     _window("done")
     otel_spans = session.pipeline.ender.otel_spans
+    counter_adds = session.figures().metric_sdk_calls
     session.stop(10)
-    return {"cpu_s": cpu, "dask_spans": dask_spans, "otel_spans": otel_spans}
+    return {"cpu_s": cpu, "dask_spans": dask_spans, "otel_spans": otel_spans,
+            "counter_adds": counter_adds}
 
 
 def run_floor(capture_path: str, port: int) -> dict[str, Any]:
@@ -323,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
                 runs[side].append(per_span)
                 note = ("" if arrived >= figures["otel_spans"] else
                         f" ({arrived} of {figures['otel_spans']} OTel spans arrived)")
+                if "counter_adds" in figures:  # (the floor makes the capture's number)
+                    note += f" ({figures['counter_adds']} counter adds)"
                 print(f"  run {i + 1}, {side}: {per_span:.1f} {unit} per dask span"
                       f"{note}", flush=True)
     finally:
