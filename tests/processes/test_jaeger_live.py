@@ -24,7 +24,10 @@ def is_pending(jaeger_span: dict) -> bool:
 
 
 def test_a_running_workflow_is_in_jaeger_before_it_ends(tmp_path):
-    jaeger = Jaeger(DEPLOY / "jaeger" / "config.yaml", tmp_path / "jaeger.log")
+    # (the config has a Prometheus exporter: moved off its fixed port, as another
+    # test file's Jaeger may run beside this one)
+    jaeger = Jaeger(DEPLOY / "jaeger" / "config.yaml", tmp_path / "jaeger.log",
+                    prometheus_exporter=True)
     procs = DaskProcesses({**export_env(jaeger), "OTEL_METRICS_EXPORTER": "none",
                            "OTEL_BSP_SCHEDULE_DELAY": "100",
                            "DASK_OTEL_SPANS__LIVE__AFTER": "0s",

@@ -23,7 +23,10 @@ def held(client: Client) -> int:
 
 
 def test_a_workflow_that_ends_while_jaeger_is_down_is_all_in_jaeger_after(tmp_path):
-    jaeger = Jaeger(DEPLOY / "jaeger" / "config.yaml", tmp_path / "jaeger.log")
+    # (the config has a Prometheus exporter: moved off its fixed port, as another
+    # test file's Jaeger may run beside this one)
+    jaeger = Jaeger(DEPLOY / "jaeger" / "config.yaml", tmp_path / "jaeger.log",
+                    prometheus_exporter=True)
     procs = DaskProcesses({**export_env(jaeger), "OTEL_METRICS_EXPORTER": "none",
                            "OTEL_EXPORTER_OTLP_TIMEOUT": "1"}, cwd=str(tmp_path))
     try:

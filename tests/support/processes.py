@@ -6,8 +6,10 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+from support.polling import wait_for
 from support.receivers import OTLPReceiver
 
 
@@ -21,7 +23,13 @@ class DaskProcesses:
     """``dask scheduler --preload dask_otel_spans`` and ``dask worker`` subprocesses
     (``worker_preload``: ``dask worker --preload dask_otel_spans``;
     ``scheduler_preload=False``: ``dask scheduler`` without it; ``launcher``: each
-    command started by it, e.g. ``[opentelemetry-instrument]``)."""
+    command started by it, e.g. ``[opentelemetry-instrument]``).
+
+    Ready once the scheduler listens. The workers start beside it and read its
+    address from its scheduler file (written once it listens), as the tests' clients
+    connect once it is ready: a worker or client that finds no scheduler yet retries
+    with a growing random backoff (distributed's connect), which added up to seconds
+    per cluster on a busy machine."""
 
     def __init__(self, env: dict[str, str], cwd: str, workers: int = 1,
                  dashboard: bool = False, nanny: bool = False,
@@ -41,33 +49,51 @@ class DaskProcesses:
         dash = (["--dashboard-address", f"127.0.0.1:{self.dashboard_port}"]
                 if dashboard else ["--no-dashboard"])
         dask_cli = [*launcher, sys.executable, "-m", "dask"]
+        # (written by the scheduler once it listens; outside cwd, which tests list)
+        self.scheduler_file = os.path.join(tempfile.mkdtemp(prefix="dask-processes-"),
+                                           "scheduler.json")
         self.scheduler = subprocess.Popen(
             [*dask_cli, "scheduler", "--host", "127.0.0.1", "--port", str(self.port),
+             "--scheduler-file", self.scheduler_file,
              *dash, *(["--preload", "dask_otel_spans"] if scheduler_preload else [])],
             env=self.env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True,
         )
         self.workers = [
             subprocess.Popen(
-                [*dask_cli, "worker", self.address, "--nthreads",
-                 "2", "--no-dashboard", "--nanny" if nanny else "--no-nanny",
+                [*dask_cli, "worker", "--scheduler-file", self.scheduler_file,
+                 "--nthreads", "2", "--no-dashboard", "--nanny" if nanny else "--no-nanny",
                  *(["--preload", "dask_otel_spans"] if worker_preload else [])],
                 env=self.env, cwd=cwd, stdout=subprocess.DEVNULL,
                 stderr=subprocess.STDOUT,
             )
             for _ in range(workers)
         ]
+        try:
+            wait_for(lambda: os.path.exists(self.scheduler_file)
+                     or self.scheduler.poll() is not None, timeout=60)
+        except AssertionError:
+            raise AssertionError(f"the scheduler did not start:\n{self.stop()}") from None
+        if self.scheduler.poll() is not None:
+            raise AssertionError(f"the scheduler exited:\n{self.stop()}")
 
     def stop(self) -> str:
-        """Stop everything (SIGTERM: a graceful scheduler close); the scheduler's log."""
-        for p in [*self.workers, self.scheduler]:
-            if p.poll() is None:
-                p.terminate()
-        for p in [*self.workers, self.scheduler]:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        """Stop everything (SIGTERM: a graceful scheduler close); the scheduler's log.
+
+        The workers first, then the scheduler: a worker told to stop while its
+        scheduler closes may wait for it to come back (outliving SIGTERM by the 30 s
+        wait below in about one stop in three on a busy machine)."""
+        for group in (self.workers, [self.scheduler]):
+            for p in group:
+                if p.poll() is None:
+                    p.terminate()
+            for p in group:
+                try:
+                    p.wait(30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        shutil.rmtree(os.path.dirname(self.scheduler_file), ignore_errors=True)
         return self.scheduler.stdout.read() if self.scheduler.stdout else ""
 
 
