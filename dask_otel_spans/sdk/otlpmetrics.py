@@ -28,10 +28,12 @@ if TYPE_CHECKING:
     )
     from opentelemetry.sdk.metrics import Exemplar
     from opentelemetry.sdk.metrics.export import (
+        Histogram,
         HistogramDataPoint,
         Metric,
         MetricsData,
         NumberDataPoint,
+        Sum,
     )
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -124,40 +126,35 @@ def _histogram_point(point: HistogramDataPoint) -> bytes:
 
 
 def _metric(metric: Metric) -> bytes:
-    """A ``Metric``: a sum, a gauge or an explicit-bucket histogram (others:
-    :class:`Unusual`, the SDK encodes the request)."""
+    """A ``Metric``: a gauge, an explicit-bucket histogram or a sum, told apart as the
+    SDK's encoder does (others: :class:`Unusual`, the SDK encodes the request)."""
     from opentelemetry.sdk.metrics.export import Gauge, Histogram, Sum
 
     data = metric.data
     parts = [string(b"\x0a", metric.name), string(b"\x12", metric.description),
              string(b"\x1a", metric.unit)]
-    cls = data.__class__
-    points = data.data_points
-    if not points:
-        # (the SDK sets the data field while it adds the points)
-        if cls not in (Sum, Gauge, Histogram):
-            raise Unusual
-        return b"".join(parts)
-    if cls is Sum:
-        body = [field(b"\x0a", _number_point(p, True)) for p in points]  # type: ignore[arg-type]
-        temporality = int(data.aggregation_temporality)  # type: ignore[union-attr]
-        if temporality:
-            body.append(b"\x10" + varint(temporality))
-        if data.is_monotonic:  # type: ignore[union-attr]
+    if not isinstance(data, (Gauge, Histogram, Sum)):
+        raise Unusual
+    if not data.data_points:
+        return b"".join(parts)  # (the SDK sets the data field as it adds the points)
+    if isinstance(data, Gauge):
+        parts.append(field(b"\x2a", b"".join(
+            [field(b"\x0a", _number_point(p, False)) for p in data.data_points])))
+    elif isinstance(data, Histogram):
+        body = [field(b"\x0a", _histogram_point(p)) for p in data.data_points]
+        parts.append(field(b"\x4a", b"".join([*body, _temporality(data)])))
+    else:
+        body = [field(b"\x0a", _number_point(p, True)) for p in data.data_points]
+        body.append(_temporality(data))
+        if data.is_monotonic:
             body.append(b"\x18\x01")
         parts.append(field(b"\x3a", b"".join(body)))
-    elif cls is Histogram:
-        body = [field(b"\x0a", _histogram_point(p)) for p in points]  # type: ignore[arg-type]
-        temporality = int(data.aggregation_temporality)  # type: ignore[union-attr]
-        if temporality:
-            body.append(b"\x10" + varint(temporality))
-        parts.append(field(b"\x4a", b"".join(body)))
-    elif cls is Gauge:
-        parts.append(field(b"\x2a", b"".join(
-            [field(b"\x0a", _number_point(p, False)) for p in points])))  # type: ignore[arg-type]
-    else:
-        raise Unusual
     return b"".join(parts)
+
+
+def _temporality(data: Histogram | Sum) -> bytes:
+    temporality = int(data.aggregation_temporality)
+    return b"\x10" + varint(temporality) if temporality else b""
 
 
 class MetricEncoding:
