@@ -10,7 +10,7 @@ import sys
 import pytest
 from support import browser
 
-from dask_otel_spans.cli import VALIDATION_NOTICE, render_tree
+from dask_otel_spans.cli import VALIDATION_NOTICE, main, render_tree
 from dask_otel_spans.sdk.otlpjson import read_metric_points, read_spans
 
 
@@ -111,14 +111,9 @@ def test_demo_prints_only_its_own_run_when_the_files_hold_earlier_ones(demo_run)
     assert sum(line.strip().startswith("demo workflow") for line in printed) == 1
 
 
-@pytest.mark.cluster  # (the command in a process of its own)
-def test_tree_of_missing_file_fails(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "dask_otel_spans.cli", "tree", str(tmp_path / "nope")],
-        capture_output=True, text=True, timeout=60,
-    )
-    assert proc.returncode == 1
-    assert "no such file" in proc.stderr
+def test_tree_of_missing_file_fails(tmp_path, capsys):
+    assert main(["tree", str(tmp_path / "nope")]) == 1
+    assert "no such file" in capsys.readouterr().err
 
 
 def test_render_tree_nests_by_parent():
@@ -209,42 +204,47 @@ def test_render_tree_says_1_task_not_1_tasks():
     ]
 
 
-def run_cli(*args: str, code: str | None = None) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "dask_otel_spans.cli", *args]
-    if code is not None:
-        command = [sys.executable, "-c", code]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+def run_code(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
 
 
-@pytest.mark.cluster  # (the command in a process of its own)
-def test_no_command_prints_the_help():
-    proc = run_cli()
-    assert proc.returncode == 2
-    assert "usage: dask-otel-spans" in proc.stdout
-    assert "demo" in proc.stdout and "tree" in proc.stdout and not proc.stderr
+# (help, version and exit codes are main's: called here, no process of their own; the
+# demo and tree runs above go through ``python -m dask_otel_spans.cli``)
 
 
-@pytest.mark.cluster  # (the command in a process of its own)
-def test_version_is_the_packages():
+def test_no_command_prints_the_help(capsys):
+    assert main([]) == 2
+    out, err = capsys.readouterr()
+    assert "usage: dask-otel-spans" in out
+    assert "demo" in out and "tree" in out and not err
+
+
+def test_version_is_the_packages(capsys):
     import dask_otel_spans
 
-    proc = run_cli("--version")
-    assert proc.returncode == 0
-    assert proc.stdout.strip() == f"dask-otel-spans {dask_otel_spans.__version__}"
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == (
+        f"dask-otel-spans {dask_otel_spans.__version__}")
 
 
-@pytest.mark.cluster  # (the command in a process of its own)
-def test_every_demo_option_has_help_text():
-    proc = run_cli("demo", "--help")
-    assert "worker processes of the LocalCluster" in proc.stdout
-    assert "directory of the embedded default exporter" in proc.stdout
+def test_every_demo_option_has_help_text(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")  # (argparse wraps help at the terminal's width)
+    with pytest.raises(SystemExit) as exited:
+        main(["demo", "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert "worker processes of the LocalCluster" in out
+    assert "directory of the embedded default exporter" in out
 
 
 @pytest.mark.cluster  # (the command in a process of its own)
 def test_demo_without_its_extra_says_which_extra_in_one_line_before_anything():
     # (numpy cannot be imported, as after a plain `pip install dask_otel_spans`)
-    proc = run_cli(code="import sys; sys.modules['numpy'] = None; "
-                        "from dask_otel_spans.cli import main; sys.exit(main(['demo']))")
+    proc = run_code("import sys; sys.modules['numpy'] = None; "
+                    "from dask_otel_spans.cli import main; sys.exit(main(['demo']))")
     assert proc.returncode == 1
     assert proc.stdout == ""  # nothing announced
     [line] = proc.stderr.strip().splitlines()
