@@ -14,7 +14,8 @@ points, both delivering OTLP/gRPC to a receiver in another process.
   in-memory exporter) rebuilt from plain fields as the SDK's ``ReadableSpan`` with one
   shared ``Resource`` and scope and handed to a ``BatchSpanProcessor`` with the SDK's
   OTLP exporter; and as many metric points as the package recorded (its counter
-  ``add`` calls over the same series, one duration record per dask span) through a
+  ``add`` calls over the same series, one duration record per dask span, each in
+  the context of the span the package's point has as its exemplar) through a
   ``MeterProvider`` with the SDK's OTLP exporter.
 
 CPU of the whole process (every thread) from the first span to the providers flushed,
@@ -152,8 +153,13 @@ def capture(recording_path: str, out: str) -> None:
     for rm in data.resource_metrics if data else ():
         for sm in rm.scope_metrics:
             for metric in sm.metrics:
-                series[metric.name] = [dict(p.attributes or {})
-                                       for p in metric.data.data_points]
+                # (each point's attributes and its latest exemplar's span: the
+                # floor records its points in the same spans' contexts)
+                series[metric.name] = [
+                    (dict(p.attributes or {}),
+                     (p.exemplars[-1].trace_id, p.exemplars[-1].span_id)
+                     if getattr(p, "exemplars", None) else None)
+                    for p in metric.data.data_points]
     session.stop(10)
     with open(out, "wb") as f:
         pickle.dump({"spans": spans, "series": series, "dask_spans": dask_spans,
@@ -192,7 +198,22 @@ def run_floor(capture_path: str, port: int) -> dict[str, Any]:
     from opentelemetry.sdk.trace import Event, ReadableSpan
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-    from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+    from opentelemetry.trace import (
+        Link,
+        NonRecordingSpan,
+        SpanContext,
+        SpanKind,
+        Status,
+        StatusCode,
+        TraceFlags,
+        set_span_in_context,
+    )
+
+    def context_of(ids: tuple[int, int] | None) -> Any:
+        """A context holding the sampled span ``ids``, whose measurements get it as
+        their exemplar, as the package's do (made before the clock)."""
+        return None if ids is None else set_span_in_context(NonRecordingSpan(
+            SpanContext(ids[0], ids[1], False, TraceFlags(TraceFlags.SAMPLED))))
 
     with open(capture_path, "rb") as f:
         captured = pickle.load(f)
@@ -207,10 +228,15 @@ def run_floor(capture_path: str, port: int) -> dict[str, Any]:
     instruments = {name: (meter.create_histogram(name) if name == "dask.span.duration"
                           else meter.create_counter(name))
                    for name in captured["series"]}
-    counters = [(instruments[name], attrs) for name, points in captured["series"].items()
-                if name != "dask.span.duration" for attrs in points]
+    counters = [(instruments[name], attrs, context_of(exemplar))
+                for name, points in captured["series"].items()
+                if name != "dask.span.duration" for attrs, exemplar in points]
     histogram = instruments.get("dask.span.duration")
-    durations = captured["series"].get("dask.span.duration") or [{}]
+    durations = [attrs for attrs, _ in captured["series"].get("dask.span.duration") or ()]
+    durations = durations or [{}]
+    # (a dask span's duration has the dask span as its exemplar)
+    dask_span_contexts = [context_of((s[1], s[2])) for s in captured["spans"]
+                          if "dask.span.id" in s[7]] or [None]
     adds, dask_spans = captured["counter_adds"], captured["dask_spans"]
     _settle()
     _window("ready")
@@ -230,13 +256,15 @@ def run_floor(capture_path: str, port: int) -> dict[str, Any]:
             start_time=start, end_time=end, instrumentation_scope=scope,
         ))
     for i in range(adds):
-        counter, attrs = counters[i % len(counters)]
-        counter.add(1e-4, attrs)
+        counter, attrs, context = counters[i % len(counters)]
+        counter.add(1e-4, attrs, context=context)
     if histogram is not None:
         for i in range(dask_spans):
-            histogram.record(0.002, durations[i % len(durations)])
-    processor.force_flush()
-    meter_provider.force_flush()
+            histogram.record(0.002, durations[i % len(durations)],
+                             context=dask_span_contexts[i % len(dask_span_contexts)])
+    # (deadlines, as the package side's: under callgrind, sending takes long)
+    processor.force_flush(600_000)
+    meter_provider.force_flush(600_000)
     cpu = time.process_time() - cpu0
     _window("done")
     processor.shutdown()
