@@ -108,7 +108,7 @@ def key_values(tag: bytes, attributes: Mapping[str, object] | None,
             n = len(data)
             encoded = b"\x0a" + (one_byte[n] if n < 0x80 else varint(n)) + data
         elif cls is float:  # (the most frequent: figures in seconds)
-            out.append(double_head(tag, key) + double(value))  # type: ignore[arg-type]
+            out.append(double_head(tag, key) + double(value))
             continue
         elif cls is int and INT64_MIN <= value < INT64_END:  # type: ignore[operator]
             encoded = b"\x18" + varint(value & 0xFFFFFFFFFFFFFFFF)  # type: ignore[operator]
