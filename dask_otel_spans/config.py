@@ -349,6 +349,13 @@ def _did_you_mean(key: str) -> str:
     return f"; did you mean otel-spans.{close[0]}?" if close else ""
 
 
+def _did_you_mean_field(name: str) -> str:
+    """``" (did you mean <closest field>?)"`` for a keyword setting that is not one,
+    or nothing when no field's name is close to ``name``."""
+    close = difflib.get_close_matches(name, _BY_FIELD, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 #: Seconds between two ticks: the scheduler forwards what changed, and the export
 #: session looks at the spans that changed or whose wait ran out. A tick costs what
 #: changed, so a short interval is cheap; it bounds how long a ready span waits.
@@ -397,7 +404,10 @@ class PluginConfig:
         not a setting is one ERROR line too (a misspelt key would do nothing)."""
         unknown = set(overrides) - set(_BY_FIELD)
         if unknown:
-            raise TypeError(f"Unknown otel-spans settings: {sorted(unknown)}")
+            raise TypeError(
+                "Unknown otel-spans settings: " + ", ".join(
+                    repr(name) + _did_you_mean_field(name) for name in sorted(unknown))
+                + f" (the keyword settings: {', '.join(_BY_FIELD)})")
         for key in _unknown_keys(dask.config.get(NAMESPACE, default={}),
                                  DEFAULTS[NAMESPACE]):
             logger.error("dask_otel_spans: otel-spans.%s is not a setting; ignored%s "

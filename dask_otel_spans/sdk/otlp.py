@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Literal, TypedDict, overload
 from urllib.parse import unquote
 
+from dask_otel_spans.logonce import OnceLogger
 from dask_otel_spans.otelenv import (
     OTLP_COMPRESSIONS,
     ConfigurationError,
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
 logger = logging.getLogger(__name__)
+#: (each signal's exporter reads the headers: a malformed one is said once)
+_log_once = OnceLogger(logger)
 
 
 def parse_headers(value: str | None) -> dict[str, str]:
@@ -35,7 +38,8 @@ def parse_headers(value: str | None) -> dict[str, str]:
         if sep and key.strip():
             out[unquote(key.strip()).lower()] = unquote(val.strip())
         elif item.strip():
-            logger.warning("dask_otel_spans: ignoring malformed OTLP header %r", item)
+            _log_once(f"header:{item}", "ignoring malformed OTLP header %r (expected "
+                      "key=value, comma-separated)", item)
     return out
 
 

@@ -121,10 +121,12 @@ class Providers:
     @property
     def exceptions_to(self) -> str:
         """Where erred tasks' exceptions go, for the start-up line."""
-        parts = ["span events"] if self.exceptions.events else []
+        # (span events go where the traces go: with none, nowhere)
+        parts = (["span events"] if self.exceptions.events
+                 and self.tracer_provider is not None else [])
         if self.exceptions.logs:
             parts.append(f"log events to {self.logs_to}")
-        return " and ".join(parts)
+        return " and ".join(parts) or "nothing (traces go nowhere)"
 
     @property
     def all(self) -> tuple[InUse, ...]:
@@ -253,15 +255,16 @@ def _prometheus_reader(environ: Mapping[str, str]) -> tuple[MetricReader, str]:
             "(pip install 'dask_otel_spans[prometheus]')"
         ) from e
     reader = PrometheusMetricReader()
-    where = "the scheduler's /metrics (prometheus_client default registry)"
     port = environ.get("OTEL_EXPORTER_PROMETHEUS_PORT")
-    if port:
-        from prometheus_client import start_http_server
+    if not port:  # (then export runs in the scheduler process: transport/choice.py)
+        return reader, "the scheduler's /metrics (prometheus_client default registry)"
+    from prometheus_client import start_http_server
 
-        host = environ.get("OTEL_EXPORTER_PROMETHEUS_HOST", "0.0.0.0")
-        start_http_server(int(port), addr=host)
-        where += f" and http://{host}:{port}/metrics"
-    return reader, where
+    host = environ.get("OTEL_EXPORTER_PROMETHEUS_HOST", "0.0.0.0")
+    start_http_server(int(port), addr=host)
+    # (served by the process that exports: the export process by default, whose
+    # registry the scheduler's own /metrics does not show)
+    return reader, f"http://{host}:{port}/metrics"
 
 
 def build_tracer_provider(

@@ -114,12 +114,63 @@ class TaskRecordsOnly(logging.Filter):
         return IN_TASK.get()
 
 
-def task_log_handler(logger_provider: LoggerProvider, level: int) -> logging.Handler:
-    """The OTel SDK's logging handler over ``logger_provider``, for the records made
-    in tasks at ``level`` and above (the SDK takes their trace context from the
-    current context)."""
+class LastResort(logging.Handler):
+    """Python's last resort (``logging.lastResort``: WARNING and above to stderr)
+    for the records no handler but the package's would take.
+
+    A handler on the root logger turns the last resort off for every record that
+    reaches it: without this one, adding the task log handler would silence the
+    warnings a worker's tasks and libraries print to its stderr.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        setattr(self, _OURS, True)
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        resort = logging.lastResort
+        if (resort is None or record.levelno < resort.level
+                or getattr(record, _PRINTED, False) or not _alone(record)):
+            return False
+        # (several workers in one process: the first last resort prints it)
+        setattr(record, _PRINTED, True)
+        resort.handle(record)
+        return True
+
+    def emit(self, record: logging.LogRecord) -> None:  # (handle does the work)
+        pass
+
+
+
+#: Marks the package's handlers (:class:`LastResort` looks past them)
+_OURS = "_dask_otel_spans_handler"
+#: Marks a record a :class:`LastResort` printed
+_PRINTED = "_dask_otel_spans_last_resort"
+
+
+def _alone(record: logging.LogRecord) -> bool:
+    """Whether the package's handlers are the only ones on the record's way up the
+    loggers (as ``Logger.callHandlers`` walks it)."""
+    node: logging.Logger | None = logging.getLogger(record.name)
+    while node is not None:
+        for handler in node.handlers:
+            if not getattr(handler, _OURS, False):
+                return False
+        if not node.propagate:
+            break
+        node = node.parent
+    return True
+
+
+def task_log_handlers(logger_provider: LoggerProvider, level: int
+                      ) -> list[logging.Handler]:
+    """The handlers to put on the root logger: the OTel SDK's logging handler over
+    ``logger_provider``, for the records made in tasks at ``level`` and above (the
+    SDK takes their trace context from the current context), and a
+    :class:`LastResort`, so that stderr shows what it showed without them."""
     from opentelemetry.sdk._logs import LoggingHandler
 
     handler = LoggingHandler(level=level, logger_provider=logger_provider)
     handler.addFilter(TaskRecordsOnly())
-    return handler
+    setattr(handler, _OURS, True)
+    return [handler, LastResort()]

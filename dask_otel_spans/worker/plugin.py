@@ -27,7 +27,7 @@ from dask_otel_spans.worker.logs import (
     IN_TASK,
     PROCESS_RECORDS,
     export_level,
-    task_log_handler,
+    task_log_handlers,
 )
 from dask_otel_spans.worker.providers import WorkerProviders, worker_providers
 
@@ -96,7 +96,8 @@ class OTelWorkerPlugin(WorkerPlugin):
         # (set by ``setup``, before the worker calls ``_execute``)
         self._run: _Execute = None  # type: ignore[assignment]
         self._records_held = False
-        self._handler: logging.Handler | None = None
+        #: the handlers put on the root logger (the task log handler, the last resort)
+        self._handlers: list[logging.Handler] = []
 
     def __getstate__(self) -> _State:
         return {"prefix_spans": self.prefix_spans, "environ": self.environ,
@@ -129,10 +130,11 @@ class OTelWorkerPlugin(WorkerPlugin):
         if self.providers.logger_provider is not None and (
             self.providers.logger_provider in self.providers.built
         ):
-            self._handler = task_log_handler(
+            self._handlers = task_log_handlers(
                 self.providers.logger_provider, export_level(self.environ)
             )
-            logging.getLogger().addHandler(self._handler)
+            for handler in self._handlers:
+                logging.getLogger().addHandler(handler)
         self._tasks = worker.state.tasks
         self._run = worker.execute
         worker.execute = self._execute  # type: ignore[method-assign]
@@ -148,9 +150,9 @@ class OTelWorkerPlugin(WorkerPlugin):
         if self._records_held:
             PROCESS_RECORDS.release()
             self._records_held = False
-        if self._handler is not None:
-            logging.getLogger().removeHandler(self._handler)
-            self._handler = None
+        for handler in self._handlers:
+            logging.getLogger().removeHandler(handler)
+        self._handlers = []
         installed = list(self.providers.built)
         if installed:
             # (the SDK shuts them down at exit; the global providers cannot be

@@ -45,6 +45,13 @@ def test_an_unknown_setting_is_refused_by_name():
         PluginConfig.from_dask_config(tick_budget=0.5)
 
 
+@pytest.mark.parametrize("given, closest", [("export_dely", "export_delay"),
+                                             ("metrics_max_span_names", "max_span_names")])
+def test_a_misspelt_keyword_setting_names_the_closest_one(given, closest):
+    with pytest.raises(TypeError, match=f"did you mean {closest}\\?"):
+        PluginConfig.from_dask_config(**{given: 5})
+
+
 @pytest.mark.parametrize(
     "value, expected",
     [(True, True), (False, False), ("true", True), ("Yes", True), ("1", True),

@@ -130,6 +130,25 @@ def test_headers_are_url_decoded_and_malformed_items_skipped():
     assert parse_headers("Api-Key=a%20b,broken,x=1=2") == {"api-key": "a b", "x": "1=2"}
 
 
+def test_a_malformed_header_is_said_once_for_every_signal(caplog):
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://a:4317",
+           "OTEL_EXPORTER_OTLP_HEADERS": "a-header-without-a-value-9"}
+    for signal in ("TRACES", "METRICS", "LOGS"):
+        otlp_exporter_kwargs(env, signal, "grpc")
+    said = [r for r in caplog.records if "a-header-without-a-value-9" in r.getMessage()]
+    assert len(said) == 1
+
+
+def test_exceptions_are_not_said_to_go_to_span_events_when_traces_go_nowhere(tmp_path):
+    env = {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "console"}
+    p = resolve_providers(environ=env, output_dir=str(tmp_path), use_global=False)
+    try:
+        assert "span events" not in p.exceptions_to
+        assert p.exceptions_to == "nothing (traces go nowhere)"
+    finally:
+        _shutdown(p)
+
+
 def test_resource_defaults_and_overrides():
     r = build_resource({}, "tcp://10.0.0.1:8786")
     assert r.attributes[names.SERVICE_NAME] == "dask-scheduler"

@@ -48,3 +48,22 @@ def test_the_sdks_own_flush_of_a_pull_reader_breaks_the_exposition(
     text = scrape()
     assert text.count("# TYPE dask_test_count_total counter") == 4
     assert promtool_check_metrics(text).returncode != 0
+
+
+def test_a_prometheus_port_is_where_the_series_are_said_to_be(tmp_path):
+    """With a port, the series are served there by the process that exports (the
+    export process by default), not on the scheduler's own ``/metrics``."""
+    from support.processes import free_port
+
+    from dask_otel_spans.sdk.providers import resolve_providers
+
+    port = free_port()
+    env = {"OTEL_METRICS_EXPORTER": "prometheus", "OTEL_TRACES_EXPORTER": "none",
+           "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
+           "OTEL_EXPORTER_PROMETHEUS_PORT": str(port)}
+    p = resolve_providers(environ=env, output_dir=str(tmp_path), use_global=False)
+    try:
+        assert p.metrics_to == f"http://127.0.0.1:{port}/metrics"
+    finally:
+        for provider in p.owned:
+            provider.shutdown()
