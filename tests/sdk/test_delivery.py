@@ -105,7 +105,9 @@ def test_a_retry_delay_the_receiver_asks_for_is_respected(protocol, tmp_path):
     delay = 0.6
     hint = {"retry_delay": delay} if protocol == "grpc" else {"retry_after": delay}
     receiver = receiver_of(protocol, unavailable=3, **hint)
-    providers = build(environ_to(receiver, protocol), tmp_path)
+    # (the four spans in one batch, the flush's: no timed export splits them)
+    environ = {**environ_to(receiver, protocol), "OTEL_BSP_SCHEDULE_DELAY": "60000"}
+    providers = build(environ, tmp_path)
     try:
         end_spans(providers, 4)
         assert providers.redelivery.drain(20)
