@@ -220,10 +220,15 @@ def run_floor(capture_path: str, port: int) -> dict[str, Any]:
     endpoint = f"http://127.0.0.1:{port}"
     resource = Resource.create({"service.name": "dask"})
     scope = InstrumentationScope("dask_otel_spans", "0")
-    processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, insecure=True),
-                                   max_queue_size=max(2048, len(captured["spans"])))
+    # (export timeouts of 600 s: under callgrind a batch takes long to send, and one
+    # that timed out would be dropped, its spans never arriving)
+    processor = BatchSpanProcessor(
+        OTLPSpanExporter(endpoint=endpoint, insecure=True, timeout=600),
+        max_queue_size=max(2048, len(captured["spans"])))
     meter_provider = MeterProvider(resource=resource, metric_readers=[
-        PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=endpoint, insecure=True))])
+        PeriodicExportingMetricReader(
+            OTLPMetricExporter(endpoint=endpoint, insecure=True, timeout=600),
+            export_timeout_millis=600_000)])
     meter = meter_provider.get_meter("dask_otel_spans", "0")
     instruments = {name: (meter.create_histogram(name) if name == "dask.span.duration"
                           else meter.create_counter(name))
