@@ -5,13 +5,15 @@ Every line that reports an outcome (the close line, the demo) says it this way."
 from __future__ import annotations
 
 from dask_otel_spans.protocol.figures import SignalFigures
+from dask_otel_spans.wording import counted
 
-#: signal -> what its items are called
-UNITS = {"traces": "spans", "metrics": "metric points", "logs": "log records"}
+#: signal -> what one of its items is called
+UNITS = {"traces": "span", "metrics": "metric point", "logs": "log record"}
 
 
 def describe(figures: SignalFigures, signal: str, where: str,
-             handed: int | None = None, spool_directory: str | None = None) -> str:
+             handed: int | None = None, spool_directory: str | None = None,
+             resending: bool = False) -> str:
     """``"<signal> to <where>: N <unit> delivered, F failed[, H held in memory][,
     S in the spool DIR (...)][, D dropped ...][, U not attempted ...]"``.
 
@@ -29,21 +31,23 @@ def describe(figures: SignalFigures, signal: str, where: str,
         "not attempted"
     spool_directory:
         Where the spooled items are
+    resending:
+        Said by ``dask-otel-spans resend``: spooled items are not told how to send
+        them (the way being sent)
     """
-    unit = UNITS.get(signal, "items")
+    unit = UNITS.get(signal, "item")
     if figures.delivered is None:
         return f"{signal} to {where}: (its exporters are not the package's: no figures)"
     delivered, failed = figures.delivered, figures.failed or 0
     held, spooled = figures.held or 0, figures.spooled or 0
     dropped = figures.dropped or 0
-    parts = [f"{delivered} {unit} delivered", f"{failed} failed"]
+    parts = [f"{counted(delivered, unit)} delivered", f"{failed} failed"]
     if held:
         parts.append(f"{held} still held in memory")
     if spooled:
-        parts.append(
-            f"{spooled} still held in the spool {spool_directory} (the next export "
-            f"process with that directory sends them first; or: dask-otel-spans resend "
-            f"{spool_directory})")
+        parts.append(f"{spooled} still held in the spool {spool_directory}" + (
+            "" if resending else " (the next export process with that directory sends "
+            f"them first; or: dask-otel-spans resend {spool_directory})"))
     if dropped:
         parts.append(f"{dropped} dropped past the spool's bounds "
                      "(otel-spans.spool.max-memory, max-disk)")

@@ -208,7 +208,7 @@ def resend(directory: str, environ: Mapping[str, str], timeout: float
     and what came of it."""
     from dask_otel_spans.sdk.otlpsend import request_sender
 
-    spool = Spool(directory, max_memory=0, max_disk=2**62)
+    spool = Spool(directory, max_memory=0, max_disk=2**62, adopted_level=logging.INFO)
     delivery = Delivery(spool)
     spool.open()
     healths = {}

@@ -83,6 +83,15 @@ class OTLPExporterKwargs(TypedDict, total=False):
     client_certificate_file: str
 
 
+def default_endpoint(protocol: str, signal: str) -> str:
+    """Where the OTLP exporter of ``signal`` (``TRACES``, ``METRICS``, ``LOGS``)
+    sends with no endpoint configured: the OTLP specification's (and the SDK
+    exporters') default for ``protocol``."""
+    if protocol == "grpc":
+        return "http://localhost:4317"
+    return f"http://localhost:4318/v1/{signal.lower()}"
+
+
 def otlp_exporter_kwargs(
     environ: Mapping[str, str], signal: str, protocol: str
 ) -> OTLPExporterKwargs:
@@ -149,7 +158,8 @@ def otlp_exporter(
     package = "grpc" if protocol == "grpc" else "http"
     exporter = getattr(importlib.import_module(
         f"opentelemetry.exporter.otlp.proto.{package}.{module}"), cls)(**kwargs)
-    return exporter, f"OTLP {protocol} to {kwargs.get('endpoint', 'the default endpoint')}"
+    where = kwargs.get("endpoint") or default_endpoint(protocol, signal)
+    return exporter, f"OTLP {protocol} to {where}"
 
 
 def _compression(value: str, protocol: str) -> grpc.Compression | Compression:

@@ -17,7 +17,11 @@ from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlparse
 
 from dask_otel_spans.otelenv import otlp_protocol
-from dask_otel_spans.sdk.otlp import OTLPExporterKwargs, otlp_exporter_kwargs
+from dask_otel_spans.sdk.otlp import (
+    OTLPExporterKwargs,
+    default_endpoint,
+    otlp_exporter_kwargs,
+)
 
 if TYPE_CHECKING:
     import grpc
@@ -85,7 +89,8 @@ class GrpcRequestSender:
     def __init__(self, signal: str, kwargs: OTLPExporterKwargs):
         import grpc
 
-        url = urlparse(kwargs.get("endpoint") or "http://localhost:4317")
+        endpoint = kwargs.get("endpoint") or default_endpoint("grpc", signal)
+        url = urlparse(endpoint)
         insecure = kwargs.get("insecure")
         if insecure is None:
             insecure = url.scheme == "http"
@@ -108,7 +113,7 @@ class GrpcRequestSender:
         #: seconds a send may take (``OTEL_EXPORTER_OTLP_[<SIGNAL>_]TIMEOUT``)
         self.timeout = float(kwargs.get("timeout") or DEFAULT_TIMEOUT)
         #: where it sends, in words
-        self.where = f"OTLP grpc to {kwargs.get('endpoint', 'the default endpoint')}"
+        self.where = f"OTLP grpc to {endpoint}"
 
     def send(self, payload: bytes) -> Reply:
         import grpc
@@ -155,10 +160,9 @@ class HttpRequestSender:
     """Sends encoded requests to an OTLP/HTTP receiver (``http/protobuf``)."""
 
     def __init__(self, signal: str, kwargs: OTLPExporterKwargs):
-        path = {"traces": "v1/traces", "metrics": "v1/metrics", "logs": "v1/logs"}[signal]
-        self._url = kwargs.get("endpoint") or f"http://localhost:4318/{path}"
+        self._url = kwargs.get("endpoint") or default_endpoint("http/protobuf", signal)
         #: where it sends, in words
-        self.where = f"OTLP http/protobuf to {kwargs.get('endpoint', 'the default endpoint')}"
+        self.where = f"OTLP http/protobuf to {self._url}"
         self._headers = {"Content-Type": "application/x-protobuf",
                          **dict(kwargs.get("headers") or {})}
         compression = getattr(kwargs.get("compression"), "value", None)

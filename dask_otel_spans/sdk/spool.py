@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from dask_otel_spans.protocol.figures import SIGNALS
+from dask_otel_spans.wording import counted
 
 logger = logging.getLogger(__name__)
 
@@ -83,11 +84,16 @@ class Spool:
         Bytes of batches kept on disk; past it the oldest are dropped
     spill_after:
         Seconds a batch waits in memory before it is written
+    adopted_level:
+        The level of the line that says how many batches an export that ended left
+        (sent first): INFO where sending them is what was asked
+        (``dask-otel-spans resend``)
     """
 
     def __init__(self, directory: str | None, max_memory: int, max_disk: int,
-                 spill_after: float = SPILL_AFTER):
+                 spill_after: float = SPILL_AFTER, adopted_level: int = logging.WARNING):
         self.directory = directory
+        self.adopted_level = adopted_level
         self.max_memory = max_memory
         self.max_disk = max_disk
         self.spill_after = spill_after
@@ -170,9 +176,10 @@ class Spool:
                 self._queues[entry.signal].append(entry)
                 self._disk += entry.size
         if found:
-            logger.warning(
-                "dask_otel_spans: %d batches left in the spool %s by an export that "
-                "ended are sent first", len(found), self.directory)
+            logger.log(self.adopted_level,
+                       "dask_otel_spans: %s left in the spool %s by an export that "
+                       "ended: sent first", counted(len(found), "batch", "batches"),
+                       self.directory)
 
     def close(self) -> None:
         """Write what is held in memory to the directory (kept there for the next

@@ -61,3 +61,15 @@ def test_held_and_spooled_items_are_said_with_the_spool_directory():
     assert "2 not attempted" in text
     assert not settled(FIGURES.signal("traces"))
     assert settled(SignalFigures(delivered=3, failed=0, held=0, spooled=0, dropped=0))
+
+
+def test_resend_does_not_suggest_itself_for_what_is_left():
+    text = describe(FIGURES.signal("traces"), "traces", "the collector",
+                    spool_directory="/tmp/spool", resending=True)
+    assert "2 still held in the spool /tmp/spool" in text
+    assert "resend" not in text and "next export process" not in text
+
+
+def test_one_item_delivered_is_said_in_the_singular():
+    text = describe(SignalFigures(delivered=1, failed=0), "metrics", "the collector")
+    assert text == "metrics to the collector: 1 metric point delivered, 0 failed"

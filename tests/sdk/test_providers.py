@@ -219,3 +219,22 @@ def test_a_service_instance_id_the_user_set_is_kept(monkeypatch):
     environ = {"OTEL_RESOURCE_ATTRIBUTES": "service.instance.id=scheduler-a"}
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", environ["OTEL_RESOURCE_ATTRIBUTES"])
     assert build_resource(environ).attributes[names.SERVICE_INSTANCE_ID] == "scheduler-a"
+
+
+@pytest.mark.parametrize("protocol, said", [
+    ("grpc", "OTLP grpc to http://localhost:4317"),
+    ("http/protobuf", "OTLP http/protobuf to http://localhost:4318/v1/traces"),
+])
+def test_where_the_default_endpoint_is_is_said_by_its_address(protocol, said):
+    from dask_otel_spans.sdk.otlp import otlp_exporter
+    from dask_otel_spans.sdk.otlpsend import request_sender
+
+    env = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": protocol}
+    sender = request_sender(env, "traces")
+    try:
+        assert sender.where == said
+    finally:
+        sender.close()
+    exporter, where = otlp_exporter(env, "TRACES")
+    exporter.shutdown()
+    assert where == said

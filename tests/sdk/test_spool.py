@@ -146,3 +146,21 @@ def test_a_corrupt_entry_is_skipped_with_one_line_and_the_rest_is_sent(tmp_path,
     assert "skipped" in line
     corrupt = os.path.basename(second_file) + ".corrupt"  # (kept, in the new folder)
     assert any(corrupt in fs for _, _, fs in os.walk(tmp_path))
+
+
+def left_by_an_ended_export(directory) -> None:
+    left = Spool(str(directory), max_memory=0, max_disk=10_000)
+    left.open()
+    left.put("traces", b"a" * 10, 3)
+    left.close()
+
+
+def test_what_an_ended_export_left_is_said_at_the_level_asked(tmp_path, caplog):
+    """WARNING in an export process (after a crash); INFO where sending it is what
+    was asked (``dask-otel-spans resend``): 1 batch, not 1 batches."""
+    left_by_an_ended_export(tmp_path)
+    caplog.set_level(logging.INFO, logger="dask_otel_spans")
+    Spool(str(tmp_path), max_memory=0, max_disk=10_000, adopted_level=logging.INFO).open()
+    [record] = [r for r in caplog.records if "left in the spool" in r.getMessage()]
+    assert record.levelno == logging.INFO
+    assert record.getMessage().startswith("dask_otel_spans: 1 batch left in the spool ")
