@@ -1,6 +1,7 @@
 """``dask-otel-spans``: ``demo`` runs a small real workflow on a LocalCluster with the
-plugins (scheduler and workers) and prints the exported span tree; ``tree PATH`` prints
-it from saved files; ``resend DIR`` sends what a spool directory holds."""
+plugins (scheduler and workers) and prints the exported span tree; ``tree [PATH ...]``
+prints it from saved files, ``report [PATH ...]`` writes their HTML report; ``resend
+DIR`` sends what a spool directory holds."""
 from __future__ import annotations
 
 import argparse
@@ -11,18 +12,16 @@ import sys
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, cast
+from collections.abc import Collection, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from dask_otel_spans import names
 from dask_otel_spans.reports.model import IN_TASK, FileSpan, Logged, SpanKey, kind_of
-from dask_otel_spans.reports.running import is_running, running_label, with_running
-from dask_otel_spans.sdk.otlpjson import (
-    TRACES_FILE,
-    exception_logs,
-    read_all_spans,
-    traces_files,
-)
+from dask_otel_spans.reports.report import DEFAULT_DIRECTORY
+from dask_otel_spans.reports.running import is_running, running_label
+from dask_otel_spans.reports.sources import NotATracesFile, read_files, traces_files_of
+from dask_otel_spans.sdk.otlpjson import TRACES_FILE, exception_logs
+from dask_otel_spans.wording import counted
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -42,11 +41,6 @@ def _top_activities(attributes: Mapping[str, object], n: int = 3) -> str:
                 seconds.append((value, activity))
     seconds.sort(reverse=True)
     return ", ".join(f"{a} {v:.3g}s" for v, a in seconds[:n])
-
-
-def _count(n: object, thing: str) -> str:
-    """``n`` things: ``1 task``, ``2 tasks``."""
-    return f"{n} {thing}" if n == 1 else f"{n} {thing}s"
 
 
 def _exception_of(span: FileSpan, logged: Logged) -> Mapping[str, object] | None:
@@ -94,7 +88,7 @@ def _tree_line(s: FileSpan, kind: str, duration: float, logged: Logged) -> str:
             flags.append(f"{attrs[names.SPAN_ERRED_COUNT]} erred")
         top = _top_activities(attrs)
         return (f"{s['name']}  {duration:.3f}s  "
-                + _count(attrs.get(names.SPAN_TASK_COUNT, 0), "task")
+                + counted(attrs.get(names.SPAN_TASK_COUNT, 0), "task")
                 + (f"  [{', '.join(flags)}]" if flags else "")
                 + (f"  | {top}" if top else ""))
     if names.TASK_KEY in attrs:
@@ -103,9 +97,9 @@ def _tree_line(s: FileSpan, kind: str, duration: float, logged: Logged) -> str:
         top = _top_activities(attrs, 2)
         left_out = attrs.get(names.TASK_SPANS_LEFT_OUT)
         return (f"· {s['name']}  {duration:.3f}s  "
-                + _count(attrs.get(names.TASK_GROUP_TASK_COUNT, 0), "task")
+                + counted(attrs.get(names.TASK_GROUP_TASK_COUNT, 0), "task")
                 + (f"  | {top}" if top else "")
-                + (f"  (+{_count(left_out, 'task span')} left out)" if left_out else ""))
+                + (f"  (+{counted(left_out, 'task span')} left out)" if left_out else ""))
     where = "in a task" if kind == IN_TASK else "client span"
     line = f"{s['name']}  {duration:.3f}s  ({where})"
     fields = _exception_of(s, logged)
@@ -163,31 +157,44 @@ def render_tree(spans: Sequence[FileSpan], logged: Logged | None = None) -> str:
     return "\n".join(lines)
 
 
+def span_tree(files: Sequence[str], spans: Sequence[FileSpan]) -> str:
+    """The text tree of ``spans`` (of traces ``files``, as
+    :func:`~dask_otel_spans.reports.sources.read_files` reads them) as
+    ``dask-otel-spans tree`` prints it: with the exceptions of the exception log
+    events in the ``logs.jsonl`` beside ``files``."""
+    return render_tree(spans, exception_logs(files))
+
+
+#: What a bad path given to ``tree`` or ``report`` raises: said in one line
+_BAD_PATH = (OSError, NotATracesFile)
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from dask_otel_spans.reports.report import Report
 
-    made = Report(args.paths)
-    if not made.files:
-        print(f"no traces file in {', '.join(args.paths)}", file=sys.stderr)
+    try:
+        made = Report(args.paths)
+        path = made.save(args.output)
+    except _BAD_PATH as e:
+        print(e, file=sys.stderr)
         return 1
-    path = made.save(args.output)
     s = made.summary
-    print(f"Report of {s['traces']} traces, {s['spans']} spans ({s['tasks']} tasks, "
-          f"{s['erred']} erred): {path}")
+    print(f"Report of {counted(s['traces'], 'trace')}, {counted(s['spans'], 'span')} "
+          f"({counted(s['tasks'], 'task')}, {s['erred']} erred): {path}")
     return 0
 
 
 def cmd_tree(args: argparse.Namespace) -> int:
-    paths = traces_files(args.path)
-    path = paths[0]
-    if not os.path.exists(path):
-        print(f"no such file: {path}", file=sys.stderr)
+    try:
+        files = traces_files_of(args.paths)
+        text = span_tree(files, read_files(files))
+    except _BAD_PATH as e:
+        print(e, file=sys.stderr)
         return 1
-    spans = with_running(paths, cast("list[FileSpan]", read_all_spans(paths)))
-    if not spans:
-        print(f"no spans in {path}", file=sys.stderr)
+    if not text:
+        print(f"no spans in {', '.join(files)}", file=sys.stderr)
         return 1
-    print(render_tree(spans, exception_logs(paths)))
+    print(text)
     return 0
 
 
@@ -302,7 +309,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     logging.getLogger("dask_otel_spans").setLevel(logging.INFO)
-    print(f"Starting a LocalCluster ({args.workers} workers) with the plugin ...")
+    print(f"Starting a LocalCluster ({counted(args.workers, 'worker')}) with the "
+          "plugin ...")
     with LocalCluster(
         n_workers=args.workers,
         threads_per_worker=2,
@@ -326,20 +334,27 @@ def cmd_demo(args: argparse.Namespace) -> int:
         # than at shutdown.
         state = wait_for_export(client)
     # the cluster is closed: the plugin flushed its exporters (and its export process)
+    return show_run(state, address, workers)
+
+
+def show_run(state: ExportState, address: str, workers: Collection[str]) -> int:
+    """Print the span tree of the demo's run (the spans of scheduler ``address`` and
+    of ``workers``) from the files the export went to, as ``tree`` prints it, and
+    write its report; where the export went elsewhere, :func:`say_outcome`."""
     traces_to, metrics_to = state.traces_to, state.metrics_to
     if not (traces_to.endswith(TRACES_FILE) and os.path.exists(traces_to)):
         return say_outcome(state)
     # the files collect every run in this directory: this run's scheduler and
     # workers only (the workers' files are flushed as they close)
-    read = cast("list[FileSpan]", read_all_spans(traces_files(os.path.dirname(traces_to))))
-    spans = [s for s in read
+    files = traces_files_of([os.path.dirname(traces_to)])
+    spans = [s for s in read_files(files)
              if s["resource"].get(names.SCHEDULER_ADDRESS) == address
              or s["resource"].get(names.WORKER_ADDRESS) in workers]
     if not spans:
         print("No spans were exported.", file=sys.stderr)
         return 1
     print()
-    print(render_tree(spans))
+    print(span_tree(files, spans))
     print()
     print(f"Traces went to {traces_to} (spans made in tasks: "
           f"{os.path.join(os.path.dirname(traces_to), 'workers', '*', TRACES_FILE)})")
@@ -360,13 +375,16 @@ def cmd_resend(args: argparse.Namespace) -> int:
         print(f"no such directory: {args.directory}", file=sys.stderr)
         return 1
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    # (what the spool held is said, at INFO: sending it is what was asked)
+    logging.getLogger("dask_otel_spans").setLevel(logging.INFO)
     found = resend(args.directory, os.environ, args.timeout)
     if not found:
         print(f"nothing to send in {args.directory} (or only batches of running "
               "export processes)")
         return 0
     for signal, (where, figures) in found.items():
-        print(describe(figures, signal, where, spool_directory=args.directory))
+        print(describe(figures, signal, where, spool_directory=args.directory,
+                       resending=True))
     return 0 if all(settled(figures) for _, figures in found.values()) else 1
 
 
@@ -390,14 +408,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help="worker processes of the LocalCluster, 2 threads each "
                            "(default: %(default)s)")
     demo.set_defaults(func=cmd_demo)
+    paths_help = ("traces files or directories of the embedded default (default: "
+                  f"{DEFAULT_DIRECTORY})")
     tree = sub.add_parser("tree", help="print the span tree of saved OTLP-JSON lines")
-    tree.add_argument("path", help="traces.jsonl, or the directory holding it")
+    tree.add_argument("paths", nargs="*", default=[DEFAULT_DIRECTORY], metavar="PATH",
+                      help=paths_help)
     tree.set_defaults(func=cmd_tree)
     report = sub.add_parser(
         "report", help="write a self-contained HTML report of saved OTLP-JSON lines")
-    report.add_argument("paths", nargs="*", default=["dask-otel-spans"], metavar="PATH",
-                        help="traces files or directories of the embedded default "
-                             "(default: dask-otel-spans)")
+    report.add_argument("paths", nargs="*", default=[DEFAULT_DIRECTORY], metavar="PATH",
+                        help=paths_help)
     report.add_argument("-o", "--output", default="report.html",
                         help="the HTML file to write (default: %(default)s)")
     report.set_defaults(func=cmd_report)
@@ -413,7 +433,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    return args.func(args)
+    try:
+        code: int = args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return _output_closed()
+    return code
+
+
+#: The exit status of a command whose output was closed early (``| head``): the
+#: shell's for a process that SIGPIPE ended, as other Unix tools give it
+EXIT_OUTPUT_CLOSED = 128 + 13
+
+
+def _output_closed() -> int:
+    """Stop writing to a standard output its reader closed (``... | head``), quietly:
+    what is still buffered, and any later print, goes to ``/dev/null`` (Python
+    flushes it at exit, which would fail again)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # (not a file: e.g. replaced in a test)
+        sys.stdout = os.fdopen(devnull, "w")
+    else:
+        os.close(devnull)
+    return EXIT_OUTPUT_CLOSED
 
 
 if __name__ == "__main__":  # pragma: no cover

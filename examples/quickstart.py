@@ -23,7 +23,8 @@ from _cluster import connect
 from opentelemetry import trace
 
 from dask_otel_spans import span, wait_for_export
-from dask_otel_spans.cli import read_all_spans, render_tree, traces_files
+from dask_otel_spans.cli import span_tree
+from dask_otel_spans.reports.sources import read_files, traces_files_of
 from dask_otel_spans.sdk.otlpjson import TRACES_FILE
 
 
@@ -56,12 +57,11 @@ def print_span_tree(traces_to: str, trace_id: str) -> None:
     if not (traces_to.endswith(TRACES_FILE) and os.path.exists(traces_to)):
         print("(no files here to print the span tree from)")
         return
-    directory = os.path.dirname(traces_to)
+    files = traces_files_of([os.path.dirname(traces_to)])
     # (the files keep earlier runs: this one's trace only)
-    spans = [s for s in read_all_spans(traces_files(directory))
-             if s.get("traceId") == trace_id]
+    spans = [s for s in read_files(files) if s.get("traceId") == trace_id]
     print()
-    print(render_tree(spans))
+    print(span_tree(files, spans))
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -4,12 +4,15 @@ the exception of an erred span, the activity breakdown of dask and prefix spans)
 spans past a bound folded into one row per prefix; and a summary."""
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal, TypeAlias, TypedDict, cast
 
 from dask_otel_spans import names
 from dask_otel_spans.reports.running import is_running, running_label
+from dask_otel_spans.sdk.otlpjson import WORKERS_DIR
+from dask_otel_spans.wording import counted
 
 #: Task spans shown per prefix span; the others are folded into one row with a count
 MAX_TASK_ROWS = 50
@@ -77,6 +80,8 @@ class FileSpan(TypedDict, total=False):
     resource: Attributes
     events: list[SpanEvent]
     status: SpanStatus
+    #: the file it was read from (:func:`~dask_otel_spans.reports.sources.read_files`)
+    file: str
 
 
 class FileLogRecord(TypedDict, total=False):
@@ -154,9 +159,8 @@ class ReportData(TypedDict):
 
 def kind_of(span: FileSpan, parent_kind: str | None = None) -> str:
     """What a span is: a dask span, a task prefix span, a task span, a span made in
-    a task on a worker (its resource names a worker, or its parent is a prefix,
-    task or in-task span: the launcher's providers on a worker name none), or a
-    span of client code."""
+    a task on a worker (:func:`from_a_worker`, or its parent is a prefix, task or
+    in-task span), or a span of client code."""
     attrs = span.get("attributes") or {}
     if names.SPAN_ID in attrs:
         return DASK
@@ -164,10 +168,25 @@ def kind_of(span: FileSpan, parent_kind: str | None = None) -> str:
         return TASK
     if names.TASK_GROUP_COUNT in attrs or names.TASK_PREFIX in attrs:
         return PREFIX
-    if (span.get("resource") or {}).get(names.WORKER_ADDRESS) or parent_kind in (
-            PREFIX, TASK, IN_TASK):
+    if from_a_worker(span) or parent_kind in (PREFIX, TASK, IN_TASK):
         return IN_TASK
     return CLIENT
+
+
+def from_a_worker(span: FileSpan) -> bool:
+    """Whether a span was exported by a worker process: its resource names a worker
+    (the worker plugin's providers), or it was read from a worker's file of the
+    embedded default (``workers/<name>-<pid>/traces.jsonl``: under
+    ``opentelemetry-instrument`` the launcher's providers, whose resource names no
+    worker, write there too). Under a bare submission, a span made in a task is the
+    child of the caller's span: only this tells it from client code's."""
+    if (span.get("resource") or {}).get(names.WORKER_ADDRESS):
+        return True
+    file = span.get("file")
+    if not file:
+        return False
+    process_dir = os.path.dirname(os.path.abspath(file))
+    return os.path.basename(os.path.dirname(process_dir)) == WORKERS_DIR
 
 
 def breakdown(attrs: Mapping[str, object]) -> list[tuple[str, float]]:
@@ -272,7 +291,8 @@ def _trace(trace_id: str, spans: Sequence[FileSpan], logged: Logged,
         if len(tasks) > max_task_rows:
             rows.append({"id": f"{span.get('spanId')}-folded", "parent": span.get("spanId"),
                          "parent_elsewhere": "",
-                         "name": f"{len(tasks) - max_task_rows} more task spans",
+                         "name": counted(len(tasks) - max_task_rows, "more task span",
+                                         "more task spans"),
                          "kind": FOLDED, "depth": depth + 1, "start": 0.0,
                          "duration": 0.0, "attrs": {}, "error": None, "breakdown": [],
                          "folded": len(tasks) - max_task_rows})

@@ -78,9 +78,10 @@ function ms(x){return x>=1000?(x/1000).toFixed(3)+" s":x.toFixed(1)+" ms";}
 function secs(x){return x.toPrecision(3)+" s";}
 var TAGS = {"in-task": "in a task", "client": "client"};
 var s = data.summary, parts = [];
-parts.push('<div class="summary"><span><b>'+s.traces+'</b> traces</span><span><b>'+s.spans+
- '</b> spans</span><span><b>'+s.tasks+'</b> tasks</span><span><b>'+s.erred+
- '</b> erred tasks</span></div>');
+function counted(n, thing){  // (wording.counted's rule: "1 task", "2 tasks")
+  return '<span><b>'+n+'</b> '+thing+(n===1?'':'s')+'</span>';}
+parts.push('<div class="summary">'+counted(s.traces,"trace")+counted(s.spans,"span")+
+ counted(s.tasks,"task")+counted(s.erred,"erred task")+'</div>');
 if (s.slowest.length){parts.push('<div>Slowest dask spans: '+s.slowest.map(function(x){
  return '<a href="#row-'+esc(x.id)+'" data-goto="'+esc(x.id)+'">'+esc(x.name)+'</a> '+ms(x.duration);
 }).join(", ")+'</div>');}

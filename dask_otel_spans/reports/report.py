@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING, cast
 
 from dask_otel_spans.reports.model import FileSpan, Summary, build
 from dask_otel_spans.reports.render import render, render_fragment
-from dask_otel_spans.reports.running import with_running
-from dask_otel_spans.sdk.otlpjson import exception_logs, read_all_spans, traces_files
+from dask_otel_spans.reports.sources import read_files, traces_files_of
+from dask_otel_spans.sdk.otlpjson import exception_logs
+from dask_otel_spans.wording import counted
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -30,17 +31,21 @@ class Report:
     spans:
         The spans to show, when not all those of ``paths`` (their exception log
         events are still read from beside ``paths``)
+
+    Raises
+    ------
+    FileNotFoundError
+        For a path that does not exist, or a directory that holds no traces file
+    ~dask_otel_spans.reports.sources.NotATracesFile
+        For a file of other signals (``metrics.jsonl``, ``logs.jsonl``): a
+        ``ValueError``
     """
 
     def __init__(self, paths: Sequence[str],
                  spans: Sequence[FileSpan] | None = None):
-        files: list[str] = []
-        for path in paths:
-            files += traces_files(path)
-        self.files = [f for f in files if os.path.exists(f)]
+        self.files = traces_files_of(paths)
         if spans is None:
-            spans = with_running(self.files,
-                                 cast("list[FileSpan]", read_all_spans(self.files)))
+            spans = read_files(self.files)
         self.data = build(spans, exception_logs(self.files))
 
     @property
@@ -63,8 +68,9 @@ class Report:
 
     def __repr__(self) -> str:
         s = self.summary
-        return (f"<Report: {s['traces']} traces, {s['spans']} spans, {s['tasks']} tasks, "
-                f"{s['erred']} erred, from {len(self.files)} file(s)>")
+        return (f"<Report: {counted(s['traces'], 'trace')}, {counted(s['spans'], 'span')}, "
+                f"{counted(s['tasks'], 'task')}, {s['erred']} erred, from "
+                f"{counted(len(self.files), 'file')}>")
 
 
 def report(source: str | os.PathLike[str] | Iterable[str | os.PathLike[str]] | Client
@@ -78,6 +84,15 @@ def report(source: str | os.PathLike[str] | Iterable[str | os.PathLike[str]] | C
         whose scheduler's exports are waited for (:func:`~dask_otel_spans.wait_for_export`)
         and read from the files it writes (the embedded default's); default: the
         embedded default's directory, ``./dask-otel-spans``
+
+    Raises
+    ------
+    FileNotFoundError
+        For a path that does not exist, or a directory that holds no traces file
+    ValueError
+        For a file of other signals given as a traces file
+        (:class:`~dask_otel_spans.reports.sources.NotATracesFile`), or a client whose
+        scheduler exports its traces elsewhere than to files
 
     Examples
     --------

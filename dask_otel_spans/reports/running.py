@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, cast
 
 from dask_otel_spans import names
 from dask_otel_spans.sdk.otlpjson import LOGS_FILE, read_log_records
+from dask_otel_spans.wording import counted
 
 if TYPE_CHECKING:
     from dask_otel_spans.reports.model import FileLogRecord, FileSpan, SpanKey
@@ -102,15 +103,14 @@ def running_label(attributes: Mapping[str, object]) -> str:
     if total and names.SPAN_TASKS_DONE in attributes:
         parts.append(f"{attributes[names.SPAN_TASKS_DONE]}/{total} tasks")
     elif names.SPAN_TASKS_DONE in attributes:
-        parts.append(f"{attributes[names.SPAN_TASKS_DONE]} tasks done")
+        parts.append(f"{counted(attributes[names.SPAN_TASKS_DONE], 'task')} done")
     if attributes.get(names.SPAN_TASKS_ERRED):
         parts.append(f"{attributes[names.SPAN_TASKS_ERRED]} erred")
     if total:
         if attributes.get(names.SPAN_TASKS_RUNNING):
             parts.append(f"{attributes[names.SPAN_TASKS_RUNNING]} running")
     elif attributes.get(names.SPAN_GROUPS_RUNNING):
-        n = attributes[names.SPAN_GROUPS_RUNNING]
-        parts.append(f"{n} group{'s' if n != 1 else ''} running")
+        parts.append(f"{counted(attributes[names.SPAN_GROUPS_RUNNING], 'group')} running")
     return ", ".join(parts)
 
 

@@ -1,16 +1,35 @@
 """The console script: ``demo`` on the embedded default, ``tree`` on saved files."""
 from __future__ import annotations
 
+import importlib
+import io
 import json
 import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from support import browser
+from support.otlpfiles import (
+    TRACE,
+    exception_log_line,
+    metrics_line,
+    traces_line,
+    write,
+)
+from support.otlpfiles import span as otlp_span
+from support.paths import EXAMPLES
+from support.processes import free_port
 
-from dask_otel_spans.cli import VALIDATION_NOTICE, main, render_tree
+from dask_otel_spans.cli import (
+    EXIT_OUTPUT_CLOSED,
+    VALIDATION_NOTICE,
+    main,
+    render_tree,
+    show_run,
+)
 from dask_otel_spans.sdk.otlpjson import read_metric_points, read_spans
 
 
@@ -113,7 +132,7 @@ def test_demo_prints_only_its_own_run_when_the_files_hold_earlier_ones(demo_run)
 
 def test_tree_of_missing_file_fails(tmp_path, capsys):
     assert main(["tree", str(tmp_path / "nope")]) == 1
-    assert "no such file" in capsys.readouterr().err
+    assert capsys.readouterr().err == f"no such file or directory: {tmp_path / 'nope'}\n"
 
 
 def test_render_tree_nests_by_parent():
@@ -405,3 +424,146 @@ def test_the_demo_says_what_came_of_an_export_it_cannot_read_back(capsys):
     assert "traces to OTLP grpc to http://127.0.0.1:9: 0 spans delivered, 0 failed" in out
     assert "2 still held in memory" in out and "10 still held in the spool /tmp/spool" in out
     assert "went to" not in out and "Not everything was delivered" in err
+
+
+# -- tree and report: their paths, a closed output ----------------------------------
+
+
+def saved_run(directory: Path) -> Path:
+    """The embedded default's directory of a small run: a dask span, a prefix span, a
+    task span that erred (its exception a log record: exceptions go to logs)."""
+    write(directory / "traces.jsonl", traces_line([
+        otlp_span("d1", "etl", attributes={"dask.span.id": "x", "dask.span.task_count": 1}),
+        otlp_span("p1", "validate", "d1", attributes={"dask.task.prefix": "validate",
+                                                      "dask.task_group.task_count": 1}),
+        otlp_span("t1", "validate", "p1", erred=True,
+                  attributes={"dask.task.prefix": "validate", "dask.task.key": "validate-3"}),
+    ], {"dask.scheduler.address": "tcp://127.0.0.1:8786"}))
+    write(directory / "logs.jsonl",
+          exception_log_line("t1", "ValueError", "record 3: negative amount"))
+    return directory
+
+
+class ClosedOutput(io.StringIO):
+    """A standard output whose reader went away (``... | head``)."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_tree_into_a_closed_output_exits_quietly(tmp_path, capsys, monkeypatch):
+    saved_run(tmp_path)
+    monkeypatch.setattr(sys, "stdout", ClosedOutput())
+    assert main(["tree", str(tmp_path)]) == EXIT_OUTPUT_CLOSED
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.cluster  # (the command in a process of its own: its exit flushes stdout)
+def test_tree_piped_into_a_reader_that_stops_leaves_no_traceback(tmp_path):
+    saved_run(tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dask_otel_spans.cli", "tree", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # (before it writes: as `head` that has read its lines)
+    _, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err) == (EXIT_OUTPUT_CLOSED, "")
+
+
+def test_the_demos_tree_shows_the_message_of_an_exception_logged(tmp_path, capsys):
+    """Exceptions to logs (``OTEL_SEMCONV_EXCEPTION_SIGNAL_OPT_IN=logs``): the demo's
+    tree says the message, as ``tree`` does."""
+    from dask_otel_spans.state import ExportState
+
+    saved_run(tmp_path)
+    state = ExportState(
+        traces_to=str(tmp_path / "traces.jsonl"), metrics_to="nowhere",
+        export_process=True, open=0, handed_over=1, traces_delivered=3, traces_failed=0,
+        metrics_delivered=None, metrics_failed=None, flushed=True)
+    assert show_run(state, "tcp://127.0.0.1:8786", set()) == 0
+    out = capsys.readouterr().out
+    assert "✗ validate-3  0.100s  ValueError: record 3: negative amount" in out
+    assert main(["tree", str(tmp_path)]) == 0
+    assert "✗ validate-3  0.100s  ValueError: record 3: negative amount" in (
+        capsys.readouterr().out)
+
+
+def test_the_quickstarts_tree_shows_the_message_of_an_exception_logged(
+        tmp_path, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    quickstart = importlib.import_module("quickstart")
+    saved_run(tmp_path)
+    quickstart.print_span_tree(str(tmp_path / "traces.jsonl"), TRACE)
+    assert "ValueError: record 3: negative amount" in capsys.readouterr().out
+
+
+def test_tree_reads_the_embedded_default_directory_by_default(tmp_path, capsys,
+                                                               monkeypatch):
+    saved_run(tmp_path / "dask-otel-spans")
+    monkeypatch.chdir(tmp_path)
+    assert main(["tree"]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == "  etl  0.100s  1 task"
+
+
+def test_tree_takes_several_paths_as_report_does(tmp_path, capsys):
+    write(tmp_path / "a.jsonl", traces_line([otlp_span("a1", "first")]))
+    write(tmp_path / "b.jsonl", traces_line([otlp_span("b1", "second", start_ms=5)]))
+    assert main(["tree", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "  first  0.100s  (client span)", "  second  0.095s  (client span)"]
+
+
+def test_tree_and_report_say_the_same_of_a_directory_without_traces_file(tmp_path,
+                                                                         capsys):
+    (tmp_path / "coll").mkdir()
+    assert main(["tree", str(tmp_path / "coll")]) == 1
+    tree_says = capsys.readouterr().err
+    assert main(["report", str(tmp_path / "coll"), "-o", str(tmp_path / "r.html")]) == 1
+    assert capsys.readouterr().err == tree_says
+    assert tree_says.startswith(f"no traces file in {tmp_path / 'coll'} (")
+    assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize("command", ["tree", "report"])
+@pytest.mark.parametrize("name, line", [("metrics.jsonl", metrics_line()),
+                                        ("logs.jsonl", exception_log_line("t1", "E", "m"))])
+def test_a_file_of_another_signal_given_as_traces_is_one_error_line(
+        command, name, line, tmp_path, capsys, monkeypatch):
+    saved_run(tmp_path)
+    write(tmp_path / name, line)
+    monkeypatch.chdir(tmp_path)  # (report's -o default)
+    assert main([command, str(tmp_path / name)]) == 1
+    out, err = capsys.readouterr()
+    [said] = err.splitlines()
+    assert said.startswith(f"not a traces file: {tmp_path / name} holds ") and not out
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_resend_does_not_suggest_running_resend(tmp_path, capsys, monkeypatch):
+    """A spool left by an export that ended, no receiver: what is left is said without
+    "or: dask-otel-spans resend DIR", and where it was sent by its address."""
+    from dask_otel_spans.sdk.spool import Spool
+
+    left = Spool(str(tmp_path), max_memory=0, max_disk=10**6)
+    left.open()
+    left.put("traces", b"\n\x00", 1)
+    left.close()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "0.2")
+    assert main(["resend", str(tmp_path), "--timeout", "0.5"]) == 1
+    out = capsys.readouterr().out
+    assert "1 still held in the spool" in out and "dask-otel-spans resend" not in out
+
+
+def test_tree_labels_a_bare_submissions_span_made_in_a_task_under_zero_code(tmp_path,
+                                                                           capsys):
+    """``opentelemetry-instrument`` with ``otlp_json_file``: the app writes
+    ``processes/…``, the worker ``workers/…`` with the launcher's resource (no
+    ``dask.worker.*``); the task's span is the child of the app's."""
+    write(tmp_path / "processes" / "app-1" / "traces.jsonl",
+          traces_line([otlp_span("c1", "request")], {"service.name": "app"}))
+    write(tmp_path / "workers" / "w-2" / "traces.jsonl",
+          traces_line([otlp_span("i1", "inner", "c1", 10, 10)],
+                      {"service.name": "unknown_service:dask"}))
+    assert main(["tree", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "  request  0.100s  (client span)", "    inner  0.000s  (in a task)"]

@@ -13,17 +13,22 @@ from dask_otel_spans.reports.model import (
     TASK,
     breakdown,
     build,
+    kind_of,
 )
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 
 
 def span(span_id: str, parent: str = "", start: int = 0, end: int = 10, *,
-         attributes=None, resource=None, events=(), status=None, name=None) -> dict:
-    return {"traceId": TRACE, "spanId": span_id, "parentSpanId": parent,
-            "name": name or span_id, "startTimeUnixNano": str(start * 1_000_000),
-            "endTimeUnixNano": str(end * 1_000_000), "attributes": attributes or {},
-            "resource": resource or {}, "events": list(events), "status": status or {}}
+         attributes=None, resource=None, events=(), status=None, name=None,
+         file=None) -> dict:
+    out = {"traceId": TRACE, "spanId": span_id, "parentSpanId": parent,
+           "name": name or span_id, "startTimeUnixNano": str(start * 1_000_000),
+           "endTimeUnixNano": str(end * 1_000_000), "attributes": attributes or {},
+           "resource": resource or {}, "events": list(events), "status": status or {}}
+    if file is not None:
+        out["file"] = file
+    return out
 
 
 def dask_span(span_id, parent="", **kw):
@@ -48,6 +53,26 @@ def task_span(span_id, parent, start=1, end=2, erred=False):
 
 def rows(data) -> list[tuple[str, str, int]]:
     return [(r["id"], r["kind"], r["depth"]) for r in data["traces"][0]["rows"]]
+
+
+def test_a_span_of_a_workers_file_is_made_in_a_task_under_zero_code():
+    """A bare submission's task under ``opentelemetry-instrument``: its span is the
+    child of the caller's span, and the launcher's resource names no worker; its
+    file (``workers/<name>-<pid>/``) says where it was made."""
+    inner = span("w1", "c1", file="/run/dask-otel-spans/workers/w-7/traces.jsonl",
+                 resource={"service.name": "unknown_service:python"})
+    assert rows(build([span("c1"), inner])) == [("c1", CLIENT, 0), ("w1", IN_TASK, 1)]
+
+
+def test_a_span_whose_resource_names_a_worker_is_made_in_a_task_with_the_preload():
+    inner = span("w1", "c1", file="/collector/otel.json",
+                 resource={names.WORKER_ADDRESS: "tcp://w:1"})
+    assert rows(build([span("c1"), inner])) == [("c1", CLIENT, 0), ("w1", IN_TASK, 1)]
+
+
+def test_a_span_of_another_process_s_file_is_client_code():
+    app = span("c1", file="/run/dask-otel-spans/processes/app-3/traces.jsonl")
+    assert kind_of(app) == CLIENT
 
 
 def test_rows_come_in_tree_order_at_their_depth_with_their_kind():

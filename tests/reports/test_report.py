@@ -7,6 +7,7 @@ import html
 
 import pytest
 from distributed import Client, LocalCluster
+from support.otlpfiles import metrics_line, write
 
 import dask_otel_spans
 from dask_otel_spans import OTelSpansPlugin, span
@@ -44,7 +45,7 @@ def test_the_command_writes_the_report_of_the_files_given(tmp_path, capsys):
         '{"key":"dask.span.task_count","value":{"intValue":"4"}}]}]}]}]}\n')
     out = tmp_path / "out.html"
     assert cli_main(["report", str(traces), "-o", str(out)]) == 0
-    assert "1 traces, 1 spans (4 tasks, 0 erred)" in capsys.readouterr().out
+    assert "Report of 1 trace, 1 span (4 tasks, 0 erred)" in capsys.readouterr().out
     page = out.read_text()
     assert page.startswith("<!DOCTYPE html>") and '"name":"work"' in page
 
@@ -52,4 +53,21 @@ def test_the_command_writes_the_report_of_the_files_given(tmp_path, capsys):
 def test_the_command_says_when_there_is_nothing_to_report(tmp_path, capsys):
     assert cli_main(["report", str(tmp_path / "nowhere"), "-o",
                      str(tmp_path / "r.html")]) == 1
-    assert "no traces file" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        f"no such file or directory: {tmp_path / 'nowhere'}\n")
+
+
+def test_a_report_of_a_path_that_does_not_exist_raises(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such file or directory: .*nowhere"):
+        dask_otel_spans.report(str(tmp_path / "nowhere"))
+
+
+def test_a_report_of_a_directory_without_traces_file_raises(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no traces file in "):
+        dask_otel_spans.report(tmp_path)
+
+
+def test_a_report_of_a_metrics_file_raises_a_value_error(tmp_path):
+    metrics = write(tmp_path / "metrics.jsonl", metrics_line())
+    with pytest.raises(ValueError, match="not a traces file: .* holds metric points"):
+        dask_otel_spans.report([metrics])
