@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from dask_otel_spans import names
 from dask_otel_spans.client.plugin_check import PLUGIN_FIX
-from dask_otel_spans.protocol.figures import ExportFigures, SignalFigures
+from dask_otel_spans.protocol.figures import SIGNALS, ExportFigures, SignalFigures
 
 if TYPE_CHECKING:
     from distributed import Client, Scheduler
@@ -100,14 +100,46 @@ class ExportState:
             held=self.held.get(name), spooled=self.spooled.get(name),
             dropped=self.dropped.get(name))
 
-    def outcome(self, signal: str = "traces") -> str:
-        """What came of ``signal``'s export, in words: delivered, failed, still
-        held, dropped (:func:`~dask_otel_spans.protocol.outcome.describe`)."""
+    def outcome(self, signal: str | None = None) -> str:
+        """What came of the export, in words: one line per signal the state has
+        figures for (traces, metrics, and logs where their exporter holds), or of
+        ``signal``'s only: delivered, failed, still held, dropped
+        (:func:`~dask_otel_spans.protocol.outcome.describe`), and for traces the
+        dask spans still open. An idle plugin: that it is idle, and where to look.
+
+        Raises
+        ------
+        ValueError
+            When ``signal`` is not one of ``traces``, ``metrics``, ``logs``.
+        """
+        if signal is not None and signal not in SIGNALS:
+            raise ValueError(
+                f"no signal {signal!r}: the signals are {', '.join(SIGNALS)}")
+        if self.traces_to == IDLE and self.metrics_to == IDLE:
+            return f"{signal or 'traces and metrics'} to {IDLE}"
+        if signal is None:
+            said = ["traces", "metrics"]
+            if "logs" in {*self.held, *self.spooled, *self.dropped}:
+                said.append("logs")
+            return "\n".join(self.outcome(name) for name in said)
+        if signal == "logs":
+            return self._logs_outcome()
         from dask_otel_spans.protocol.outcome import describe
 
         where = self.traces_to if signal == "traces" else self.metrics_to
-        return describe(self.signal(signal), signal, where, spool_directory=self.spool)
+        text = describe(self.signal(signal), signal, where, spool_directory=self.spool)
+        if signal == "traces" and self.open:
+            text += (f", {self.open} dask span{'s' if self.open != 1 else ''} still "
+                     "open (handed over when it ends)")
+        return text
 
+    def _logs_outcome(self) -> str:
+        """Logs: the state has what their exporter holds only (not what it delivered)."""
+        from dask_otel_spans.protocol.outcome import waiting
+
+        held = waiting(self.signal("logs"), self.spool)
+        return (f"logs: {', '.join(held) or 'nothing held'} (the state counts what "
+                "the log exporter holds, not what it delivered)")
 
 async def scheduler_state(dask_scheduler: Scheduler, flush: bool = False,
                           exporters: bool = True) -> ExportState | None:
@@ -134,7 +166,7 @@ def wait_for_export(client: Client, timeout: float = 30.0) -> ExportState:
     Spans are exported once done, closed and past a short grace period: call this
     before closing a short-lived cluster to see them exported as finished, not as
     incomplete at shutdown. Gives up after ``timeout`` seconds, returning the state
-    then (``open`` tells what is left).
+    then (``open`` tells what is left; ``outcome()`` says it).
 
     Returns
     -------

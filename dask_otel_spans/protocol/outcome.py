@@ -39,9 +39,24 @@ def describe(figures: SignalFigures, signal: str, where: str,
     if figures.delivered is None:
         return f"{signal} to {where}: (its exporters are not the package's: no figures)"
     delivered, failed = figures.delivered, figures.failed or 0
+    parts = [f"{counted(delivered, unit)} delivered", f"{failed} failed",
+             *waiting(figures, spool_directory, resending)]
+    if handed is not None:
+        unreported = (handed - delivered - failed - figures.waiting
+                      - (figures.dropped or 0))
+        if unreported > 0:
+            parts.append(f"{unreported} not attempted (still in the SDK's queue)")
+    return f"{signal} to {where}: " + ", ".join(parts)
+
+
+def waiting(figures: SignalFigures, spool_directory: str | None = None,
+            resending: bool = False) -> list[str]:
+    """What of a signal is still held (in memory, in the spool ``spool_directory``)
+    or was dropped past the spool's bounds, in words; empty when nothing
+    (``resending``: as :func:`describe` says it)."""
     held, spooled = figures.held or 0, figures.spooled or 0
     dropped = figures.dropped or 0
-    parts = [f"{counted(delivered, unit)} delivered", f"{failed} failed"]
+    parts = []
     if held:
         parts.append(f"{held} still held in memory")
     if spooled:
@@ -51,11 +66,7 @@ def describe(figures: SignalFigures, signal: str, where: str,
     if dropped:
         parts.append(f"{dropped} dropped past the spool's bounds "
                      "(otel-spans.spool.max-memory, max-disk)")
-    if handed is not None:
-        unreported = handed - delivered - failed - held - spooled - dropped
-        if unreported > 0:
-            parts.append(f"{unreported} not attempted (still in the SDK's queue)")
-    return f"{signal} to {where}: " + ", ".join(parts)
+    return parts
 
 
 def settled(figures: SignalFigures) -> bool:

@@ -115,3 +115,51 @@ def test_the_exporters_are_flushed_once_however_long_it_waits(otlp_receiver, cli
     assert time.monotonic() - started > 0.5  # (it polled while the span was open)
     assert state.flushed is True and state.handed_over == 1
     assert len(otlp_receiver.metric_requests) - before == 1
+
+
+DELIVERED = ExportState(
+    traces_to="the collector", metrics_to="the collector", export_process=True, open=0,
+    handed_over=1, traces_delivered=2, traces_failed=0, metrics_delivered=5,
+    metrics_failed=0, flushed=True,
+)
+
+
+def test_an_idle_plugins_outcome_says_only_that_it_is_idle():
+    idle = dataclasses.replace(
+        DELIVERED, traces_to=IDLE, metrics_to=IDLE, traces_delivered=None,
+        traces_failed=None, metrics_delivered=None, metrics_failed=None, flushed=False)
+    for said in (idle.outcome(), idle.outcome("traces"), idle.outcome("metrics")):
+        assert "idle" in said and "ERROR line" in said
+        assert "no figures" not in said and "not the package's" not in said
+
+
+def test_an_unknown_signal_is_a_value_error_naming_the_signals():
+    with pytest.raises(ValueError, match="traces, metrics, logs"):
+        DELIVERED.outcome("bogus")
+
+
+def test_the_outcome_of_logs_says_what_the_state_holds_of_them():
+    holding = dataclasses.replace(DELIVERED, held={"logs": 3}, spooled={"logs": 0},
+                                  dropped={"logs": 0})
+    said = holding.outcome("logs")
+    assert said.startswith("logs") and "3 still held in memory" in said
+    assert "metrics" not in said.split(":")[0]
+    assert "no figures" not in DELIVERED.outcome("logs")
+
+
+def test_the_outcome_without_a_signal_says_every_signal():
+    said = dataclasses.replace(DELIVERED, held={"logs": 1}).outcome()
+    assert said.splitlines() == [
+        DELIVERED.outcome("traces"), DELIVERED.outcome("metrics"),
+        dataclasses.replace(DELIVERED, held={"logs": 1}).outcome("logs")]
+    assert DELIVERED.outcome().splitlines()[1].startswith("metrics to the collector: 5")
+
+
+def test_the_outcome_tells_of_spans_still_open():
+    still_open = dataclasses.replace(DELIVERED, open=1, handed_over=0,
+                                     traces_delivered=0)
+    said = still_open.outcome("traces")
+    assert said.startswith("traces to the collector: 0 spans delivered, 0 failed")
+    assert "1 dask span still open" in said
+    assert "still open" not in DELIVERED.outcome("traces")
+
