@@ -21,9 +21,16 @@ ANNOTATION_KEY = "otel"
 CALLER_ANNOTATION_KEY = "otel-caller"
 #: ``Client.log_event`` topic on which the client helper says that a block closed
 EVENT_TOPIC = "otel-spans"
-#: Scheduler metadata (``Scheduler.set_metadata`` keys) that a running plugin sets to
-#: the package's version: a client asks for it once, off its submissions' path
+#: Scheduler metadata (``Scheduler.set_metadata`` keys) that a plugin, running or
+#: idle, sets to the package's version: a client asks for it once, off its
+#: submissions' path
 PLUGIN_METADATA_KEYS = ("dask_otel_spans", "plugin")
+#: Scheduler metadata that a plugin sets, with :data:`PLUGIN_METADATA_KEYS`, to
+#: :data:`PLUGIN_RUNNING` or to :data:`PLUGIN_IDLE` (it could not set up its
+#: exporters: loaded, exporting nothing)
+PLUGIN_STATE_METADATA_KEYS = ("dask_otel_spans", "state")
+PLUGIN_RUNNING = "running"
+PLUGIN_IDLE = "idle"
 #: Instrumentation scope of the tracer and meter
 INSTRUMENTATION_SCOPE = "dask_otel_spans"
 try:

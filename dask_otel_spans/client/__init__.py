@@ -7,8 +7,10 @@ from dask_otel_spans.client.blocks import NOTICE_TIMEOUT, caller_carrier, span
 from dask_otel_spans.client.context import ENVIRONMENT_CARRIERS, context_from_environment
 from dask_otel_spans.client.plugin_check import (
     PLUGIN_FIX,
+    PluginStatus,
     check_plugin_soon,
     plugin_running,
+    plugin_status,
 )
 from dask_otel_spans.client.state import (
     IDLE,
@@ -20,6 +22,7 @@ from dask_otel_spans.client.state import (
 
 __all__ = [
     "ENVIRONMENT_CARRIERS", "IDLE", "NOTICE_TIMEOUT", "PLUGIN_FIX", "ExportState",
-    "PluginMissing", "caller_carrier", "check_plugin_soon", "context_from_environment",
-    "plugin_running", "scheduler_state", "span", "wait_for_export",
+    "PluginMissing", "PluginStatus", "caller_carrier", "check_plugin_soon",
+    "context_from_environment", "plugin_running", "plugin_status", "scheduler_state",
+    "span", "wait_for_export",
 ]

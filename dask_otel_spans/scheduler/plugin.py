@@ -197,6 +197,7 @@ class OTelSpansPlugin(SchedulerPlugin):
                 "no-ext", "the scheduler has no 'spans' extension; the plugin stays "
                 "idle", level=logging.WARNING,
             )
+            self._announce(scheduler)
             return
         self._spec = PipelineSpec(
             self.config,
@@ -211,9 +212,8 @@ class OTelSpansPlugin(SchedulerPlugin):
         if transport is None:
             if previous is not None:
                 await previous.close()
+            self._announce(scheduler)
             return
-        # (clients ask for it once, to warn when a scheduler runs no plugin)
-        scheduler.set_metadata(keys=list(names.PLUGIN_METADATA_KEYS), value=names.VERSION)
         self.forwarder = forwarder = SpanForwarder(
             ext.spans, scheduler.tasks, transport, self.config.include_code,
             TaskSampler(self.config.task_spans, self.config.max_task_spans),
@@ -235,7 +235,8 @@ class OTelSpansPlugin(SchedulerPlugin):
             self._work = forwarder.adopt()
             IOLoop.current().add_callback(self._run_slice)
         if previous is not None:
-            await previous.close()
+            await previous.close()  # (it withdraws what it announced: after it)
+        self._announce(scheduler)
         self._undo.extend(tap_heartbeats(
             ext, scheduler, self._on_span_deltas, self._on_worker_heartbeat))
         self._pc = PeriodicCallback(self._tick, TICK_INTERVAL * 1000)
@@ -308,7 +309,20 @@ class OTelSpansPlugin(SchedulerPlugin):
         _LOCAL_PLUGINS.pop(self._token, None)
         if self.scheduler is not None and self.scheduler.plugins.get(self.name) in (
                 None, self):
-            self.scheduler.set_metadata(keys=list(names.PLUGIN_METADATA_KEYS), value=None)
+            self._withdraw(self.scheduler)
+
+    def _announce(self, scheduler: Scheduler) -> None:
+        """Tell clients that the scheduler has the plugin, running or idle (the
+        metadata they ask for once, to warn when it has none or it is idle)."""
+        state = names.PLUGIN_IDLE if self.transport is None else names.PLUGIN_RUNNING
+        scheduler.set_metadata(keys=list(names.PLUGIN_METADATA_KEYS), value=names.VERSION)
+        scheduler.set_metadata(keys=list(names.PLUGIN_STATE_METADATA_KEYS), value=state)
+
+    @staticmethod
+    def _withdraw(scheduler: Scheduler) -> None:
+        """Undo :meth:`_announce` (the scheduler has no plugin any more)."""
+        scheduler.set_metadata(keys=list(names.PLUGIN_METADATA_KEYS), value=None)
+        scheduler.set_metadata(keys=list(names.PLUGIN_STATE_METADATA_KEYS), value=None)
 
     async def export_state(self, flush: bool = False,
                            exporters: bool = True) -> ExportState:

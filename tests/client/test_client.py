@@ -4,6 +4,7 @@ carries for each level of a chain."""
 from __future__ import annotations
 
 import logging
+import warnings
 
 import dask
 import dask.array as da
@@ -13,8 +14,8 @@ from support.plugin import install
 from support.polling import async_wait_for
 from support.providers import MemoryProviders
 
-from dask_otel_spans import names, span
-from dask_otel_spans.client import plugin_running
+from dask_otel_spans import OTelSpansPlugin, names, span
+from dask_otel_spans.client import plugin_running, plugin_status
 from dask_otel_spans.protocol.propagation import otel_span_id
 
 
@@ -142,4 +143,45 @@ async def test_a_scheduler_without_the_plugin_is_one_warning_per_client(c, s, ca
 async def test_a_scheduler_running_the_plugin_says_so_to_a_client(c, s):
     assert await plugin_running(c) is False
     await install(c, MemoryProviders())
+    assert await plugin_running(c) is True
+
+
+def idle_plugin() -> OTelSpansPlugin:
+    """A plugin whose configuration cannot work: it stays idle."""
+    return OTelSpansPlugin(environ={"OTEL_TRACES_EXPORTER": "bogus"},
+                           use_global_providers=False, export_process=False)
+
+
+@gen_cluster(client=True, nthreads=[])
+async def test_a_scheduler_tells_an_idle_plugin_from_none(c, s):
+    assert await plugin_status(c) == "absent"
+    await c.register_plugin(idle_plugin())
+    assert await plugin_status(c) == "idle"
+    assert await plugin_running(c) is False
+
+
+@gen_cluster(client=True, nthreads=[])
+async def test_an_idle_plugin_is_one_warning_pointing_at_the_schedulers_error(
+    c, s, caplog
+):
+    caplog.set_level(logging.WARNING, logger="dask_otel_spans.client")
+    await c.register_plugin(idle_plugin())
+    with span("unexported"):
+        pass
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records
+                if r.name.startswith("dask_otel_spans.client")]
+
+    await async_wait_for(said)
+    await c.scheduler.get_metadata(keys=["anything"], default=None)  # (a round trip)
+    [line] = said()
+    assert "idle" in line and "ERROR line" in line and "--preload" not in line
+
+
+@gen_cluster(client=True, nthreads=[])
+async def test_a_plugin_registered_again_still_says_so_to_a_client(c, s):
+    await install(c, MemoryProviders())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # distributed: "overwriting"
+        await install(c, MemoryProviders())
     assert await plugin_running(c) is True

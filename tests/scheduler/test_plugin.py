@@ -23,6 +23,7 @@ from support.polling import async_wait_for
 from support.providers import MemoryProviders
 
 from dask_otel_spans import names, span
+from dask_otel_spans.client import plugin_status
 from dask_otel_spans.protocol.propagation import otel_span_id, otel_trace_id
 
 
@@ -382,6 +383,14 @@ async def test_close_undoes_heartbeat_wrapping(c, s, a, b):
     assert s.handlers["heartbeat_worker"] is original_handler
     assert plugin.transport is None
     assert not session.thread.running and not session.pipeline.ender.thread.running
+
+
+@gen_cluster(client=True, nthreads=[])
+async def test_close_withdraws_the_plugins_metadata(c, s):
+    plugin = await install(c, MemoryProviders())
+    assert await plugin_status(c) == "running"
+    await plugin.close()
+    assert await plugin_status(c) == "absent"
 
 
 @gen_cluster(client=True)
