@@ -27,10 +27,15 @@ EVENT_TOPIC = "otel-spans"
 PLUGIN_METADATA_KEYS = ("dask_otel_spans", "plugin")
 #: Scheduler metadata that a plugin sets, with :data:`PLUGIN_METADATA_KEYS`, to
 #: :data:`PLUGIN_RUNNING` or to :data:`PLUGIN_IDLE` (it could not set up its
-#: exporters: loaded, exporting nothing)
+#: exporters: loaded, exporting nothing); a plugin that sets it answers
+#: :data:`STATE_HANDLER`
 PLUGIN_STATE_METADATA_KEYS = ("dask_otel_spans", "state")
 PLUGIN_RUNNING = "running"
 PLUGIN_IDLE = "idle"
+#: The scheduler handler (``Scheduler.handlers``) a plugin registers: a client's
+#: ``client.scheduler.dask_otel_spans_state(flush=..., exporters=...)`` gets the
+#: plugin's :class:`~dask_otel_spans.client.state.ExportState` as a dict of its fields
+STATE_HANDLER = "dask_otel_spans_state"
 #: Instrumentation scope of the tracer and meter
 INSTRUMENTATION_SCOPE = "dask_otel_spans"
 try:

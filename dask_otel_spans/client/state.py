@@ -1,16 +1,19 @@
 """What the scheduler's plugin tells a client: where data goes and how far export got
 (:class:`ExportState`), read with ``client.run_on_scheduler``
-(:func:`scheduler_state`), and :func:`wait_for_export`. A client loads nothing of the
-scheduler, transport or export sides for it, nor the OTel SDK."""
+(:func:`scheduler_state`), and :func:`wait_for_export`, which asks the plugin's
+scheduler handler (:data:`~dask_otel_spans.names.STATE_HANDLER`: no log line on the
+scheduler per poll). A client loads nothing of the scheduler, transport or export
+sides for it, nor the OTel SDK."""
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dask_otel_spans import names
-from dask_otel_spans.client.plugin_check import PLUGIN_FIX
+from dask_otel_spans.client.plugin_check import PLUGIN_FIX, plugin_metadata, status_of
 from dask_otel_spans.protocol.figures import SIGNALS, ExportFigures, SignalFigures
 
 if TYPE_CHECKING:
@@ -141,6 +144,18 @@ class ExportState:
         return (f"logs: {', '.join(held) or 'nothing held'} (the state counts what "
                 "the log exporter holds, not what it delivered)")
 
+    def to_message(self) -> dict[str, Any]:
+        """The fields as plain data (what :data:`~dask_otel_spans.names.STATE_HANDLER`
+        sends)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_message(cls, message: Mapping[str, Any]) -> ExportState:
+        """The state :meth:`to_message` gave (fields it does not know ignored)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in message.items() if k in known})
+
+
 async def scheduler_state(dask_scheduler: Scheduler, flush: bool = False,
                           exporters: bool = True) -> ExportState | None:
     """The scheduler's plugin's :class:`ExportState`, for a client:
@@ -157,6 +172,16 @@ async def scheduler_state(dask_scheduler: Scheduler, flush: bool = False,
 
 class PluginMissing(RuntimeError):
     """The scheduler has no ``OTelSpansPlugin``."""
+
+
+def _missing(address: str) -> PluginMissing:
+    """:class:`PluginMissing` naming the scheduler and how to give it the plugin."""
+    return PluginMissing(
+        f"the scheduler at {address} has no dask_otel_spans plugin: {PLUGIN_FIX}")
+
+
+#: Seconds between two questions of :func:`wait_for_export` while spans are open
+POLL_INTERVAL = 0.1
 
 
 def wait_for_export(client: Client, timeout: float = 30.0) -> ExportState:
@@ -181,21 +206,52 @@ def wait_for_export(client: Client, timeout: float = 30.0) -> ExportState:
         dask_otel_spans``).
     """
     deadline = time.monotonic() + timeout
+    ask = _state_asker(client)
     # (each call forwards what happened so far and reads fresh figures: an export
     # process reports its own twice a second otherwise; the exporters are flushed
     # once, at the end: a flush is an export, and a Collector's Prometheus exporter
     # keeps the exemplars of a series' latest export only)
-    state: ExportState | None = client.run_on_scheduler(
-        scheduler_state, flush=True, exporters=False)
-    while state is not None and state.open and time.monotonic() < deadline:
-        time.sleep(0.1)
-        state = client.run_on_scheduler(scheduler_state, flush=True, exporters=False)
-    if state is not None:
-        state = client.run_on_scheduler(scheduler_state, flush=True)
+    state = ask(flush=True, exporters=False)
+    while state.open and time.monotonic() < deadline:
+        time.sleep(POLL_INTERVAL)
+        state = ask(flush=True, exporters=False)
+    return ask(flush=True, exporters=True)
+
+
+def _state_asker(client: Client) -> Callable[..., ExportState]:
+    """How to ask ``client``'s scheduler for the plugin's state: its handler, or
+    ``run_on_scheduler`` for a plugin of a version without one.
+
+    Raises
+    ------
+    PluginMissing
+        When the scheduler has no plugin (its metadata: nothing run on it).
+    """
+    scheduler = client.scheduler
+    if scheduler is None:
+        raise AttributeError("the client is closed: it has no scheduler")
+    address = str(scheduler.address)
+    metadata = client.sync(plugin_metadata, client)
+    if status_of(metadata) == "absent":
+        raise _missing(address)
+    if metadata.get(names.PLUGIN_STATE_METADATA_KEYS[-1]) is None:
+        def ask(**kwargs: bool) -> ExportState:
+            return _present(client.run_on_scheduler(scheduler_state, **kwargs), address)
+        return ask
+    handler = getattr(scheduler, names.STATE_HANDLER)
+
+    def ask_handler(**kwargs: bool) -> ExportState:
+        reply = client.sync(handler, **kwargs)
+        if isinstance(reply, dict) and "error" in reply:
+            raise RuntimeError(f"the dask_otel_spans plugin of the scheduler at "
+                               f"{address} could not say its state: {reply['error']}")
+        return _present(None if reply is None else ExportState.from_message(reply),
+                        address)
+    return ask_handler
+
+
+def _present(state: ExportState | None, address: str) -> ExportState:
+    """``state``; :class:`PluginMissing` when None (the plugin went away)."""
     if state is None:
-        assert client.scheduler is not None  # (it answered run_on_scheduler)
-        raise PluginMissing(
-            f"the scheduler at {client.scheduler.address} has no dask_otel_spans "
-            f"plugin: {PLUGIN_FIX}"
-        )
+        raise _missing(address)
     return state

@@ -4,10 +4,12 @@ down, one that is up)."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 
 import pytest
 from distributed import Client, LocalCluster
+from distributed.utils_test import captured_logger
 from support.processes import free_port, otlp_grpc_env
 from support.receivers import OTLPReceiver
 
@@ -163,3 +165,14 @@ def test_the_outcome_tells_of_spans_still_open():
     assert "1 dask span still open" in said
     assert "still open" not in DELIVERED.outcome("traces")
 
+
+@pytest.mark.cluster  # (a LocalCluster)
+def test_waiting_logs_no_line_per_poll_on_the_scheduler(client, tmp_path):
+    register(client, {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"},
+             tmp_path)
+    with captured_logger("distributed.worker", level=logging.INFO) as log, \
+            span("still open"):
+        client.submit(inc, 1, key="open-1").result()
+        state = wait_for_export(client, timeout=1)  # (polls while the block is open)
+    assert state.open == 1
+    assert "Run out-of-band function" not in log.getvalue()

@@ -23,7 +23,7 @@ from support.polling import async_wait_for
 from support.providers import MemoryProviders
 
 from dask_otel_spans import names, span
-from dask_otel_spans.client import plugin_status
+from dask_otel_spans.client import ExportState, plugin_status
 from dask_otel_spans.protocol.propagation import otel_span_id, otel_trace_id
 
 
@@ -385,12 +385,38 @@ async def test_close_undoes_heartbeat_wrapping(c, s, a, b):
     assert not session.thread.running and not session.pipeline.ender.thread.running
 
 
+@gen_cluster(client=True)
+async def test_the_state_handler_answers_a_client_in_plain_data(c, s, a, b):
+    await install(c, MemoryProviders())
+    with span("asked"):
+        assert await c.submit(inc, 1, key="asked-1") == 2
+    reply = await getattr(c.scheduler, names.STATE_HANDLER)(flush=True, exporters=True)
+    state = ExportState.from_message(reply)
+    assert state.to_message() == reply and state.flushed is True
+
+
 @gen_cluster(client=True, nthreads=[])
-async def test_close_withdraws_the_plugins_metadata(c, s):
+async def test_a_failed_state_question_is_one_error_line_and_an_error_reply(c, s, caplog):
     plugin = await install(c, MemoryProviders())
-    assert await plugin_status(c) == "running"
+
+    async def broken(**kwargs):
+        raise OSError("the pipe is gone")
+
+    plugin.export_state = broken
+    with caplog.at_level(logging.ERROR, logger="dask_otel_spans"):
+        reply = await getattr(c.scheduler, names.STATE_HANDLER)(flush=True)
+    assert reply == {"error": "OSError('the pipe is gone')"}
+    [line] = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "export state" in line.getMessage() and line.exc_info is None
+
+
+@gen_cluster(client=True, nthreads=[])
+async def test_close_withdraws_the_plugins_metadata_and_state_handler(c, s):
+    plugin = await install(c, MemoryProviders())
+    assert await plugin_status(c) == "running" and names.STATE_HANDLER in s.handlers
     await plugin.close()
     assert await plugin_status(c) == "absent"
+    assert names.STATE_HANDLER not in s.handlers
 
 
 @gen_cluster(client=True)
