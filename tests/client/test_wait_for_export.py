@@ -13,7 +13,7 @@ from distributed.utils_test import captured_logger
 from support.processes import free_port, otlp_grpc_env
 from support.receivers import OTLPReceiver
 
-from dask_otel_spans import OTelSpansPlugin, span, wait_for_export
+from dask_otel_spans import OTelSpansPlugin, names, span, wait_for_export
 from dask_otel_spans.client import PluginMissing
 from dask_otel_spans.state import IDLE, ExportState
 
@@ -176,3 +176,22 @@ def test_waiting_logs_no_line_per_poll_on_the_scheduler(client, tmp_path):
         state = wait_for_export(client, timeout=1)  # (polls while the block is open)
     assert state.open == 1
     assert "Run out-of-band function" not in log.getvalue()
+
+
+@pytest.mark.cluster  # (a LocalCluster)
+def test_a_plugin_of_an_earlier_version_is_asked_with_run_on_scheduler(client, tmp_path):
+    """(One that sets no state metadata, and registers no handler.)"""
+    register(client, {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"},
+             tmp_path)
+
+    def as_earlier_versions(dask_scheduler) -> None:
+        dask_scheduler.set_metadata(keys=list(names.PLUGIN_STATE_METADATA_KEYS),
+                                    value=None)
+        del dask_scheduler.handlers[names.STATE_HANDLER]
+
+    client.run_on_scheduler(as_earlier_versions)
+    run_one_span(client)
+    with captured_logger("distributed.worker", level=logging.INFO) as log:
+        state = wait_for_export(client, timeout=20)
+    assert state.open == 0 and state.handed_over == 1 and state.flushed is True
+    assert "Run out-of-band function 'scheduler_state'" in log.getvalue()
