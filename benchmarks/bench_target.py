@@ -44,6 +44,7 @@ import pickle
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -53,10 +54,13 @@ sys.path.insert(0, HERE)
 
 
 def _environ(port: int) -> dict[str, str]:
+    # (export timeouts of 600 s, as the floor's: under callgrind a batch takes long
+    # to send, and one that timed out would be held past the measured window)
     return {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
             "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_TRACES_EXPORTER": "otlp",
             "OTEL_METRICS_EXPORTER": "otlp", "OTEL_LOGS_EXPORTER": "none",
-            "OTEL_SERVICE_NAME": "dask"}
+            "OTEL_SERVICE_NAME": "dask", "OTEL_EXPORTER_OTLP_TIMEOUT": "600",
+            "OTEL_METRIC_EXPORT_TIMEOUT": "600000"}
 
 
 def _session(environ: dict[str, str], tracer_provider: Any = None,
@@ -68,7 +72,8 @@ def _session(environ: dict[str, str], tracer_provider: Any = None,
     from dask_otel_spans.transport.providers import build_providers
     from dask_otel_spans.transport.spec import PipelineSpec
 
-    config = PluginConfig.from_dask_config()
+    # (a spool of its own: the user's default one may hold other runs' batches)
+    config = PluginConfig.from_dask_config(spool_directory=tempfile.mkdtemp())
     providers = (Providers(tracer_provider, meter_provider) if tracer_provider
                  else build_providers(PipelineSpec(config, environ=environ)))
     session = ExportSession(ExportPipeline.build(providers, config), config)
