@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from dask_otel_spans import names
 from dask_otel_spans.client.plugin_check import PLUGIN_FIX, plugin_metadata, status_of
 from dask_otel_spans.protocol.figures import SIGNALS, ExportFigures, SignalFigures
+from dask_otel_spans.wording import counted
 
 if TYPE_CHECKING:
     from distributed import Client, Scheduler
@@ -132,8 +133,8 @@ class ExportState:
         where = self.traces_to if signal == "traces" else self.metrics_to
         text = describe(self.signal(signal), signal, where, spool_directory=self.spool)
         if signal == "traces" and self.open:
-            text += (f", {self.open} dask span{'s' if self.open != 1 else ''} still "
-                     "open (handed over when it ends)")
+            text += (f", {counted(self.open, 'dask span')} still open (handed over "
+                     "when it ends)")
         return text
 
     def _logs_outcome(self) -> str:

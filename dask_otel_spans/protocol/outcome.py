@@ -37,6 +37,8 @@ def describe(figures: SignalFigures, signal: str, where: str,
     """
     unit = UNITS.get(signal, "item")
     if figures.delivered is None:
+        if where.startswith("nowhere"):  # (e.g. OTEL_TRACES_EXPORTER=none)
+            return f"{signal} to {where}"
         return f"{signal} to {where}: (its exporters are not the package's: no figures)"
     delivered, failed = figures.delivered, figures.failed or 0
     parts = [f"{counted(delivered, unit)} delivered", f"{failed} failed",

@@ -51,6 +51,11 @@ def test_a_signal_not_counted_says_so():
     assert "no figures" in describe(SignalFigures(), "metrics", "Prometheus")
 
 
+def test_a_signal_sent_nowhere_says_only_that():
+    where = "nowhere (OTEL_TRACES_EXPORTER=none)"
+    assert describe(SignalFigures(), "traces", where) == f"traces to {where}"
+
+
 def test_held_and_spooled_items_are_said_with_the_spool_directory():
     text = describe(FIGURES.signal("traces"), "traces", "the collector",
                     handed=10, spool_directory="/tmp/spool")
