@@ -43,8 +43,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if starts_a_cluster(item):
             item.add_marker(pytest.mark.cluster)
     # the files that start clusters and processes first, the pure ones after: with
-    # ``-n 2 --dist loadfile`` a long file handed out last keeps one worker busy while
-    # the other idles; the pure files, short, even the two out at the end
+    # ``-n 3 --dist loadfile`` a long file handed out last keeps one worker busy while
+    # the others idle; the pure files, short, even the two out at the end
     slow = {item.path for item in items if item.get_closest_marker("cluster")}
     items.sort(key=lambda item: item.path not in slow)  # (stable: order kept within)
 

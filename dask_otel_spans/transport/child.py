@@ -128,7 +128,7 @@ def settle_garbage_collector() -> None:
     gc.callbacks.append(_time_collections)
 
 
-def _process_figures() -> ProcessFigures:
+def process_figures() -> ProcessFigures:
     """This process's CPU seconds, garbage collector and memory: resident set size,
     and Python's allocations still alive when ``tracemalloc`` traces
     (``PYTHONTRACEMALLOC=1`` in the scheduler's environment)."""
@@ -148,7 +148,7 @@ def _process_figures() -> ProcessFigures:
 
 def _figures(session: ExportSession) -> ExportFigures:
     """The session's figures, with this process's."""
-    return session.figures().replace(process=_process_figures())
+    return session.figures().replace(process=process_figures())
 
 
 def report_figures(session: ExportSession, outbox: _Outbox,

@@ -127,9 +127,7 @@ async def test_flush_returns_once_the_export_process_exported(c, s, a, b, tmp_pa
 
 
 @gen_cluster(client=True, timeout=120)
-async def test_export_process_reports_its_memory(c, s, a, b, tmp_path, monkeypatch):
-    # the export process inherits the scheduler's environment
-    monkeypatch.setenv("PYTHONTRACEMALLOC", "1")
+async def test_export_process_reports_its_memory(c, s, a, b, tmp_path):
     plugin = await install_process_plugin(c, tmp_path)
     await export_one_span(c, plugin, "measured")
     figures = plugin.export_figures()
@@ -138,8 +136,24 @@ async def test_export_process_reports_its_memory(c, s, a, b, tmp_path, monkeypat
     assert figures.ended >= 1
     # the child's own resident set, of the order psutil sees from outside
     assert 0.5 * rss < figures.process.rss_bytes < 2 * rss
-    # Python's allocations still alive in the child: imports alone are megabytes
-    assert figures.process.traced_bytes > 2**20
+    # (tracemalloc off: PYTHONTRACEMALLOC=1 in the scheduler's environment turns it on)
+    assert figures.process.traced_bytes is None
+
+
+def test_a_process_that_traces_its_allocations_reports_them():
+    """(In this process: under ``PYTHONTRACEMALLOC=1`` the export process would
+    trace its start-up's imports too, seconds of a test.)"""
+    import tracemalloc
+
+    from dask_otel_spans.transport.child import process_figures
+
+    tracemalloc.start()
+    try:
+        kept = [bytes(1000) for _ in range(1000)]  # (a megabyte alive)
+        traced = process_figures().traced_bytes
+    finally:
+        tracemalloc.stop()
+    assert len(kept) == 1000 and traced is not None and traced > 10**6
 
 
 @gen_cluster(client=True, timeout=120)
