@@ -44,7 +44,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.cluster)
     # the files that start clusters and processes first, the pure ones after: with
     # ``-n 3 --dist loadfile`` a long file handed out last keeps one worker busy while
-    # the others idle; the pure files, short, even the two out at the end
+    # the others idle; the pure files, short, even them out at the end
     slow = {item.path for item in items if item.get_closest_marker("cluster")}
     items.sort(key=lambda item: item.path not in slow)  # (stable: order kept within)
 
