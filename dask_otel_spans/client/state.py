@@ -6,9 +6,10 @@ scheduler per poll). A client loads nothing of the scheduler, transport or expor
 sides for it, nor the OTel SDK."""
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -194,6 +195,8 @@ def wait_for_export(client: Client, timeout: float = 30.0) -> ExportState:
     incomplete at shutdown. Gives up after ``timeout`` seconds, returning the state
     then (``open`` tells what is left; ``outcome()`` says it).
 
+    With an asynchronous client (``Client(asynchronous=True)``), ``await`` it.
+
     Returns
     -------
     :class:`ExportState`: ``flushed`` is False when the
@@ -206,20 +209,25 @@ def wait_for_export(client: Client, timeout: float = 30.0) -> ExportState:
         When the scheduler has no plugin (started without ``--preload
         dask_otel_spans``).
     """
+    # (with an asynchronous client, ``client.sync`` returns the coroutine to await)
+    return client.sync(_wait_for_export, client, timeout)
+
+
+async def _wait_for_export(client: Client, timeout: float) -> ExportState:
     deadline = time.monotonic() + timeout
-    ask = _state_asker(client)
+    ask = await _state_asker(client)
     # (each call forwards what happened so far and reads fresh figures: an export
     # process reports its own twice a second otherwise; the exporters are flushed
     # once, at the end: a flush is an export, and a Collector's Prometheus exporter
     # keeps the exemplars of a series' latest export only)
-    state = ask(flush=True, exporters=False)
+    state = await ask(flush=True, exporters=False)
     while state.open and time.monotonic() < deadline:
-        time.sleep(POLL_INTERVAL)
-        state = ask(flush=True, exporters=False)
-    return ask(flush=True, exporters=True)
+        await asyncio.sleep(POLL_INTERVAL)
+        state = await ask(flush=True, exporters=False)
+    return await ask(flush=True, exporters=True)
 
 
-def _state_asker(client: Client) -> Callable[..., ExportState]:
+async def _state_asker(client: Client) -> Callable[..., Awaitable[ExportState]]:
     """How to ask ``client``'s scheduler for the plugin's state: its handler, or
     ``run_on_scheduler`` for a plugin of a version without one.
 
@@ -232,17 +240,20 @@ def _state_asker(client: Client) -> Callable[..., ExportState]:
     if scheduler is None:
         raise AttributeError("the client is closed: it has no scheduler")
     address = str(scheduler.address)
-    metadata = client.sync(plugin_metadata, client)
+    metadata = await plugin_metadata(client)
     if status_of(metadata) == "absent":
         raise _missing(address)
     if metadata.get(names.PLUGIN_STATE_METADATA_KEYS[-1]) is None:
-        def ask(**kwargs: bool) -> ExportState:
-            return _present(client.run_on_scheduler(scheduler_state, **kwargs), address)
+        async def ask(**kwargs: bool) -> ExportState:
+            # (distributed's coroutine behind ``Client.run_on_scheduler``: this runs
+            # on the client's loop)
+            return _present(await client._run_on_scheduler(scheduler_state, **kwargs),
+                            address)
         return ask
     handler = getattr(scheduler, names.STATE_HANDLER)
 
-    def ask_handler(**kwargs: bool) -> ExportState:
-        reply = client.sync(handler, **kwargs)
+    async def ask_handler(**kwargs: bool) -> ExportState:
+        reply = await handler(**kwargs)
         if isinstance(reply, dict) and "error" in reply:
             raise RuntimeError(f"the dask_otel_spans plugin of the scheduler at "
                                f"{address} could not say its state: {reply['error']}")

@@ -9,7 +9,7 @@ import time
 
 import pytest
 from distributed import Client, LocalCluster
-from distributed.utils_test import captured_logger
+from distributed.utils_test import captured_logger, gen_cluster
 from support.processes import free_port, otlp_grpc_env
 from support.receivers import OTLPReceiver
 
@@ -195,3 +195,15 @@ def test_a_plugin_of_an_earlier_version_is_asked_with_run_on_scheduler(client, t
         state = wait_for_export(client, timeout=20)
     assert state.open == 0 and state.handed_over == 1 and state.flushed is True
     assert "Run out-of-band function 'scheduler_state'" in log.getvalue()
+
+
+@gen_cluster(client=True)
+async def test_an_asynchronous_client_awaits_it(c, s, a, b, tmp_path):
+    await c.register_plugin(OTelSpansPlugin(
+        environ={"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"},
+        use_global_providers=False, export_process=False, export_delay=0,
+        output_dir=str(tmp_path)))
+    with span("awaited"):
+        assert await c.submit(inc, 1, key="awaited-1") == 2
+    state = await wait_for_export(c, timeout=20)
+    assert state.open == 0 and state.handed_over == 1 and state.flushed is True
