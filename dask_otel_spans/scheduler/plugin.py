@@ -16,7 +16,7 @@ import logging
 import time as _time
 import uuid
 import weakref
-from collections.abc import Callable, Collection, Coroutine, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -24,12 +24,13 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import IOLoop, PeriodicCallback
 
 from dask_otel_spans import names
-from dask_otel_spans.client.state import ExportState, scheduler_state
+from dask_otel_spans.client.state import ExportState
 from dask_otel_spans.config import TICK_INTERVAL, PluginConfig
 from dask_otel_spans.logonce import OnceLogger
 from dask_otel_spans.protocol import events
 from dask_otel_spans.protocol.dask_facts import SETTLED_STATES, grace_period
 from dask_otel_spans.protocol.figures import ExportFigures
+from dask_otel_spans.scheduler.announce import announce, withdraw
 from dask_otel_spans.scheduler.forwarder import SpanForwarder
 from dask_otel_spans.scheduler.heartbeats import tap_heartbeats, worker_wide_deltas
 from dask_otel_spans.scheduler.loopstats import EventLoopStats
@@ -197,7 +198,7 @@ class OTelSpansPlugin(SchedulerPlugin):
                 "no-ext", "the scheduler has no 'spans' extension; the plugin stays "
                 "idle", level=logging.WARNING,
             )
-            self._announce(scheduler)
+            announce(scheduler, running=self.transport is not None)
             return
         self._spec = PipelineSpec(
             self.config,
@@ -212,7 +213,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         if transport is None:
             if previous is not None:
                 await previous.close()
-            self._announce(scheduler)
+            announce(scheduler, running=self.transport is not None)
             return
         self.forwarder = forwarder = SpanForwarder(
             ext.spans, scheduler.tasks, transport, self.config.include_code,
@@ -236,7 +237,7 @@ class OTelSpansPlugin(SchedulerPlugin):
             IOLoop.current().add_callback(self._run_slice)
         if previous is not None:
             await previous.close()  # (it withdraws what it announced: after it)
-        self._announce(scheduler)
+        announce(scheduler, running=self.transport is not None)
         self._undo.extend(tap_heartbeats(
             ext, scheduler, self._on_span_deltas, self._on_worker_heartbeat))
         self._pc = PeriodicCallback(self._tick, TICK_INTERVAL * 1000)
@@ -309,24 +310,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         _LOCAL_PLUGINS.pop(self._token, None)
         if self.scheduler is not None and self.scheduler.plugins.get(self.name) in (
                 None, self):
-            self._withdraw(self.scheduler)
-
-    def _announce(self, scheduler: Scheduler) -> None:
-        """Tell clients that the scheduler has the plugin, running or idle (the
-        metadata they ask for once, to warn when it has none or it is idle), and
-        register the handler they ask for its state
-        (:data:`~dask_otel_spans.names.STATE_HANDLER`)."""
-        state = names.PLUGIN_IDLE if self.transport is None else names.PLUGIN_RUNNING
-        scheduler.set_metadata(keys=list(names.PLUGIN_METADATA_KEYS), value=names.VERSION)
-        scheduler.set_metadata(keys=list(names.PLUGIN_STATE_METADATA_KEYS), value=state)
-        scheduler.handlers[names.STATE_HANDLER] = state_handler(scheduler)
-
-    @staticmethod
-    def _withdraw(scheduler: Scheduler) -> None:
-        """Undo :meth:`_announce` (the scheduler has no plugin any more)."""
-        scheduler.set_metadata(keys=list(names.PLUGIN_METADATA_KEYS), value=None)
-        scheduler.set_metadata(keys=list(names.PLUGIN_STATE_METADATA_KEYS), value=None)
-        scheduler.handlers.pop(names.STATE_HANDLER, None)
+            withdraw(self.scheduler)
 
     async def export_state(self, flush: bool = False,
                            exporters: bool = True) -> ExportState:
@@ -522,25 +506,3 @@ def restore_plugin(
         )
     return OTelSpansPlugin(use_global_providers=use_global, **settings)
 
-
-def state_handler(
-    scheduler: Scheduler,
-) -> Callable[..., Coroutine[Any, Any, dict[str, Any] | None]]:
-    """The scheduler handler :data:`~dask_otel_spans.names.STATE_HANDLER` of
-    ``scheduler``: the :class:`ExportState` of the plugin registered on it when asked
-    (None without one) as plain data, for a client's
-    :func:`~dask_otel_spans.client.wait_for_export`; unlike ``run_on_scheduler``,
-    no log line per question. A failure is one ERROR line and ``{"error": ...}``."""
-
-    async def dask_otel_spans_state(flush: bool = False, exporters: bool = True,
-                                    **kwargs: object) -> dict[str, Any] | None:
-        try:
-            state = await scheduler_state(scheduler, flush=bool(flush),
-                                          exporters=bool(exporters))
-        except Exception as e:
-            logger.error("dask_otel_spans: a client's question for the export state "
-                         "failed: %r", e)
-            return {"error": repr(e)}
-        return None if state is None else state.to_message()
-
-    return dask_otel_spans_state
