@@ -215,7 +215,10 @@ def resend(directory: str, environ: Mapping[str, str], timeout: float
     for signal in SIGNALS:
         if spool.waiting(signal):
             sender = request_sender(environ, signal)
-            healths[signal] = ExportHealth(signal, sender.where)
+            healths[signal] = ExportHealth(
+                signal, sender.where,
+                f"trying again for at most {timeout:g} s; what is not sent stays in "
+                f"the spool {directory}")
             delivery.add_signal(signal, sender, healths[signal])
     delivery.start()
     delivery.drain(timeout)

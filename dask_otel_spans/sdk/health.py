@@ -31,12 +31,27 @@ NOISY_LOGGERS = (
 )
 
 
-class ExportHealth:
-    """Outage bookkeeping of one signal's exporter (thread-safe)."""
+#: What a holding exporter does with what it could not deliver, said at an outage
+HOLDING = ("holding them and sending them again, oldest first, once it answers "
+           "(otel-spans.spool.*: in memory, then on disk; logged again on recovery)")
 
-    def __init__(self, signal: str, where: str):
+
+class ExportHealth:
+    """Outage bookkeeping of one signal's exporter (thread-safe).
+
+    Parameters
+    ----------
+    signal, where:
+        The signal, and where its exporter sends it (for the log lines)
+    holding:
+        What is done with what a holding exporter could not deliver, said once per
+        outage
+    """
+
+    def __init__(self, signal: str, where: str, holding: str = HOLDING):
         self.signal = signal
         self.where = where
+        self.holding = holding
         #: items the exporter reported delivered (at once, or held and sent again)
         self.delivered = 0
         #: items the exporter failed to deliver and nothing holds (dropped)
@@ -97,11 +112,8 @@ class ExportHealth:
                 return
             self.down = True
             self.outages += 1
-        logger.error(
-            "dask_otel_spans: cannot export %s to %s; holding them and sending them "
-            "again, oldest first, once it answers (otel-spans.spool.*: in memory, then "
-            "on disk; logged again on recovery)", self._unit(), self.where,
-        )
+        logger.error("dask_otel_spans: cannot export %s to %s; %s", self._unit(),
+                     self.where, self.holding)
 
     def refuse(self, items: int, reason: str) -> None:
         """A held batch of ``items`` was refused for good (not worth another try):

@@ -554,6 +554,23 @@ def test_resend_does_not_suggest_running_resend(tmp_path, capsys, monkeypatch):
     assert "1 still held in the spool" in out and "dask-otel-spans resend" not in out
 
 
+def test_resend_says_an_outage_as_what_it_does_with_it(tmp_path, caplog, monkeypatch):
+    """(Not the export process's "sending them again once it answers": resend tries
+    until its timeout, and what is left stays in the spool.)"""
+    from dask_otel_spans.sdk.spool import Spool
+
+    left = Spool(str(tmp_path), max_memory=0, max_disk=10**6)
+    left.open()
+    left.put("traces", b"\n\x00", 1)
+    left.close()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "0.2")
+    assert main(["resend", str(tmp_path), "--timeout", "0.5"]) == 1
+    [said] = [r.getMessage() for r in caplog.records if "cannot export" in r.getMessage()]
+    assert said.endswith(f"trying again for at most 0.5 s; what is not sent stays in "
+                         f"the spool {tmp_path}")
+
+
 def test_tree_labels_a_bare_submissions_span_made_in_a_task_under_zero_code(tmp_path,
                                                                            capsys):
     """``opentelemetry-instrument`` with ``otlp_json_file``: the app writes
