@@ -174,6 +174,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     try:
         made = Report(args.paths)
+        if not made.summary["spans"]:  # (as tree says it: no report of nothing)
+            print(f"no spans in {', '.join(made.files)}", file=sys.stderr)
+            return 1
         path = made.save(args.output)
     except _BAD_PATH as e:
         print(e, file=sys.stderr)

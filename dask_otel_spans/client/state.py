@@ -135,7 +135,7 @@ class ExportState:
         text = describe(self.signal(signal), signal, where, spool_directory=self.spool)
         if signal == "traces" and self.open:
             text += (f", {counted(self.open, 'dask span')} still open (handed over "
-                     "when it ends)")
+                     f"when {'it ends' if self.open == 1 else 'they end'})")
         return text
 
     def _logs_outcome(self) -> str:

@@ -39,7 +39,8 @@ def describe(figures: SignalFigures, signal: str, where: str,
     if figures.delivered is None:
         if where.startswith("nowhere"):  # (e.g. OTEL_TRACES_EXPORTER=none)
             return f"{signal} to {where}"
-        return f"{signal} to {where}: (its exporters are not the package's: no figures)"
+        return (f"{signal} to {where} (not counted: pulled by a reader such as "
+                "Prometheus, or sent by exporters the package did not build)")
     delivered, failed = figures.delivered, figures.failed or 0
     parts = [f"{counted(delivered, unit)} delivered", f"{failed} failed",
              *waiting(figures, spool_directory, resending)]

@@ -262,7 +262,7 @@ class OTelSpansPlugin(SchedulerPlugin):
             destinations = transport.destinations
             logger.info(
                 "dask_otel_spans: traces to %s; metrics to %s; erred tasks' "
-                "exceptions as %s; %s",
+                "exceptions: %s; %s",
                 destinations.get("traces_to"), destinations.get("metrics_to"),
                 destinations.get("exceptions_to", "span events"),
                 f"export process pid {destinations.get('pid')}"

@@ -30,9 +30,18 @@ logger = logging.getLogger(__name__)
 _log_once = OnceLogger(logger)
 
 
+class GivenHeaders(dict):
+    """Headers read from a variable that was set: true even when empty (every item
+    malformed), so that the SDK's exporter, which reads the variable again for
+    headers that are not given (``headers or ...``), does not (and warns again)."""
+
+    def __bool__(self) -> bool:
+        return True
+
+
 def parse_headers(value: str | None) -> dict[str, str]:
     """``OTEL_EXPORTER_OTLP_HEADERS`` format: ``k1=v1,k2=v2``, URL-encoded values."""
-    out = {}
+    out: dict[str, str] = GivenHeaders() if value else {}
     for item in (value or "").split(","):
         key, sep, val = item.partition("=")
         if sep and key.strip():

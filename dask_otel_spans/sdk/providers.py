@@ -126,7 +126,7 @@ class Providers:
                  and self.tracer_provider is not None else [])
         if self.exceptions.logs:
             parts.append(f"log events to {self.logs_to}")
-        return " and ".join(parts) or "nothing (traces go nowhere)"
+        return " and ".join(parts) or "nowhere (no traces, no exception logs)"
 
     @property
     def all(self) -> tuple[InUse, ...]:

@@ -48,7 +48,8 @@ def test_flat_figures_keep_the_names_benchmarks_read():
 
 
 def test_a_signal_not_counted_says_so():
-    assert "no figures" in describe(SignalFigures(), "metrics", "Prometheus")
+    assert describe(SignalFigures(), "metrics", "Prometheus").startswith(
+        "metrics to Prometheus (not counted: ")
 
 
 def test_a_signal_sent_nowhere_says_only_that():

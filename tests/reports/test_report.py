@@ -57,6 +57,16 @@ def test_the_command_says_when_there_is_nothing_to_report(tmp_path, capsys):
         f"no such file or directory: {tmp_path / 'nowhere'}\n")
 
 
+@pytest.mark.parametrize("command", ["tree", "report"])
+def test_a_traces_file_without_spans_is_one_line_in_tree_and_report(command, tmp_path,
+                                                                     capsys):
+    (tmp_path / "traces.jsonl").write_text("")
+    assert cli_main([command, str(tmp_path), "-o", str(tmp_path / "r.html")]
+                    if command == "report" else [command, str(tmp_path)]) == 1
+    assert capsys.readouterr().err == f"no spans in {tmp_path / 'traces.jsonl'}\n"
+    assert not (tmp_path / "r.html").exists()
+
+
 def test_a_report_of_a_path_that_does_not_exist_raises(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such file or directory: .*nowhere"):
         dask_otel_spans.report(str(tmp_path / "nowhere"))
