@@ -538,9 +538,10 @@ def test_a_file_of_another_signal_given_as_traces_is_one_error_line(
     assert not (tmp_path / "report.html").exists()
 
 
-def test_resend_does_not_suggest_running_resend(tmp_path, capsys, monkeypatch):
-    """A spool left by an export that ended, no receiver: what is left is said without
-    "or: dask-otel-spans resend DIR", and where it was sent by its address."""
+@pytest.fixture
+def left_spool(tmp_path, monkeypatch):
+    """A spool left by an export that ended (one batch of traces), and no receiver
+    where OTLP goes."""
     from dask_otel_spans.sdk.spool import Spool
 
     left = Spool(str(tmp_path), max_memory=0, max_disk=10**6)
@@ -549,26 +550,23 @@ def test_resend_does_not_suggest_running_resend(tmp_path, capsys, monkeypatch):
     left.close()
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "0.2")
-    assert main(["resend", str(tmp_path), "--timeout", "0.5"]) == 1
+    return tmp_path
+
+
+def test_resend_does_not_suggest_running_resend(left_spool, capsys):
+    """What is left is said without "or: dask-otel-spans resend DIR"."""
+    assert main(["resend", str(left_spool), "--timeout", "0.5"]) == 1
     out = capsys.readouterr().out
     assert "1 still held in the spool" in out and "dask-otel-spans resend" not in out
 
 
-def test_resend_says_an_outage_as_what_it_does_with_it(tmp_path, caplog, monkeypatch):
+def test_resend_says_an_outage_as_what_it_does_with_it(left_spool, caplog):
     """(Not the export process's "sending them again once it answers": resend tries
     until its timeout, and what is left stays in the spool.)"""
-    from dask_otel_spans.sdk.spool import Spool
-
-    left = Spool(str(tmp_path), max_memory=0, max_disk=10**6)
-    left.open()
-    left.put("traces", b"\n\x00", 1)
-    left.close()
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{free_port()}")
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "0.2")
-    assert main(["resend", str(tmp_path), "--timeout", "0.5"]) == 1
+    assert main(["resend", str(left_spool), "--timeout", "0.5"]) == 1
     [said] = [r.getMessage() for r in caplog.records if "cannot export" in r.getMessage()]
     assert said.endswith(f"trying again for at most 0.5 s; what is not sent stays in "
-                         f"the spool {tmp_path}")
+                         f"the spool {left_spool}")
 
 
 def test_tree_labels_a_bare_submissions_span_made_in_a_task_under_zero_code(tmp_path,
