@@ -177,6 +177,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         if not made.summary["spans"]:  # (as tree says it: no report of nothing)
             print(f"no spans in {', '.join(made.files)}", file=sys.stderr)
             return 1
+        if args.output == "-":  # (the page on standard output, nothing else there)
+            sys.stdout.write(made.html())
+            return 0
         path = made.save(args.output)
     except _BAD_PATH as e:
         print(e, file=sys.stderr)
@@ -422,7 +425,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     report.add_argument("paths", nargs="*", default=[DEFAULT_DIRECTORY], metavar="PATH",
                         help=paths_help)
     report.add_argument("-o", "--output", default="report.html",
-                        help="the HTML file to write (default: %(default)s)")
+                        help="the HTML file to write, - for standard output "
+                             "(default: %(default)s)")
     report.set_defaults(func=cmd_report)
     resend = sub.add_parser(
         "resend", help="send the batches a spool directory holds (otel-spans.spool."

@@ -582,3 +582,13 @@ def test_tree_labels_a_bare_submissions_span_made_in_a_task_under_zero_code(tmp_
     assert main(["tree", str(tmp_path)]) == 0
     assert capsys.readouterr().out.splitlines()[1:] == [
         "  request  0.100s  (client span)", "    inner  0.000s  (in a task)"]
+
+
+def test_report_to_a_dash_writes_the_page_to_standard_output(tmp_path, capsys,
+                                                              monkeypatch):
+    saved_run(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", str(tmp_path), "-o", "-"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("<!DOCTYPE html>") and "validate-3" in out
+    assert not (tmp_path / "-").exists()
