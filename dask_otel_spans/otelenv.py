@@ -7,6 +7,13 @@ import os
 import sys
 from collections.abc import Mapping
 
+from dask_otel_spans.otlpendpoint import (
+    configured_endpoint,
+    endpoint_problem,
+    endpoint_variable,
+    masked,
+)
+
 #: Value of OTEL_{TRACES,METRICS,LOGS}_EXPORTER selecting the embedded file exporter
 FILE_EXPORTER = "otlp_json_file"
 #: What each exporter variable accepts
@@ -78,10 +85,23 @@ def otlp_protocol(environ: Mapping[str, str], signal: str) -> str:
     return protocol
 
 
+def check_endpoint(environ: Mapping[str, str], signal: str, protocol: str) -> None:
+    """Raise :class:`ConfigurationError` for an endpoint of ``signal`` that cannot
+    work over ``protocol`` (:func:`~dask_otel_spans.otlpendpoint.endpoint_problem`),
+    naming its variable and its value, user info masked."""
+    endpoint = configured_endpoint(environ, signal, protocol)
+    problem = endpoint and endpoint_problem(endpoint, protocol)
+    variable = endpoint_variable(environ, signal)
+    if problem and variable:
+        value = environ[variable]
+        raise ConfigurationError(f"{variable}={masked(value)!r} {problem} "
+                                 f"(OTLP {protocol})")
+
+
 def check_otlp_settings(environ: Mapping[str, str], signal: str) -> None:
-    """Raise :class:`ConfigurationError` for an OTLP protocol, compression or timeout
-    of ``signal`` that its exporter could not be built with."""
-    otlp_protocol(environ, signal)
+    """Raise :class:`ConfigurationError` for an OTLP protocol, endpoint, compression
+    or timeout of ``signal`` that its exporter could not be built with."""
+    check_endpoint(environ, signal, otlp_protocol(environ, signal))
     compression = signal_setting(environ, signal, "COMPRESSION")
     if compression and compression.strip().lower() not in OTLP_COMPRESSIONS:
         raise not_one_of(variable_of(environ, signal, "COMPRESSION"),

@@ -65,7 +65,7 @@ def test_a_side_imports_only_in_the_allowed_direction(path):
 #: paths what they point to
 TOP_LEVEL = {
     "names": set(), "logonce": set(), "background": set(), "config": {"protocol"},
-    "otelenv": set(), "wording": set(),
+    "otelenv": set(), "otlpendpoint": set(), "wording": set(),
     "__init__": {"client", "scheduler", "worker"},
     "instrumentation": {"client"},
     "cli": {"client", "protocol", "reports", "sdk"},

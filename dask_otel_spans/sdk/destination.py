@@ -6,25 +6,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
 
-#: What stands for a password wherever an endpoint is said
-MASK = "***"
-
-
-def masked(url: str) -> str:
-    """``url`` as it may be said: a password in its user info replaced by
-    :data:`MASK` (``http://user:***@host:4318``); anything else as it is."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return MASK if "@" in url else url
-    if "@" not in parts.netloc:
-        return url
-    userinfo, _, hostport = parts.netloc.rpartition("@")
-    user, sep, _ = userinfo.partition(":")
-    netloc = f"{user}:{MASK}@{hostport}" if sep else f"{user}@{hostport}"
-    return urlunsplit(parts._replace(netloc=netloc))
+from dask_otel_spans import otlpendpoint
+from dask_otel_spans.otelenv import otlp_protocol, signal_setting
+from dask_otel_spans.otlpendpoint import MASK as MASK
+from dask_otel_spans.otlpendpoint import masked as masked
+from dask_otel_spans.sdk.otlp import parse_headers
 
 
 def credentials_digest(headers: Mapping[str, str] | None, userinfo: str = "") -> str:
@@ -72,3 +59,15 @@ class Destination:
             f"{self.signal}\0{self.protocol}\0{self.endpoint}\0{self.credentials}"
             .encode())
         return digest.hexdigest()[:16]
+
+
+def destination_of(environ: Mapping[str, str], signal: str) -> Destination:
+    """The destination ``environ``'s ``OTEL_EXPORTER_OTLP_*`` variables give
+    ``signal`` (``traces``, ``metrics``, ``logs``): its protocol, its endpoint as
+    the SDK's exporter resolves it, and the digest of its headers and user info."""
+    upper = signal.upper()
+    protocol = otlp_protocol(environ, upper)
+    endpoint = otlpendpoint.resolved_endpoint(environ, upper, protocol)
+    headers = parse_headers(signal_setting(environ, upper, "HEADERS"))
+    return Destination(signal, protocol, endpoint,
+                       credentials_digest(headers, otlpendpoint.userinfo(endpoint)))

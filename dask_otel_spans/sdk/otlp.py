@@ -14,8 +14,16 @@ from dask_otel_spans.logonce import OnceLogger
 from dask_otel_spans.otelenv import (
     OTLP_COMPRESSIONS,
     ConfigurationError,
+    check_endpoint,
     otlp_protocol,
     signal_setting,
+)
+from dask_otel_spans.otlpendpoint import (
+    basic_authorization,
+    configured_endpoint,
+    default_endpoint,
+    masked,
+    without_userinfo,
 )
 
 if TYPE_CHECKING:
@@ -28,6 +36,22 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 #: (each signal's exporter reads the headers: a malformed one is said once)
 _log_once = OnceLogger(logger)
+
+
+class _HeaderTextHidden(logging.Filter):
+    """Keeps the text of a malformed header out of the SDK's warning about it (the
+    OTLP/HTTP exporters read the headers variable again, whatever they are given):
+    a header is where API keys go."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.args:
+            record.args = ("(not shown: it may hold a secret)",) * len(record.args)
+        return True
+
+
+#: The SDK's logger that says a malformed header with its text
+SDK_HEADERS_LOGGER = "opentelemetry.util.re"
+_HIDE_HEADER_TEXT = _HeaderTextHidden()
 
 
 class GivenHeaders(dict):
@@ -47,8 +71,9 @@ def parse_headers(value: str | None) -> dict[str, str]:
         if sep and key.strip():
             out[unquote(key.strip()).lower()] = unquote(val.strip())
         elif item.strip():
-            _log_once(f"header:{item}", "ignoring malformed OTLP header %r (expected "
-                      "key=value, comma-separated)", item)
+            # (its text is not said: a header is where API keys go)
+            _log_once(f"header:{item}", "ignoring a malformed OTLP header (expected "
+                      "key=value, comma-separated; not shown: it may hold a secret)")
     return out
 
 
@@ -58,19 +83,6 @@ GRPC_CHANNEL_OPTIONS = (
     ("grpc.initial_reconnect_backoff_ms", 500),
     ("grpc.max_reconnect_backoff_ms", 5000),
 )
-
-
-def _endpoint(environ: Mapping[str, str], signal: str, protocol: str) -> str | None:
-    """The signal's endpoint variable, else the generic one (for ``http/protobuf``
-    with the signal's path appended); None when neither is set."""
-    specific = environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
-    if specific:
-        return specific
-    generic = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    if generic and protocol == "http/protobuf":
-        path = {"TRACES": "v1/traces", "METRICS": "v1/metrics", "LOGS": "v1/logs"}[signal]
-        return generic.rstrip("/") + "/" + path
-    return generic or None
 
 
 class OTLPExporterKwargs(TypedDict, total=False):
@@ -92,13 +104,26 @@ class OTLPExporterKwargs(TypedDict, total=False):
     client_certificate_file: str
 
 
-def default_endpoint(protocol: str, signal: str) -> str:
-    """Where the OTLP exporter of ``signal`` (``TRACES``, ``METRICS``, ``LOGS``)
-    sends with no endpoint configured: the OTLP specification's (and the SDK
-    exporters') default for ``protocol``."""
-    if protocol == "grpc":
-        return "http://localhost:4317"
-    return f"http://localhost:4318/v1/{signal.lower()}"
+def _endpoint_kwargs(environ: Mapping[str, str], signal: str, protocol: str
+                     ) -> OTLPExporterKwargs:
+    """The endpoint and headers of the OTLP exporter of ``signal`` (checked)."""
+    check_endpoint(environ, signal, protocol)
+    kwargs: OTLPExporterKwargs = {}
+    endpoint = configured_endpoint(environ, signal, protocol)
+    if endpoint:
+        kwargs["endpoint"] = endpoint
+    headers = signal_setting(environ, signal, "HEADERS")
+    if headers:
+        kwargs["headers"] = parse_headers(headers)
+    if endpoint and protocol == "http/protobuf":
+        # (as the SDK's exporter through requests: user info with a password goes
+        # as Basic authentication, over an Authorization header; the URL without it)
+        kwargs["endpoint"] = without_userinfo(endpoint)
+        authorization = basic_authorization(endpoint)
+        if authorization:
+            kwargs["headers"] = GivenHeaders(kwargs.get("headers") or {},
+                                             authorization=authorization)
+    return kwargs
 
 
 def otlp_exporter_kwargs(
@@ -107,13 +132,7 @@ def otlp_exporter_kwargs(
     """Keyword arguments of the OTLP exporter of ``signal`` (``TRACES``, ``METRICS``
     or ``LOGS``) from the standard variables in ``environ``; unset ones are left out
     so that the exporter's own defaults apply."""
-    kwargs: OTLPExporterKwargs = {}
-    endpoint = _endpoint(environ, signal, protocol)
-    if endpoint:
-        kwargs["endpoint"] = endpoint
-    headers = signal_setting(environ, signal, "HEADERS")
-    if headers:
-        kwargs["headers"] = parse_headers(headers)
+    kwargs = _endpoint_kwargs(environ, signal, protocol)
     timeout = signal_setting(environ, signal, "TIMEOUT")
     if timeout:
         # The Python exporters read this variable in seconds; so do we.
@@ -164,11 +183,19 @@ def otlp_exporter(
     protocol = otlp_protocol(environ, signal)
     kwargs = otlp_exporter_kwargs(environ, signal, protocol)
     cls, module = _OTLP_EXPORTERS[signal]
+    logging.getLogger(SDK_HEADERS_LOGGER).addFilter(_HIDE_HEADER_TEXT)
     package = "grpc" if protocol == "grpc" else "http"
     exporter = getattr(importlib.import_module(
         f"opentelemetry.exporter.otlp.proto.{package}.{module}"), cls)(**kwargs)
-    where = kwargs.get("endpoint") or default_endpoint(protocol, signal)
-    return exporter, f"OTLP {protocol} to {where}"
+    return exporter, said_destination(environ, signal, protocol)
+
+
+def said_destination(environ: Mapping[str, str], signal: str, protocol: str) -> str:
+    """Where the OTLP exporter of ``signal`` sends, in words: its protocol and its
+    endpoint, user info masked."""
+    where = configured_endpoint(environ, signal, protocol) or default_endpoint(
+        protocol, signal)
+    return f"OTLP {protocol} to {masked(where)}"
 
 
 def _compression(value: str, protocol: str) -> grpc.Compression | Compression:

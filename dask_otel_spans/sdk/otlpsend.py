@@ -6,25 +6,37 @@ SDK's exporters (:func:`~dask_otel_spans.sdk.otlp.otlp_exporter_kwargs`)."""
 from __future__ import annotations
 
 import gzip
+import logging
 import ssl
 import urllib.error
 import urllib.request
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from email.message import Message
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Protocol
-from urllib.parse import urlparse
 
+from dask_otel_spans.logonce import OnceLogger
 from dask_otel_spans.otelenv import otlp_protocol
+from dask_otel_spans.otlpendpoint import (
+    default_endpoint,
+    grpc_insecure,
+    grpc_target,
+    masked,
+)
 from dask_otel_spans.sdk.otlp import (
     OTLPExporterKwargs,
-    default_endpoint,
     otlp_exporter_kwargs,
+    said_destination,
 )
 
 if TYPE_CHECKING:
     import grpc
+
+logger = logging.getLogger(__name__)
+#: (a redirect is said once per place it points to)
+_log_once = OnceLogger(logger)
 
 #: signal -> the gRPC method of its OTLP service
 GRPC_METHODS = {
@@ -37,7 +49,8 @@ GRPC_RETRYABLE = frozenset({
     "CANCELLED", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED", "OUT_OF_RANGE",
     "UNAVAILABLE", "DATA_LOSS",
 })
-#: HTTP statuses worth another try (OTLP specification)
+#: HTTP statuses worth another try (OTLP specification); a redirect (3xx) is too,
+#: not followed: :meth:`HttpRequestSender.send`
 HTTP_RETRYABLE = frozenset({429, 502, 503, 504})
 #: gRPC channel options of the sender, over the exporters' ones
 GRPC_RECONNECT = {"grpc.initial_reconnect_backoff_ms": 250,
@@ -86,17 +99,14 @@ class GrpcRequestSender:
     """Sends encoded requests to an OTLP/gRPC receiver: the bytes go on the wire as
     they are (no serializer)."""
 
-    def __init__(self, signal: str, kwargs: OTLPExporterKwargs):
+    def __init__(self, signal: str, kwargs: OTLPExporterKwargs, where: str | None = None):
         import grpc
 
         endpoint = kwargs.get("endpoint") or default_endpoint("grpc", signal)
-        url = urlparse(endpoint)
-        insecure = kwargs.get("insecure")
-        if insecure is None:
-            insecure = url.scheme == "http"
-        if url.scheme == "https":
-            insecure = False
-        target = url.netloc or url.path
+        # (the target and TLS as the SDK's exporter reads the endpoint: host:port of
+        # a URL, else the endpoint as written: otel-collector:4317)
+        insecure = grpc_insecure(endpoint, kwargs.get("insecure"))
+        target = grpc_target(endpoint)
         # (reconnect within a second of the receiver's return: a held backlog waits
         # on it)
         options = [*dict(kwargs.get("channel_options") or ()).items(),
@@ -112,8 +122,8 @@ class GrpcRequestSender:
         self._metadata = tuple((kwargs.get("headers") or {}).items())
         #: seconds a send may take (``OTEL_EXPORTER_OTLP_[<SIGNAL>_]TIMEOUT``)
         self.timeout = float(kwargs.get("timeout") or DEFAULT_TIMEOUT)
-        #: where it sends, in words
-        self.where = f"OTLP grpc to {endpoint}"
+        #: where it sends, in words (user info masked)
+        self.where = where or f"OTLP grpc to {masked(endpoint)}"
 
     def send(self, payload: bytes) -> Reply:
         import grpc
@@ -156,13 +166,26 @@ def _retry_info(error: grpc.RpcError) -> float | None:
     return info.retry_delay.seconds + info.retry_delay.nanos / 1e9
 
 
-class HttpRequestSender:
-    """Sends encoded requests to an OTLP/HTTP receiver (``http/protobuf``)."""
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows no redirect: a 3xx is answered as an error (the request, headers
+    and all, goes nowhere but the configured endpoint)."""
 
-    def __init__(self, signal: str, kwargs: OTLPExporterKwargs):
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+class HttpRequestSender:
+    """Sends encoded requests to an OTLP/HTTP receiver (``http/protobuf``).
+
+    A request counts as delivered only when the endpoint itself answered it 2xx:
+    no redirect is followed (the headers, API keys among them, would go along, to
+    a host nobody configured), a 3xx is held as undelivered and said once with
+    where it pointed to (the SDK's exporter does not follow one either)."""
+
+    def __init__(self, signal: str, kwargs: OTLPExporterKwargs, where: str | None = None):
         self._url = kwargs.get("endpoint") or default_endpoint("http/protobuf", signal)
-        #: where it sends, in words
-        self.where = f"OTLP http/protobuf to {self._url}"
+        #: where it sends, in words (user info masked)
+        self.where = where or f"OTLP http/protobuf to {masked(self._url)}"
         self._headers = {"Content-Type": "application/x-protobuf",
                          **dict(kwargs.get("headers") or {})}
         compression = getattr(kwargs.get("compression"), "value", None)
@@ -177,6 +200,8 @@ class HttpRequestSender:
                          if certificate or chain else None)
         if self._context is not None and chain:
             self._context.load_cert_chain(chain, key)
+        self._opener = urllib.request.build_opener(
+            _NoRedirects(), urllib.request.HTTPSHandler(context=self._context))
 
     def send(self, payload: bytes) -> Reply:
         body = payload
@@ -187,16 +212,34 @@ class HttpRequestSender:
         request = urllib.request.Request(self._url, data=body, headers=self._headers,
                                          method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout,
-                                        context=self._context) as response:
+            with self._opener.open(request, timeout=self.timeout) as response:
                 response.read()
-                return Reply(True)
+                if 200 <= response.status < 300:
+                    return Reply(True)
+                # (urllib's error processor raises for these: a guard)
+                return self._refused(response.status, response.reason, response.headers)
         except urllib.error.HTTPError as e:
-            retryable = e.code in HTTP_RETRYABLE
-            after = retry_after(e.headers.get("Retry-After")) if retryable else None
-            return Reply(False, retryable, after, f"HTTP {e.code} {e.reason}")
+            with e:
+                return self._refused(e.code, e.reason, e.headers)
         except (urllib.error.URLError, OSError) as e:
             return Reply(False, True, None, f"{type(e).__name__}: {e}")
+
+    def _refused(self, code: int, reason: str, headers: Message) -> Reply:
+        """The reply of a status other than 2xx."""
+        if 300 <= code < 400:
+            location = masked(headers.get("Location") or "nowhere")
+            _log_once(
+                f"redirect:{code}:{location}",
+                "%s answered HTTP %d %s, to %s; redirects are not "
+                "followed (the headers would go along): what it carried is held as "
+                "undelivered until the endpoint answers itself (set it to the URL "
+                "data should go to)", self.where, code, reason, location,
+                level=logging.ERROR)
+            return Reply(False, True, None, f"HTTP {code} {reason} to {location} "
+                                            "(redirect not followed)")
+        retryable = code in HTTP_RETRYABLE
+        after = retry_after(headers.get("Retry-After")) if retryable else None
+        return Reply(False, retryable, after, f"HTTP {code} {reason}")
 
     def close(self) -> None:
         pass
@@ -228,6 +271,7 @@ def request_sender(environ: Mapping[str, str], signal: str) -> RequestSender:
     key, chain = (environ.get(f"OTEL_EXPORTER_OTLP_{upper}_{name}")
                   or environ.get(f"OTEL_EXPORTER_OTLP_{name}")
                   for name in ("CLIENT_KEY", "CLIENT_CERTIFICATE"))
+    where = said_destination(environ, upper, protocol)
     if protocol == "grpc":
         if key and chain:  # (mutual TLS)
             import grpc
@@ -236,10 +280,10 @@ def request_sender(environ: Mapping[str, str], signal: str) -> RequestSender:
                   or environ.get("OTEL_EXPORTER_OTLP_CERTIFICATE"))
             kwargs["credentials"] = grpc.ssl_channel_credentials(
                 _read(ca) if ca else None, _read(key), _read(chain))
-        return GrpcRequestSender(signal, kwargs)
+        return GrpcRequestSender(signal, kwargs, where)
     if key and chain:
         kwargs["client_key_file"], kwargs["client_certificate_file"] = key, chain
-    return HttpRequestSender(signal, kwargs)
+    return HttpRequestSender(signal, kwargs, where)
 
 
 def _read(path: str) -> bytes:

@@ -131,8 +131,8 @@ def test_headers_are_url_decoded_and_malformed_items_skipped():
 
 
 def test_a_malformed_header_is_said_once_for_every_signal(caplog, monkeypatch):
-    """Once by the package, and not again by the SDK's exporters (which read the
-    variable themselves when given no headers)."""
+    """Once by the package, and not again by the SDK's gRPC exporters (which read
+    the variable themselves when given no headers)."""
     from dask_otel_spans.sdk.otlp import otlp_exporter
 
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317",
@@ -141,8 +141,26 @@ def test_a_malformed_header_is_said_once_for_every_signal(caplog, monkeypatch):
         monkeypatch.setenv(key, value)
     for signal in ("TRACES", "METRICS", "LOGS"):
         otlp_exporter(env, signal)[0].shutdown()
-    said = [r for r in caplog.records if "a-header-without-a-value-9" in r.getMessage()]
+    said = [r for r in caplog.records if "malformed OTLP header" in r.getMessage()]
     assert len(said) == 1
+    assert not [r for r in caplog.records if "header" in r.getMessage().lower()
+                and r not in said]
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_malformed_header_is_said_without_its_text(caplog, monkeypatch, protocol):
+    """Neither the package nor the SDK's exporters (OTLP/HTTP ones read the
+    variable again) say a header's text: it may be an API key."""
+    from dask_otel_spans.sdk.otlp import otlp_exporter
+
+    env = {"OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+           "OTEL_EXPORTER_OTLP_HEADERS": f"api-key:SECRET-sent-over-{protocol}"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    for signal in ("TRACES", "METRICS", "LOGS"):
+        otlp_exporter(env, signal)[0].shutdown()
+    assert "malformed OTLP header" in caplog.text
+    assert "SECRET" not in caplog.text
 
 
 def test_exceptions_are_not_said_to_go_to_span_events_when_traces_go_nowhere(tmp_path):
