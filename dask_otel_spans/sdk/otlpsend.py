@@ -105,19 +105,21 @@ class GrpcRequestSender:
         endpoint = kwargs.get("endpoint") or default_endpoint("grpc", signal)
         # (the target and TLS as the SDK's exporter reads the endpoint: host:port of
         # a URL, else the endpoint as written: otel-collector:4317)
-        insecure = grpc_insecure(endpoint, kwargs.get("insecure"))
-        target = grpc_target(endpoint)
+        #: the channel's target, and whether it is plain text
+        self.target = grpc_target(endpoint)
+        self.insecure = grpc_insecure(endpoint, kwargs.get("insecure"))
         # (reconnect within a second of the receiver's return: a held backlog waits
         # on it)
         options = [*dict(kwargs.get("channel_options") or ()).items(),
                    *GRPC_RECONNECT.items()]
         options = list(dict(options).items())
         compression = kwargs.get("compression")
-        if insecure:
-            self._channel = grpc.insecure_channel(target, options, compression)
+        if self.insecure:
+            self._channel = grpc.insecure_channel(self.target, options, compression)
         else:
             credentials = kwargs.get("credentials") or grpc.ssl_channel_credentials()
-            self._channel = grpc.secure_channel(target, credentials, options, compression)
+            self._channel = grpc.secure_channel(self.target, credentials, options,
+                                                compression)
         self._call = self._channel.unary_unary(GRPC_METHODS[signal])
         self._metadata = tuple((kwargs.get("headers") or {}).items())
         #: seconds a send may take (``OTEL_EXPORTER_OTLP_[<SIGNAL>_]TIMEOUT``)
@@ -183,9 +185,10 @@ class HttpRequestSender:
     where it pointed to (the SDK's exporter does not follow one either)."""
 
     def __init__(self, signal: str, kwargs: OTLPExporterKwargs, where: str | None = None):
-        self._url = kwargs.get("endpoint") or default_endpoint("http/protobuf", signal)
+        #: the URL requests go to (without user info: it goes as a header)
+        self.url = kwargs.get("endpoint") or default_endpoint("http/protobuf", signal)
         #: where it sends, in words (user info masked)
-        self.where = where or f"OTLP http/protobuf to {masked(self._url)}"
+        self.where = where or f"OTLP http/protobuf to {masked(self.url)}"
         self._headers = {"Content-Type": "application/x-protobuf",
                          **dict(kwargs.get("headers") or {})}
         compression = getattr(kwargs.get("compression"), "value", None)
@@ -209,7 +212,7 @@ class HttpRequestSender:
             body = gzip.compress(payload)
         elif self._compression == "deflate":
             body = zlib.compress(payload)
-        request = urllib.request.Request(self._url, data=body, headers=self._headers,
+        request = urllib.request.Request(self.url, data=body, headers=self._headers,
                                          method="POST")
         try:
             with self._opener.open(request, timeout=self.timeout) as response:
