@@ -212,6 +212,8 @@ class OTLPHttpReceiver:
         self.log_requests: list[Any] = []
         self.metric_requests: list[Any] = []
         self.attempts: list[float] = []
+        #: the headers of every request, whatever its path (names in lower case)
+        self.headers: list[dict[str, str]] = []
         self.unavailable = unavailable
         self.retry_after = retry_after
         self.port = port
@@ -240,6 +242,8 @@ class OTLPHttpReceiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers["Content-Length"]))
+                with receiver._lock:
+                    receiver.headers.append({k.lower(): v for k, v in self.headers.items()})
                 if self.path not in kinds:
                     self.send_response(404)
                     self.end_headers()
@@ -298,3 +302,44 @@ class OTLPHttpReceiver:
             requests = list(self.log_requests)
         return [record for req in requests for rl in req.resource_logs
                 for sl in rl.scope_logs for record in sl.log_records]
+
+
+class AnsweringHTTPServer:
+    """An HTTP server that answers every POST with ``status`` and ``headers``
+    (a redirect to another server, say), and keeps what it got: ``requests``, each
+    ``(path, headers, body)`` (header names in lower case)."""
+
+    def __init__(self, status: int, headers: dict[str, str] | None = None):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        server = self
+        self.requests: list[tuple[str, dict[str, str], bytes]] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                server.requests.append(
+                    (self.path, {k.lower(): v for k, v in self.headers.items()}, body))
+                self.send_response(status)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
+                if status >= 200 and status not in (204, 304):
+                    self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_port}"
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def __enter__(self) -> AnsweringHTTPServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
