@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Literal, TypedDict, overload
 from urllib.parse import unquote
@@ -28,6 +29,7 @@ from dask_otel_spans.otlpendpoint import (
 
 if TYPE_CHECKING:
     import grpc
+    import requests
     from opentelemetry.exporter.otlp.proto.http import Compression
     from opentelemetry.sdk._logs.export import LogRecordExporter
     from opentelemetry.sdk.metrics.export import MetricExporter
@@ -185,9 +187,44 @@ def otlp_exporter(
     cls, module = _OTLP_EXPORTERS[signal]
     logging.getLogger(SDK_HEADERS_LOGGER).addFilter(_HIDE_HEADER_TEXT)
     package = "grpc" if protocol == "grpc" else "http"
+    extra = ({"session": no_redirect_session()}
+             if package == "http" and not _credential_provider(environ, signal) else {})
     exporter = getattr(importlib.import_module(
-        f"opentelemetry.exporter.otlp.proto.{package}.{module}"), cls)(**kwargs)
+        f"opentelemetry.exporter.otlp.proto.{package}.{module}"), cls)(**kwargs, **extra)
     return exporter, said_destination(environ, signal, protocol)
+
+
+class RedirectNotFollowed(Exception):
+    """An OTLP/HTTP endpoint answered a redirect, which is not followed."""
+
+
+def _refuse_redirect(response: requests.Response, *args: object, **kwargs: object
+                     ) -> None:
+    if 300 <= response.status_code < 400:
+        location = masked(response.headers.get("Location") or "nowhere")
+        raise RedirectNotFollowed(
+            f"HTTP {response.status_code} to {location}: redirects are not followed "
+            "(the headers would go along)")
+
+
+def no_redirect_session() -> requests.Session:
+    """A ``requests`` session for the SDK's OTLP/HTTP exporters that takes a 3xx
+    as a failed export: not followed (requests' default for a POST, which some SDK
+    releases keep, follows it with the headers), nor counted a success (as the
+    SDK's exporter that does not follow it counts it)."""
+    import requests
+
+    session = requests.Session()
+    session.hooks["response"].append(_refuse_redirect)
+    return session
+
+
+def _credential_provider(environ: Mapping[str, str], signal: str) -> bool:
+    """Whether a credential provider gives the SDK's OTLP/HTTP exporter of
+    ``signal`` its session (which is then left as it is)."""
+    names = ("OTEL_PYTHON_EXPORTER_OTLP_HTTP_CREDENTIAL_PROVIDER",
+             f"OTEL_PYTHON_EXPORTER_OTLP_HTTP_{signal}_CREDENTIAL_PROVIDER")
+    return any(environ.get(n) or os.environ.get(n) for n in names)
 
 
 def said_destination(environ: Mapping[str, str], signal: str, protocol: str) -> str:

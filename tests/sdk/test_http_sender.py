@@ -121,3 +121,23 @@ def test_user_info_goes_to_the_host_as_basic_authentication(tmp_path):
     expected = base64.b64encode(b"ann@team:pa:ss").decode()
     assert receiver.headers[0]["authorization"] == f"Basic {expected}"
     assert receiver.headers[0]["api-key"] == API_KEY
+
+
+def test_the_sdks_exporter_as_the_package_builds_it_follows_no_redirect(elsewhere):
+    """(the workers' exporters: a 3xx is a failed export, not a success)"""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    from dask_otel_spans.sdk.otlp import otlp_exporter
+
+    span = TracerProvider().get_tracer("test").start_span("s")
+    span.end()
+    with AnsweringHTTPServer(302, {"Location": f"{elsewhere.endpoint}/v1/traces"}
+                             ) as redirector:
+        exporter, _ = otlp_exporter(http_environ(redirector.url), "TRACES")
+        try:
+            assert exporter.export([span]) == SpanExportResult.FAILURE
+        finally:
+            exporter.shutdown()
+    assert len(redirector.requests) == 1 and redirector.requests[0][1]["api-key"] == API_KEY
+    assert elsewhere.headers == []

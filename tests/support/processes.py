@@ -23,7 +23,8 @@ class DaskProcesses:
     """``dask scheduler --preload dask_otel_spans`` and ``dask worker`` subprocesses
     (``worker_preload``: ``dask worker --preload dask_otel_spans``;
     ``scheduler_preload=False``: ``dask scheduler`` without it; ``launcher``: each
-    command started by it, e.g. ``[opentelemetry-instrument]``).
+    command started by it, e.g. ``[opentelemetry-instrument]``; ``worker_logs``: a
+    directory each worker writes its output to, ``worker-<i>.log``, else nowhere).
 
     Ready once the scheduler listens. The workers start beside it and read its
     address from its scheduler file (written once it listens), as the tests' clients
@@ -34,7 +35,7 @@ class DaskProcesses:
     def __init__(self, env: dict[str, str], cwd: str, workers: int = 1,
                  dashboard: bool = False, nanny: bool = False,
                  worker_preload: bool = False, scheduler_preload: bool = True,
-                 launcher: tuple[str, ...] = ()):
+                 launcher: tuple[str, ...] = (), worker_logs: str | None = None):
         self.port = free_port()
         self.address = f"tcp://127.0.0.1:{self.port}"
         self.dashboard_port = free_port() if dashboard else None
@@ -59,15 +60,17 @@ class DaskProcesses:
             env=self.env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True,
         )
+        self._worker_logs = [
+            open(os.path.join(worker_logs, f"worker-{i}.log"), "w") if worker_logs
+            else subprocess.DEVNULL for i in range(workers)]
         self.workers = [
             subprocess.Popen(
                 [*dask_cli, "worker", "--scheduler-file", self.scheduler_file,
                  "--nthreads", "2", "--no-dashboard", "--nanny" if nanny else "--no-nanny",
                  *(["--preload", "dask_otel_spans"] if worker_preload else [])],
-                env=self.env, cwd=cwd, stdout=subprocess.DEVNULL,
-                stderr=subprocess.STDOUT,
+                env=self.env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
             )
-            for _ in range(workers)
+            for log in self._worker_logs
         ]
         try:
             wait_for(lambda: os.path.exists(self.scheduler_file)
@@ -93,6 +96,9 @@ class DaskProcesses:
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
+        for log in self._worker_logs:
+            if log != subprocess.DEVNULL:
+                log.close()
         shutil.rmtree(os.path.dirname(self.scheduler_file), ignore_errors=True)
         return self.scheduler.stdout.read() if self.scheduler.stdout else ""
 
