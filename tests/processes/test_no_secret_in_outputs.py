@@ -18,7 +18,7 @@ from support.polling import wait_for
 from support.processes import DaskProcesses, free_port
 from support.receivers import OTLPHttpReceiver
 
-from dask_otel_spans import span, wait_for_export
+from dask_otel_spans import span
 from dask_otel_spans.state import scheduler_state
 
 API_KEY = "hdr-SECRET-4a7f19"
@@ -30,6 +30,10 @@ def spans_made_in_a_task(n: int) -> int:
 
     with trace.get_tracer("test").start_as_current_span("made in a task"):
         return n
+
+
+def held(state) -> int:
+    return state.held.get("traces", 0) + state.spooled.get("traces", 0)
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +57,8 @@ def outputs(tmp_path_factory):
             client.wait_for_workers(1, timeout=60)
             with span("while the collector is down"):
                 client.gather(client.map(spans_made_in_a_task, range(3)))
-            wait_for(lambda: client.run_on_scheduler(scheduler_state).held.get(
-                "traces", 0) >= 1, timeout=60)
-            state = wait_for_export(client, timeout=1)
+            state = wait_for(lambda: held(s := client.run_on_scheduler(scheduler_state))
+                             and s, timeout=60)
             out["ExportState"] = repr(state)
             out["outcome()"] = state.outcome()
     finally:
