@@ -84,14 +84,19 @@ def without_userinfo(url: str) -> str:
 def masked(url: str) -> str:
     """``url`` as it may be said: the password of its user info replaced by
     :data:`MASK` (``http://user:***@host:4318``), a user info without a password
-    (often a token) replaced whole (``http://***@host``); anything else as it is."""
-    info = userinfo(url)
-    if not info:
-        return url
-    user, colon, _ = info.partition(":")
+    (often a token) replaced whole (``http://***@host``); anything else as it is.
+    A password with a ``/``, ``?`` or ``#`` not percent-encoded ends the authority
+    early: an ``@`` past it after a ``user:`` is taken as the end of a user info all
+    the same (a path with ``@`` in such a URL is masked too: a leak is worse)."""
     start, end = _authority(url)
+    at = url.rfind("@", start, end)
+    if at < 0:
+        at = url.rfind("@", start)
+        if at < 0 or ":" not in url[start:at]:
+            return url
+    user, colon, _ = url[start:at].partition(":")
     shown = f"{user}:{MASK}" if colon else MASK
-    return url[:start] + shown + "@" + url[start:end].rpartition("@")[2] + url[end:]
+    return url[:start] + shown + url[at:]
 
 
 def basic_authorization(url: str) -> str | None:
@@ -143,8 +148,8 @@ def endpoint_problem(endpoint: str, protocol: str) -> str | None:
     try:
         parts = urlsplit(endpoint)
         parts.port  # noqa: B018  (raises for a port that is not a number)
-    except ValueError as e:
-        return f"is not a URL ({masked(str(e))})"
+    except ValueError:  # (its message may quote part of a password)
+        return "is not a URL"
     if protocol == "grpc":
         if userinfo(endpoint):
             return ("has user info, which OTLP/gRPC cannot send: give the credentials "
