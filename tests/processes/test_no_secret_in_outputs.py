@@ -85,9 +85,9 @@ def test_no_output_holds_the_header_value_or_the_password(outputs):
 
 
 @pytest.mark.parametrize("output, said", [
-    ("scheduler log", "traces to OTLP http/protobuf to http://ann:***@127.0.0.1:"),
+    ("scheduler log", "dask_otel_spans: traces to OTLP http/protobuf to http://ann:***@"),
     ("scheduler log", "cannot export spans to OTLP http/protobuf to http://ann:***@"),
-    ("scheduler log", "at close"),
+    ("scheduler log", "at close, traces to OTLP http/protobuf to http://ann:***@"),
     ("worker-0.log", "http://ann:***@127.0.0.1:"),
     ("ExportState", "http://ann:***@127.0.0.1:"),
     ("outcome()", "traces to OTLP http/protobuf to http://ann:***@127.0.0.1:"),
