@@ -95,16 +95,34 @@ def test_a_grpc_endpoint_comes_to_the_sdk_exporters_target_and_tls(form, env):
     sdk = GrpcSpanExporter()
     sender = request_sender(environ, "traces")
     try:
-        assert (sender.target, sender.insecure) == (sdk._endpoint, sdk._insecure)
+        assert (sender.target, sender.insecure) == (sdk._endpoint, _sdk_insecure(sdk))
     finally:
         sdk.shutdown()
         sender.close()
 
 
+def _sdk_insecure(exporter) -> bool:
+    """Whether the SDK's gRPC exporter opened a plain-text channel (said by an
+    attribute since 1.39; before, it kept credentials for a TLS one only)."""
+    if hasattr(exporter, "_insecure"):
+        return exporter._insecure
+    return not hasattr(exporter, "_credentials")
+
+
+def _sdk_session(exporter) -> requests.Session:
+    """The requests session of the SDK's OTLP/HTTP exporter (its own before 1.39,
+    its transport's since)."""
+    return getattr(exporter, "_session", None) or exporter._client._transport._session
+
+
+def _sdk_headers(exporter) -> dict[str, str]:
+    return getattr(exporter, "_client", exporter)._headers
+
+
 def _requests_would_send(exporter) -> requests.PreparedRequest:
     """The request the SDK's OTLP/HTTP exporter's session prepares for its endpoint
     (URL and Authorization as requests takes them from the user info)."""
-    session = exporter._client._transport._session
+    session = _sdk_session(exporter)
     session.trust_env = False  # (no ~/.netrc in the way)
     return session.prepare_request(requests.Request("POST", exporter._endpoint))
 
@@ -124,8 +142,7 @@ def test_an_http_endpoint_comes_to_the_sdk_exporters_url_and_credentials(form, e
         if "Authorization" in prepared.headers:  # (requests: the user info wins)
             assert headers["authorization"] == prepared.headers["Authorization"]
         else:
-            assert headers.get("authorization") == sdk._client._headers.get(
-                "authorization")
+            assert headers.get("authorization") == _sdk_headers(sdk).get("authorization")
     finally:
         sdk.shutdown()
 

@@ -305,27 +305,30 @@ class OTLPHttpReceiver:
 
 
 class AnsweringHTTPServer:
-    """An HTTP server that answers every POST with ``status`` and ``headers``
-    (a redirect to another server, say), and keeps what it got: ``requests``, each
-    ``(path, headers, body)`` (header names in lower case)."""
+    """An HTTP server that answers every request, whatever its method, with
+    ``status`` and ``headers`` (a redirect to another server, say), and keeps what it
+    got: ``requests``, each ``(method, path, headers, body)`` (header names in lower
+    case)."""
 
     def __init__(self, status: int, headers: dict[str, str] | None = None):
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         server = self
-        self.requests: list[tuple[str, dict[str, str], bytes]] = []
+        self.requests: list[tuple[str, str, dict[str, str], bytes]] = []
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
+            def answer(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                server.requests.append(
-                    (self.path, {k.lower(): v for k, v in self.headers.items()}, body))
+                server.requests.append((self.command, self.path, {
+                    k.lower(): v for k, v in self.headers.items()}, body))
                 self.send_response(status)
                 for name, value in (headers or {}).items():
                     self.send_header(name, value)
                 if status >= 200 and status not in (204, 304):
                     self.send_header("Content-Length", "0")
                 self.end_headers()
+
+            do_POST = do_GET = do_PUT = answer
 
             def log_message(self, *args):
                 pass
