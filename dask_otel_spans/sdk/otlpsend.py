@@ -49,8 +49,8 @@ GRPC_RETRYABLE = frozenset({
     "CANCELLED", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED", "OUT_OF_RANGE",
     "UNAVAILABLE", "DATA_LOSS",
 })
-#: HTTP statuses worth another try (OTLP specification); a redirect (3xx) is too,
-#: not followed: :meth:`HttpRequestSender.send`
+#: HTTP statuses worth another try (OTLP specification); a redirect (3xx), not
+#: followed, is held too (:class:`HttpRequestSender`)
 HTTP_RETRYABLE = frozenset({429, 502, 503, 504})
 #: gRPC channel options of the sender, over the exporters' ones
 GRPC_RECONNECT = {"grpc.initial_reconnect_backoff_ms": 250,
@@ -103,9 +103,9 @@ class GrpcRequestSender:
         import grpc
 
         endpoint = kwargs.get("endpoint") or default_endpoint("grpc", signal)
-        # (the target and TLS as the SDK's exporter reads the endpoint: host:port of
-        # a URL, else the endpoint as written: otel-collector:4317)
-        #: the channel's target, and whether it is plain text
+        #: the channel's target, and whether it is plain text, as the SDK's exporter
+        #: reads the endpoint (host:port of a URL, else the endpoint as written:
+        #: otel-collector:4317)
         self.target = grpc_target(endpoint)
         self.insecure = grpc_insecure(endpoint, kwargs.get("insecure"))
         # (reconnect within a second of the receiver's return: a held backlog waits
@@ -181,8 +181,11 @@ class HttpRequestSender:
 
     A request counts as delivered only when the endpoint itself answered it 2xx:
     no redirect is followed (the headers, API keys among them, would go along, to
-    a host nobody configured), a 3xx is held as undelivered and said once with
-    where it pointed to (the SDK's exporter does not follow one either)."""
+    a host nobody configured). A 3xx is said once with where it pointed to, and
+    what it carried is held as after an outage, not dropped: a redirect is a
+    misconfigured endpoint or a proxy in the way, which someone fixes (the newest
+    SDK's exporter does not follow one either, and counts it a success; older ones
+    follow it)."""
 
     def __init__(self, signal: str, kwargs: OTLPExporterKwargs, where: str | None = None):
         #: the URL requests go to (without user info: it goes as a header)
