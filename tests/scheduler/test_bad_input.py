@@ -172,6 +172,13 @@ BAD_CONFIGURATION = [
     ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1",
       "OTEL_EXPORTER_OTLP_TIMEOUT": "-5"}, {},
      "OTEL_EXPORTER_OTLP_TIMEOUT='-5' is not a positive number of seconds"),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://ann:pa55word@127.0.0.1:1"}, {},
+     "OTEL_EXPORTER_OTLP_ENDPOINT='http://ann:***@127.0.0.1:1' has user info, which "
+     "OTLP/gRPC cannot send"),
+    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "collector:4318/v1/traces",
+      "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}, {},
+     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT='collector:4318/v1/traces' is not an http:// "
+     "or https:// URL"),
     ({}, {"providers": "no_such_module_xyz:make"},
      "otel-spans.providers='no_such_module_xyz:make' cannot be loaded "
      "(ModuleNotFoundError"),
