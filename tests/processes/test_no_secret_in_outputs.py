@@ -49,7 +49,9 @@ def outputs(tmp_path_factory):
            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://ann:{PASSWORD}@127.0.0.1:{port}",
            "OTEL_EXPORTER_OTLP_HEADERS": f"api-key={API_KEY}",
            "OTEL_EXPORTER_OTLP_TIMEOUT": "0.5",
-           "DASK_OTEL_SPANS__SPOOL__DIRECTORY": str(spool)}
+           "DASK_OTEL_SPANS__SPOOL__DIRECTORY": str(spool),
+           # (at close, the collector being down: what is held goes to the spool)
+           "DASK_OTEL_SPANS__SHUTDOWN_TIMEOUT": "0.5s"}
     out: dict[str, str] = {}
     procs = DaskProcesses(env, cwd=str(root), worker_preload=True, worker_logs=str(logs))
     try:
