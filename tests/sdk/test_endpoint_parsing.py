@@ -2,7 +2,8 @@
 the package's senders as in the SDK's own exporters, built from the same variables:
 the gRPC target and TLS, the HTTP URL and the Basic credentials of its user info.
 The forms that cannot work are refused with one line that names the variable and
-says no password. Pure: channels are made, nothing is sent."""
+says no password. Pure (channels are made, nothing is sent) but for one send that
+shows a gRPC endpoint without a scheme reaching its host."""
 from __future__ import annotations
 
 import pytest
@@ -99,6 +100,23 @@ def test_a_grpc_endpoint_comes_to_the_sdk_exporters_target_and_tls(form, env):
     finally:
         sdk.shutdown()
         sender.close()
+
+
+def test_a_grpc_endpoint_without_a_scheme_reaches_its_host(otlp_receiver):
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    environ = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"localhost:{otlp_receiver.port}",
+               "OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_EXPORTER_OTLP_TIMEOUT": "5"}
+    sender = request_sender(environ, "traces")
+    request = ExportTraceServiceRequest(resource_spans=[{"scope_spans": [{"spans": [
+        {"trace_id": b"\1" * 16, "span_id": b"\2" * 8, "name": "no scheme"}]}]}])
+    try:
+        assert sender.send(request.SerializeToString()).delivered
+    finally:
+        sender.close()
+    assert [s["name"] for s in otlp_receiver.spans()] == ["no scheme"]
 
 
 def _sdk_insecure(exporter) -> bool:
