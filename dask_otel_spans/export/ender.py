@@ -11,6 +11,7 @@ from opentelemetry import trace
 from dask_otel_spans import names
 from dask_otel_spans.background import QueueThread, ThreadWorker
 from dask_otel_spans.export.metrics import DaskInstruments, MetricCall, MetricsPump
+from dask_otel_spans.export.profiles import PrefixProfile, apply_profiles
 from dask_otel_spans.export.traces import (
     SpanFields,
     SpanSummary,
@@ -64,6 +65,8 @@ class HandOver(NamedTuple):
     links: tuple[Mapping[str, str], ...] = ()
     #: callers past ``names.MAX_SPAN_LINKS``, not linked
     links_dropped: int = 0
+    #: prefix -> its profile (``profile.enabled``; export/profiles.py)
+    profiles: Mapping[str, PrefixProfile] | None = None
 
 
 class SpanEnder(ThreadWorker):
@@ -199,6 +202,8 @@ class SpanEnder(ThreadWorker):
             code_max_length=self.code_max_length,
             record_exceptions=self.record_exceptions,
         )
+        if request.profiles:
+            apply_profiles(fields, request.profiles)
         # (the idle metric attribute: a number, as span_fields sets it)
         return (self._linked(fields, request),
                 float(fields.attributes.get(_IDLE_ATTRIBUTE, 0.0)))  # type: ignore[arg-type]

@@ -1,0 +1,90 @@
+"""Dask's statistical profiles of a span's task prefixes, fetched from the workers
+(``profile.enabled``) and put on the prefix spans, on in-process clusters exporting
+to memory (the workers' profiler samples their threads every 5 ms, in cycles of
+100 ms)."""
+from __future__ import annotations
+
+import time
+import uuid
+
+from distributed import wait
+from distributed.utils_test import gen_cluster
+from support.plugin import install, plugin_of
+from support.providers import MemoryProviders
+
+from dask_otel_spans import names, span
+
+#: the workers sample often and cycle fast, so a task of a second is many samples
+FAST_PROFILER = {"distributed.worker.profile.enabled": True,
+                 "distributed.worker.profile.interval": "5ms",
+                 "distributed.worker.profile.cycle": "100ms"}
+PROFILED = dict(profile_enabled=True, profile_min_seconds=0.2, profile_timeout=5.0)
+
+
+def hot_loop(seconds: float) -> int:
+    end = time.perf_counter() + seconds
+    n = 0
+    while time.perf_counter() < end:
+        n += 1
+    return n
+
+
+def quick(x: int) -> int:
+    return x
+
+
+@gen_cluster(client=True, config=FAST_PROFILER)
+async def test_a_done_prefix_span_waits_for_its_profile_and_names_its_hot_function(
+        c, s, a, b):
+    memory = MemoryProviders()
+    await install(c, memory, **PROFILED)
+    with span("burn"):
+        await wait(c.map(hot_loop, [0.6, 0.6]))
+    await memory.first("burn")
+    attributes = memory.prefix_span("hot_loop").attributes
+    assert attributes[names.PROFILE_SAMPLES] >= 10
+    top = attributes[names.PROFILE_TOP]
+    assert top[0].startswith(
+        f"hot_loop (test_profiles.py:{hot_loop.__code__.co_firstlineno}) ")
+    assert names.PROFILE_SHARED_SPANS not in attributes
+    assert names.PROFILE_MISSING not in attributes
+    assert plugin_of(s)._profiles.fetches == 1
+
+
+@gen_cluster(client=True, config=FAST_PROFILER)
+async def test_a_prefix_with_less_task_time_than_min_seconds_is_not_profiled(
+        c, s, a, b):
+    memory = MemoryProviders()
+    await install(c, memory, **PROFILED)
+    with span("small"):
+        await wait(c.map(quick, range(4)))
+    await memory.first("small")
+    assert names.PROFILE_SAMPLES not in memory.prefix_span("quick").attributes
+    assert plugin_of(s)._profiles.fetches == 0
+
+
+@gen_cluster(client=True, config=FAST_PROFILER)
+async def test_profiles_are_off_by_default(c, s, a, b):
+    memory = MemoryProviders()
+    await install(c, memory)
+    with span("burn"):
+        await wait(c.submit(hot_loop, 0.4))
+    await memory.first("burn")
+    assert names.PROFILE_SAMPLES not in memory.prefix_span("hot_loop").attributes
+    assert plugin_of(s)._profiles is None
+
+
+@gen_cluster(client=True, config=FAST_PROFILER)
+async def test_other_spans_running_the_prefix_meanwhile_are_counted(c, s, a, b):
+    memory = MemoryProviders()
+    await install(c, memory, **PROFILED)
+    # (two task groups of one prefix: keys with tokens of their own)
+    with span("one"):
+        first = c.submit(hot_loop, 0.6, key=(f"hot_loop-{uuid.uuid4().hex}", 0))
+    with span("two"):
+        second = c.submit(hot_loop, 0.6, key=(f"hot_loop-{uuid.uuid4().hex}", 0))
+    await wait([first, second])
+    await memory.first("one")
+    await memory.first("two")
+    for prefix_span in memory.by_name("hot_loop"):
+        assert prefix_span.attributes[names.PROFILE_SHARED_SPANS] == 1
