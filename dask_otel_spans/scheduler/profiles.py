@@ -72,8 +72,8 @@ class ProfileFetcher:
         self.cycle, self.history = history_seconds()
         #: (span id, prefix) -> end of the last window fetched
         self._fetched_until: dict[tuple[str, str], float] = {}
-        #: (span id, prefix) of groups seen running, not done yet
-        self._running: dict[tuple[str, str], None] = {}
+        #: (span id, prefix) of groups seen running, not done yet -> when first seen
+        self._running: dict[tuple[str, str], float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._semaphore: asyncio.Semaphore | None = None
         self._pc: PeriodicCallback | None = None
@@ -107,7 +107,7 @@ class ProfileFetcher:
             kind = message[0]
             fields: tuple[object, ...] = message[1:]
             if kind == events.RUN:
-                self._running[(str(fields[0]), str(fields[2]))] = None
+                self._running.setdefault((str(fields[0]), str(fields[2])), self.clock())
             elif kind == events.DONE:
                 figures = fields[2]
                 prefix = figures[0] if isinstance(figures, tuple) and figures else None
@@ -142,8 +142,8 @@ class ProfileFetcher:
         if not groups or not all(group_done(tg) for tg in groups):
             return None
         key = (span_id, prefix)
-        self._running.pop(key, None)
         window = self._window_of(key, groups, final=True)
+        self._running.pop(key, None)
         self._fetched_until.pop(key, None)
         if window is None:
             return None
@@ -154,15 +154,24 @@ class ProfileFetcher:
     def _window_of(self, key: tuple[str, str], groups: list[TaskGroup],
                    final: bool) -> tuple[float, float] | None:
         """The interval still to fetch of a prefix of a span, None when its task
-        time is below ``profile.min-seconds`` or nothing is left."""
-        if sum(tg.duration for tg in groups) < self.min_seconds:
-            return None
+        time is below ``profile.min-seconds`` or nothing is left. A group's start
+        counts its finished tasks only: the time it was first seen running goes too."""
         starts = [tg.start for tg in groups if tg.start]
+        if key in self._running:
+            starts.append(self._running[key])
         if not starts:
             return None
         start = min(starts)
-        stop = max(tg.stop for tg in groups) if final else self.clock()
         until = self._fetched_until.get(key)
+        task_time = sum(tg.duration for tg in groups)
+        if final:
+            stop = max(tg.stop for tg in groups)
+        else:  # (and the tasks running now, so far)
+            stop = self.clock()
+            running = sum(tg.states.get("processing", 0) for tg in groups)
+            task_time += running * (stop - max(start, until or start))
+        if task_time < self.min_seconds:
+            return None
         if until is not None:
             # windows meet at whole profile cycles: the one holding ``until`` went
             # with the window before
@@ -182,7 +191,7 @@ class ProfileFetcher:
                     self._running.pop(key, None)
                     continue
                 since = self._fetched_until.get(key) or min(
-                    (tg.start for tg in groups if tg.start), default=now)
+                    [tg.start for tg in groups if tg.start] + [self._running[key]])
                 if now - since < self.window:
                     continue
                 window = self._window_of(key, groups, final=False)
@@ -211,7 +220,7 @@ class ProfileFetcher:
                 await asyncio.wait_for(self._semaphore.acquire(), self.timeout)
             except asyncio.TimeoutError:
                 self.skipped += 1
-                missing.append(f"{stop - start:.0f} s not asked for: more profile "
+                missing.append(f"{stop - start:.1f} s not asked for: more profile "
                                "requests than profile.max-fetches for profile.timeout")
             else:
                 try:
@@ -239,11 +248,12 @@ class ProfileFetcher:
                         "workers' profile history (distributed.admin."
                         "low-level-log-length cycles) no longer holds it", prefix,
                         self.clock() - stop)
-            missing.append(f"{stop - start:.0f} s no longer in the workers' history")
+            missing.append(f"{stop - start:.1f} s no longer in the workers' history")
             return []
         if start < oldest:
-            missing.append(f"the first {oldest - start:.0f} s no longer in the "
-                           "workers' history")
+            if oldest - start > self.cycle:  # (less is the windows' granularity)
+                missing.append(f"the first {oldest - start:.1f} s no longer in the "
+                               "workers' history")
             start = oldest
         self.fetches += 1
         scheduler = self.scheduler

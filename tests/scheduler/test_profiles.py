@@ -88,3 +88,32 @@ async def test_other_spans_running_the_prefix_meanwhile_are_counted(c, s, a, b):
     await memory.first("two")
     for prefix_span in memory.by_name("hot_loop"):
         assert prefix_span.attributes[names.PROFILE_SHARED_SPANS] == 1
+
+
+#: the workers keep 5 cycles of 100 ms: half a second of history
+SHORT_HISTORY = {**FAST_PROFILER, "distributed.admin.low-level-log-length": 5}
+
+
+@gen_cluster(client=True, nthreads=[("", 1)], config=SHORT_HISTORY)
+async def test_a_span_longer_than_the_history_says_what_it_could_not_get(c, s, a):
+    memory = MemoryProviders()
+    await install(c, memory, **PROFILED)
+    with span("long"):
+        await wait(c.submit(hot_loop, 1.5))
+    await memory.first("long")
+    attributes = memory.prefix_span("hot_loop").attributes
+    assert "no longer in the workers' history" in attributes[names.PROFILE_MISSING]
+    assert attributes[names.PROFILE_TOP][0].startswith("hot_loop (")
+
+
+@gen_cluster(client=True, nthreads=[("", 1)], config=SHORT_HISTORY)
+async def test_a_running_span_fetched_by_windows_keeps_its_early_part(c, s, a):
+    memory = MemoryProviders()
+    await install(c, memory, **PROFILED, profile_window=0.2)
+    with span("long"):
+        await wait(c.submit(hot_loop, 1.5))
+    await memory.first("long")
+    attributes = memory.prefix_span("hot_loop").attributes
+    assert plugin_of(s)._profiles.fetches >= 3
+    assert names.PROFILE_MISSING not in attributes
+    assert attributes[names.PROFILE_TOP][0].startswith("hot_loop (")
