@@ -4,6 +4,7 @@ and what lands on each prefix span (``dask.profile.*``)."""
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -17,6 +18,7 @@ from dask_otel_spans.protocol.profiles import (
     hottest,
     merge_into,
     read_tree,
+    speedscope_json,
 )
 
 if TYPE_CHECKING:
@@ -149,3 +151,40 @@ def with_profiles(requests: list[HandOver], book: ProfileBook) -> list[HandOver]
         profiles = book.take(request.ids[-1])
         out.append(request if profiles is None else request._replace(profiles=profiles))
     return out
+
+
+#: The folder of the profile files, below the embedded default's directory
+PROFILES_DIR = "profiles"
+#: A profile file's name: the dask span's OTel trace and span ids (hex)
+PROFILE_FILE = "{trace_id:032x}-{span_id:016x}.speedscope.json"
+
+
+def profile_file(directory: str, trace_id: int, span_id: int) -> str:
+    """Where the profiles of the dask span with these OTel ids are written."""
+    return os.path.join(directory, PROFILES_DIR,
+                        PROFILE_FILE.format(trace_id=trace_id, span_id=span_id))
+
+
+def write_profiles(directory: str, fields: SpanFields,
+                   profiles: Mapping[str, PrefixProfile]) -> str | None:
+    """Write the profiles of a dask span's prefixes (those with samples) as one
+    speedscope file, a profile per prefix span named after it; returns its path
+    (None when no prefix has samples). Written whole or not at all."""
+    named = []
+    for prefix in fields.prefixes:
+        key = str(prefix.attributes.get(names.TASK_PREFIX, prefix.name))
+        profile = profiles.get(key)
+        if profile is not None and profile.tree.total:
+            named.append((f"{key} ({fields.name})", profile.tree))
+    if not named:
+        return None
+    ids = fields.ids
+    path = profile_file(directory, ids.trace_id, ids.span_id)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    text = speedscope_json(named, f"{fields.name} ({ids.trace_id:032x}-"
+                           f"{ids.span_id:016x})", f"dask_otel_spans {names.VERSION}")
+    partial = f"{path}.{os.getpid()}.partial"
+    with open(partial, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(partial, path)
+    return path

@@ -4,15 +4,20 @@ to memory (the workers' profiler samples their threads every 5 ms, in cycles of
 100 ms)."""
 from __future__ import annotations
 
+import json
+import os
 import time
 import uuid
 
 from distributed import wait
 from distributed.utils_test import gen_cluster
 from support.plugin import install, plugin_of
+from support.polling import async_wait_for
 from support.providers import MemoryProviders
 
-from dask_otel_spans import names, span
+from dask_otel_spans import OTelSpansPlugin, names, span
+from dask_otel_spans.export.profiles import profile_file
+from dask_otel_spans.sdk.otlpjson import TRACES_FILE, read_spans
 
 #: the workers sample often and cycle fast, so a task of a second is many samples
 FAST_PROFILER = {"distributed.worker.profile.enabled": True,
@@ -117,3 +122,32 @@ async def test_a_running_span_fetched_by_windows_keeps_its_early_part(c, s, a):
     assert plugin_of(s)._profiles.fetches >= 3
     assert names.PROFILE_MISSING not in attributes
     assert attributes[names.PROFILE_TOP][0].startswith("hot_loop (")
+
+
+@gen_cluster(client=True, config=FAST_PROFILER)
+async def test_each_dask_span_gets_a_speedscope_file_beside_the_traces_by_its_ids(
+        c, s, a, b, tmp_path):
+    await c.register_plugin(OTelSpansPlugin(
+        environ={}, use_global_providers=False, output_dir=str(tmp_path),
+        export_process=False, export_delay=0.1, idle_timeout=1.0, **PROFILED))
+    with span("burn"):
+        await wait(c.submit(hot_loop, 0.6))
+    traces = tmp_path / TRACES_FILE
+
+    def spans():
+        return read_spans(str(traces)) if traces.exists() else []
+
+    await async_wait_for(lambda: any(sp["name"] == "burn" for sp in spans()))
+    (burn,) = [sp for sp in spans() if sp["name"] == "burn"]
+    (prefix,) = [sp for sp in spans() if sp["name"] == "hot_loop"]
+    path = profile_file(str(tmp_path), int(burn["traceId"], 16), int(burn["spanId"], 16))
+    await async_wait_for(lambda: os.path.exists(path))
+    with open(path) as f:
+        doc = json.load(f)
+    (profile,) = doc["profiles"]
+    assert profile["name"] == "hot_loop (burn)"
+    assert sum(profile["weights"]) == prefix["attributes"][names.PROFILE_SAMPLES]
+    frames = doc["shared"]["frames"]
+    heaviest = max(zip(profile["samples"], profile["weights"], strict=True),
+                   key=lambda e: e[1])[0]
+    assert frames[heaviest[-1]]["name"] == "hot_loop"
