@@ -17,6 +17,7 @@ from dask_otel_spans.protocol.profiles import (
     capped,
     hottest,
     merge_into,
+    profile_file,
     read_tree,
     speedscope_json,
 )
@@ -151,18 +152,6 @@ def with_profiles(requests: list[HandOver], book: ProfileBook) -> list[HandOver]
         profiles = book.take(request.ids[-1])
         out.append(request if profiles is None else request._replace(profiles=profiles))
     return out
-
-
-#: The folder of the profile files, below the embedded default's directory
-PROFILES_DIR = "profiles"
-#: A profile file's name: the dask span's OTel trace and span ids (hex)
-PROFILE_FILE = "{trace_id:032x}-{span_id:016x}.speedscope.json"
-
-
-def profile_file(directory: str, trace_id: int, span_id: int) -> str:
-    """Where the profiles of the dask span with these OTel ids are written."""
-    return os.path.join(directory, PROFILES_DIR,
-                        PROFILE_FILE.format(trace_id=trace_id, span_id=span_id))
 
 
 def write_profiles(directory: str, fields: SpanFields,

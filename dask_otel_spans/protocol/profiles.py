@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -323,3 +324,47 @@ def speedscope_json(profiles: Sequence[tuple[str, Node]], name: str,
                     exporter: str) -> str:
     """:func:`speedscope` as the file's text."""
     return json.dumps(speedscope(profiles, name, exporter), separators=(",", ":"))
+
+
+#: The folder of the profile files, below the embedded default's directory
+PROFILES_DIR = "profiles"
+#: The end of a profile file's name
+PROFILE_SUFFIX = ".speedscope.json"
+
+
+def profile_file_name(trace_id: int, span_id: int) -> str:
+    """A dask span's profile file: its OTel trace and span ids, in hex."""
+    return f"{trace_id:032x}-{span_id:016x}{PROFILE_SUFFIX}"
+
+
+def profile_file(directory: str, trace_id: int, span_id: int) -> str:
+    """Where the profiles of the dask span with these OTel ids are written, below
+    the embedded default's ``directory``."""
+    return os.path.join(directory, PROFILES_DIR, profile_file_name(trace_id, span_id))
+
+
+def prefix_of_title(title: str) -> str:
+    """The prefix a profile of a speedscope file is of (its name is ``prefix (dask
+    span name)``)."""
+    return title.split(" (", 1)[0]
+
+
+def read_speedscope(text: str) -> list[tuple[str, Node]]:
+    """The named call trees of a speedscope file of ``sampled`` profiles (as
+    :func:`speedscope` writes them); raises :class:`ValueError` for anything else."""
+    try:
+        doc = json.loads(text)
+        frames = [Frame(str(f["name"]), str(f.get("file", "")), int(f.get("line", 0)))
+                  for f in doc["shared"]["frames"]]
+        out = []
+        for profile in doc["profiles"]:
+            if profile.get("type") != "sampled":
+                continue
+            stacks_ = [([frames[i] for i in sample], int(weight)) for sample, weight
+                       in zip(profile["samples"], profile["weights"], strict=True)]
+            unresolved = frozenset(f for path, _ in stacks_ for f in path
+                                   if UNRESOLVED_SEPARATOR in f.name)
+            out.append((str(profile["name"]), from_stacks(stacks_, unresolved)))
+    except (KeyError, TypeError, IndexError, ValueError) as e:
+        raise ValueError(f"not a speedscope file of sampled profiles ({e})") from None
+    return out

@@ -16,7 +16,7 @@ from support.polling import async_wait_for
 from support.providers import MemoryProviders
 
 from dask_otel_spans import OTelSpansPlugin, names, span
-from dask_otel_spans.export.profiles import profile_file
+from dask_otel_spans.protocol.profiles import profile_file
 from dask_otel_spans.sdk.otlpjson import TRACES_FILE, read_spans
 
 #: the workers sample often and cycle fast, so a task of a second is many samples
@@ -50,7 +50,7 @@ async def test_a_done_prefix_span_waits_for_its_profile_and_names_its_hot_functi
     assert attributes[names.PROFILE_SAMPLES] >= 10
     top = attributes[names.PROFILE_TOP]
     assert top[0].startswith(
-        f"hot_loop (test_profiles.py:{hot_loop.__code__.co_firstlineno}) ")
+        f"hot_loop (test_profile_fetch.py:{hot_loop.__code__.co_firstlineno}) ")
     assert names.PROFILE_SHARED_SPANS not in attributes
     assert names.PROFILE_MISSING not in attributes
     assert plugin_of(s)._profiles.fetches == 1

@@ -96,7 +96,7 @@ def test_two_leaf_functions_under_one_caller_are_not_told_apart():
 def test_a_caller_and_its_one_callee_split_the_samples():
     root = read_tree(recorded(caller_with_own_time))
     assert names(root) == {"caller_with_own_time": 2, "hot": 3}
-    assert hottest(root, 5)[0].startswith("hot (test_profiles.py:")
+    assert hottest(root, 5)[0].startswith("hot (test_profile_trees.py:")
 
 
 def test_workers_read_one_by_one_then_merged_keep_each_attribution():
@@ -109,10 +109,10 @@ def test_workers_read_one_by_one_then_merged_keep_each_attribution():
 def test_top_says_function_file_line_and_share_of_all_samples():
     root = read_tree(recorded(caller_with_own_time))
     line = hot.__code__.co_firstlineno
-    assert hottest(root, 5) == [f"hot (test_profiles.py:{line}) 60%",
-                               f"caller_with_own_time (test_profiles.py:"
+    assert hottest(root, 5) == [f"hot (test_profile_trees.py:{line}) 60%",
+                               f"caller_with_own_time (test_profile_trees.py:"
                                f"{caller_with_own_time.__code__.co_firstlineno}) 40%"]
-    assert hottest(root, 1) == [f"hot (test_profiles.py:{line}) 60%"]
+    assert hottest(root, 1) == [f"hot (test_profile_trees.py:{line}) 60%"]
 
 
 def test_a_recursive_function_counts_each_sample_once():
@@ -181,4 +181,4 @@ def test_speedscope_file_holds_every_stack_with_its_samples():
         assert got == {tuple(f.name for f in p): n for p, n in stacks(root)}
     hot_frame = next(f for f in frames if f["name"] == "hot")
     assert hot_frame["line"] == hot.__code__.co_firstlineno
-    assert hot_frame["file"].endswith("test_profiles.py")
+    assert hot_frame["file"].endswith("test_profile_trees.py")
