@@ -74,6 +74,10 @@ class ProfileFetcher:
         self._fetched_until: dict[tuple[str, str], float] = {}
         #: (span id, prefix) of groups seen running, not done yet -> when first seen
         self._running: dict[tuple[str, str], float] = {}
+        #: (span id, prefix) -> its groups seen running and not done (ids), and the
+        #: task time of those of its groups done while others ran
+        self._open_groups: dict[tuple[str, str], set[object]] = {}
+        self._task_time: dict[tuple[str, str], float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._semaphore: asyncio.Semaphore | None = None
         self._pc: PeriodicCallback | None = None
@@ -101,17 +105,23 @@ class ProfileFetcher:
     def tap(self, messages: list[Message]) -> list[Message]:
         """``messages`` as the forwarder sends them, with a ``profile-pending`` before
         the ``done`` of each group that completes a prefix of its span worth a
-        profile; notes the prefixes that run. O(messages)."""
+        profile; notes the prefixes that run. O(messages): a span's groups are read
+        only when a prefix with enough task time has none running any more."""
         out = None
         for i, message in enumerate(messages):
             kind = message[0]
             fields: tuple[object, ...] = message[1:]
             if kind == events.RUN:
-                self._running.setdefault((str(fields[0]), str(fields[2])), self.clock())
+                key = (str(fields[0]), str(fields[2]))
+                self._running.setdefault(key, self.clock())
+                self._open_groups.setdefault(key, set()).add(fields[1])
             elif kind == events.DONE:
+                # (figures: prefix, start, stop, nbytes, duration, ...: done_figures)
                 figures = fields[2]
-                prefix = figures[0] if isinstance(figures, tuple) and figures else None
-                pending = self._prefix_done(str(fields[0]), str(prefix))
+                if not isinstance(figures, tuple) or len(figures) < 5:
+                    continue
+                pending = self._group_done(str(fields[0]), fields[1], str(figures[0]),
+                                           float(figures[4]))
                 if pending is not None:
                     if out is None:
                         out = list(messages[:i])
@@ -136,6 +146,24 @@ class ProfileFetcher:
         if span is None:
             return []
         return [tg for tg in list(span.groups) if tg.prefix.name == prefix]
+
+    def _group_done(self, span_id: str, group: object, prefix: str,
+                    duration: float) -> Message | None:
+        """A group of a prefix of the span is done: the prefix's ``profile-pending``
+        when it has no group running any more and enough task time."""
+        key = (span_id, prefix)
+        running = self._open_groups.get(key)
+        if running:
+            running.discard(group)
+            if running:
+                self._task_time[key] = self._task_time.get(key, 0.0) + duration
+                return None
+        self._open_groups.pop(key, None)
+        task_time = self._task_time.pop(key, 0.0) + duration
+        if task_time < self.min_seconds and key not in self._fetched_until:
+            self._running.pop(key, None)
+            return None
+        return self._prefix_done(span_id, prefix)
 
     def _prefix_done(self, span_id: str, prefix: str) -> Message | None:
         groups = self._groups(span_id, prefix)
@@ -187,8 +215,10 @@ class ProfileFetcher:
         for key in list(self._running):
             try:
                 groups = self._groups(*key)
-                if not groups:
+                if not groups:  # (the span is gone)
                     self._running.pop(key, None)
+                    self._open_groups.pop(key, None)
+                    self._task_time.pop(key, None)
                     continue
                 since = self._fetched_until.get(key) or min(
                     [tg.start for tg in groups if tg.start] + [self._running[key]])

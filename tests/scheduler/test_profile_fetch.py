@@ -8,6 +8,7 @@ import json
 import os
 import time
 import uuid
+from types import SimpleNamespace
 
 from distributed import wait
 from distributed.utils_test import gen_cluster
@@ -16,7 +17,10 @@ from support.polling import async_wait_for
 from support.providers import MemoryProviders
 
 from dask_otel_spans import OTelSpansPlugin, names, span
+from dask_otel_spans.config import PluginConfig
+from dask_otel_spans.protocol import events
 from dask_otel_spans.protocol.profiles import profile_file
+from dask_otel_spans.scheduler.profiles import ProfileFetcher
 from dask_otel_spans.sdk.otlpjson import TRACES_FILE, read_spans
 
 #: the workers sample often and cycle fast, so a task of a second is many samples
@@ -151,3 +155,28 @@ async def test_each_dask_span_gets_a_speedscope_file_beside_the_traces_by_its_id
     heaviest = max(zip(profile["samples"], profile["weights"], strict=True),
                    key=lambda e: e[1])[0]
     assert frames[heaviest[-1]]["name"] == "hot_loop"
+
+
+class CountingExtensions(dict):
+    """A scheduler's extensions that count how often the spans extension is read."""
+
+    reads = 0
+
+    def get(self, name, default=None):
+        self.reads += 1
+        return default
+
+
+def test_the_tap_reads_a_spans_groups_only_when_a_prefix_worth_a_profile_stops():
+    extensions = CountingExtensions()
+    fetcher = ProfileFetcher(SimpleNamespace(extensions=extensions), SimpleNamespace(),
+                             PluginConfig.from_dask_config(profile_enabled=True))
+
+    def done(group: int, prefix: str, duration: float):
+        return events.group_done("s", group, (prefix, 0.0, 1.0, 8, duration, 1, 0))
+
+    fetcher.tap([events.group_running("s", 1, "f"), events.group_running("s", 2, "f")])
+    fetcher.tap([done(1, "f", 5.0), done(3, "g", 0.1)])
+    assert extensions.reads == 0  # f still runs; g has too little task time
+    fetcher.tap([done(2, "f", 0.1)])
+    assert extensions.reads == 1
