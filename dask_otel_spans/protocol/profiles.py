@@ -41,10 +41,12 @@ class Frame:
     @property
     def location(self) -> str:
         """``file:line`` with the file shortened (after ``site-packages/``, else its
-        base name); empty for a frame without a file."""
+        base name); the file alone without a line (samples not told apart, of
+        functions of one file); empty for a frame without a file."""
         if not self.file:
             return ""
-        return f"{short_file(self.file)}:{self.line}"
+        return f"{short_file(self.file)}:{self.line}" if self.line > 0 \
+            else short_file(self.file)
 
 
 @dataclass

@@ -87,6 +87,7 @@ def test_a_leaf_function_gets_the_samples_that_sit_in_its_callers_count():
 def test_two_leaf_functions_under_one_caller_are_not_told_apart():
     root = read_tree(recorded(caller_of_two))
     assert names(root) == {"hot | cool": 5}
+    assert hottest(root, 5) == ["hot | cool (test_profile_trees.py) 100%"]
     (task,) = root.children.values()
     assert task.own == 0 and task.total == 5
     (unresolved,) = task.children.values()
