@@ -30,9 +30,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: How much longer than ``profile.timeout`` a done span waits for its profile on the
-#: export side (a request waits its turn for at most ``profile.timeout`` too)
-WAIT_FACTOR = 2.0
+#: How many times ``profile.timeout`` a done span waits for its profile on the export
+#: side: the prefix's window before (awaited first), a turn among the requests, the
+#: request, each ``profile.timeout`` at most
+WAIT_FACTOR = 3.0
 
 
 def history_seconds() -> tuple[float, float]:
@@ -79,6 +80,8 @@ class ProfileFetcher:
         self._open_groups: dict[tuple[str, str], set[object]] = {}
         self._task_time: dict[tuple[str, str], float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        #: (span id, prefix) -> its latest fetch not done
+        self._latest: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._semaphore: asyncio.Semaphore | None = None
         self._pc: PeriodicCallback | None = None
         self._log_once = OnceLogger(logger)
@@ -235,15 +238,28 @@ class ProfileFetcher:
 
     def _spawn(self, span_id: str, prefix: str, start: float, stop: float,
                final: bool) -> None:
-        task = asyncio.ensure_future(self._fetch(span_id, prefix, start, stop, final))
+        key = (span_id, prefix)
+        task = asyncio.ensure_future(self._fetch(span_id, prefix, start, stop, final,
+                                                 self._latest.get(key)))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._latest[key] = task
+
+        def forget(task: asyncio.Task[None]) -> None:
+            self._tasks.discard(task)
+            if self._latest.get(key) is task:
+                del self._latest[key]
+
+        task.add_done_callback(forget)
 
     async def _fetch(self, span_id: str, prefix: str, start: float, stop: float,
-                     final: bool) -> None:
+                     final: bool, after: asyncio.Task[None] | None = None) -> None:
         trees: list[dict[str, object]] = []
         missing: list[str] = []
         try:
+            if after is not None:
+                # a prefix's windows reach the export side in order, the last one
+                # last (it releases the span)
+                await asyncio.wait([after], timeout=self.timeout)
             if self._semaphore is None:
                 self._semaphore = asyncio.Semaphore(self.max_fetches)
             try:
