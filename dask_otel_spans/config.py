@@ -286,6 +286,16 @@ SETTINGS: tuple[Setting, ...] = (
             "a directory path, auto (the user's cache directory) or false (memory only)"),
     Setting("spool.max-disk", "spool_max_disk", _bytes,
             "a number of bytes, 0 or more (e.g. 1 GiB)"),
+    Setting("profile.enabled", "profile_enabled", _flag, "true or false"),
+    Setting("profile.min-seconds", "profile_min_seconds", _duration, _DURATION),
+    Setting("profile.max-fetches", "profile_max_fetches", _count(1),
+            "a whole number, 1 or more"),
+    Setting("profile.timeout", "profile_timeout", _interval,
+            "a positive duration (seconds, or e.g. '500ms', '10s')"),
+    Setting("profile.max-stacks", "profile_max_stacks", _count(1),
+            "a whole number, 1 or more"),
+    Setting("profile.window", "profile_window", _interval,
+            "a positive duration (seconds, or e.g. '30s', '5 minutes')"),
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
 _BY_FIELD = {s.field: s for s in SETTINGS}
@@ -294,12 +304,15 @@ _BY_FIELD = {s.field: s for s in SETTINGS}
 #: The keys of :data:`SETTINGS` by the type of their parsed value (the overloads of
 #: :func:`setting`)
 _FloatKey: TypeAlias = Literal["export-delay", "idle-timeout", "lazy-timeout",
-                               "shutdown-timeout", "live.after", "live.interval"]
+                               "shutdown-timeout", "live.after", "live.interval",
+                               "profile.min-seconds", "profile.timeout",
+                               "profile.window"]
 _BoolKey: TypeAlias = Literal["prefix-spans", "record-exceptions", "include-code",
-                              "live.pending-spans"]
+                              "live.pending-spans", "profile.enabled"]
 _IntKey: TypeAlias = Literal["max-task-spans", "max-code-length",
                              "metrics.max-span-names", "forward-budget",
-                             "spool.max-memory", "spool.max-disk"]
+                             "spool.max-memory", "spool.max-disk",
+                             "profile.max-fetches", "profile.max-stacks"]
 _OptionalIntKey: TypeAlias = Literal["metrics.span-name-depth", "metrics.max-series"]
 _StrKey: TypeAlias = Literal["task-spans", "output-dir", "export-process-cpu-policy"]
 _OptionalStrKey: TypeAlias = Literal["providers", "spool.directory"]
@@ -325,6 +338,12 @@ def setting(key: str) -> SettingValue:
     """The value of ``otel-spans.<key>`` in the current dask config, parsed (a value
     it cannot take: one ERROR line, and the default)."""
     spec = _BY_KEY[key]
+    parent, _, leaf = key.rpartition(".")
+    if leaf == "enabled":
+        # (``profile: false`` says ``profile.enabled: false``)
+        node = dask.config.get(f"{NAMESPACE}.{parent}", default=None)
+        if node is not None and not isinstance(node, Mapping):
+            return spec.read(node)
     return spec.read(dask.config.get(f"{NAMESPACE}.{key}", default=spec.default))
 
 
@@ -395,6 +414,12 @@ class PluginConfig:
     spool_max_memory: int
     spool_directory: str | None
     spool_max_disk: int
+    profile_enabled: bool
+    profile_min_seconds: float
+    profile_max_fetches: int
+    profile_timeout: float
+    profile_max_stacks: int
+    profile_window: float
 
     @classmethod
     def from_dask_config(cls, **overrides: object) -> PluginConfig:

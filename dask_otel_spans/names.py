@@ -90,6 +90,21 @@ TASK_GROUP_COUNT = "dask.task_group.count"
 TASK_GROUP_TASK_COUNT = "dask.task_group.task_count"
 TASK_GROUP_NBYTES_TOTAL = "dask.task_group.nbytes_total"
 
+# -- profiles (docs/data-contract.md, "Profiles") -----------------------------------------
+#: On a prefix span: the samples of the prefix's tasks that the workers' statistical
+#: profiler took over the span's interval (every ``distributed.worker.profile.interval``)
+PROFILE_SAMPLES = "dask.profile.samples"
+#: On a prefix span: the hottest functions by own time, ``function (file:line) NN%``
+PROFILE_TOP = "dask.profile.top"
+#: On a prefix span: other dask spans that ran the same prefix in the profile's
+#: windows (their samples are in the profile too); absent when none
+PROFILE_SHARED_SPANS = "dask.profile.shared_spans"
+#: On a prefix span: why part of its interval has no profile (the workers' history no
+#: longer held it, a fetch failed or timed out); absent when nothing is missing
+PROFILE_MISSING = "dask.profile.missing"
+#: Functions named in ``dask.profile.top``
+PROFILE_TOP_FUNCTIONS = 5
+
 # -- task span attributes and events (task-spans) --------------------------------------
 TASK_KEY = "dask.task.key"
 WORKER_ADDRESS = "dask.worker.address"

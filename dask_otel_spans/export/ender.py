@@ -11,6 +11,11 @@ from opentelemetry import trace
 from dask_otel_spans import names
 from dask_otel_spans.background import QueueThread, ThreadWorker
 from dask_otel_spans.export.metrics import DaskInstruments, MetricCall, MetricsPump
+from dask_otel_spans.export.profiles import (
+    PrefixProfile,
+    apply_profiles,
+    write_profiles,
+)
 from dask_otel_spans.export.traces import (
     SpanFields,
     SpanSummary,
@@ -19,6 +24,7 @@ from dask_otel_spans.export.traces import (
     unseen_span_fields,
 )
 from dask_otel_spans.export.writers import Parent, SpanWriter, parent_of
+from dask_otel_spans.logonce import OnceLogger
 from dask_otel_spans.protocol.propagation import (
     parse_carried,
     resolve_chain,
@@ -64,6 +70,8 @@ class HandOver(NamedTuple):
     links: tuple[Mapping[str, str], ...] = ()
     #: callers past ``names.MAX_SPAN_LINKS``, not linked
     links_dropped: int = 0
+    #: prefix -> its profile (``profile.enabled``; export/profiles.py)
+    profiles: Mapping[str, PrefixProfile] | None = None
 
 
 class SpanEnder(ThreadWorker):
@@ -86,6 +94,9 @@ class SpanEnder(ThreadWorker):
     exception_events:
         Record erred tasks' exceptions as ``exception`` span events (the default;
         ``OTEL_SEMCONV_EXCEPTION_SIGNAL_OPT_IN=logs`` turns them off)
+    profiles_dir:
+        Where the embedded default writes (``profile.enabled``): each dask span's
+        profiles go below it (:func:`~dask_otel_spans.export.profiles.write_profiles`)
     logger_provider:
         Where erred tasks' exceptions go as log events named ``exception``, in
         their task span's context (``OTEL_SEMCONV_EXCEPTION_SIGNAL_OPT_IN`` ``logs``
@@ -108,6 +119,7 @@ class SpanEnder(ThreadWorker):
         record_exceptions: bool = True,
         exception_events: bool = True,
         logger_provider: LoggerProvider | None = None,
+        profiles_dir: str | None = None,
     ):
         self.exception_events = exception_events
         self._exception_logger = (
@@ -133,6 +145,10 @@ class SpanEnder(ThreadWorker):
         #: OTel spans ended (a dask span's own, and its prefix spans')
         self.otel_spans = 0
         self.writer = writer
+        self.profiles_dir = profiles_dir
+        self._log_once = OnceLogger(logger)
+        #: profile files written
+        self.profile_files = 0
 
     def end(self, request: HandOver) -> None:
         self.thread.put(request)
@@ -151,6 +167,8 @@ class SpanEnder(ThreadWorker):
             return
         fields, idle = self.translate(request)
         self.export(fields)
+        if request.profiles and self.profiles_dir is not None:
+            self._write_profiles(fields, request.profiles)
         self.ended_count += 1
         if self.pump is not None:
             ids = fields.ids
@@ -160,6 +178,16 @@ class SpanEnder(ThreadWorker):
             )))
             if len(self._metric_calls) >= METRIC_CALLS_PER_HAND_OVER:
                 self._hand_metrics()
+
+    def _write_profiles(self, fields: SpanFields,
+                        profiles: Mapping[str, PrefixProfile]) -> None:
+        assert self.profiles_dir is not None
+        try:
+            if write_profiles(self.profiles_dir, fields, profiles) is not None:
+                self.profile_files += 1
+        except OSError as e:
+            self._log_once("profile-file", "cannot write profile files in %s (%s; "
+                           "logged once)", self.profiles_dir, e)
 
     def _metrics_in(self) -> float | None:
         return 0.0 if self._metric_calls else None
@@ -199,6 +227,8 @@ class SpanEnder(ThreadWorker):
             code_max_length=self.code_max_length,
             record_exceptions=self.record_exceptions,
         )
+        if request.profiles:
+            apply_profiles(fields, request.profiles)
         # (the idle metric attribute: a number, as span_fields sets it)
         return (self._linked(fields, request),
                 float(fields.attributes.get(_IDLE_ATTRIBUTE, 0.0)))  # type: ignore[arg-type]

@@ -65,6 +65,7 @@ class ExportPipeline:
             # (the logger provider may be there for the live records alone)
             logger_provider=(providers.logger_provider if providers.exceptions.logs
                              else None),
+            profiles_dir=providers.files_dir if config.profile_enabled else None,
         )
         # threads (and the SDK log filter) start once everything is built: a failure
         # above leaves nothing behind

@@ -23,6 +23,7 @@ from dask_otel_spans.export.deltas import DeltaSums
 from dask_otel_spans.export.live import LiveRecords, LiveWriter
 from dask_otel_spans.export.metrics import DaskInstruments
 from dask_otel_spans.export.pipeline import ExportPipeline
+from dask_otel_spans.export.profiles import ProfileBook, with_profiles
 from dask_otel_spans.export.share import ExportShareWatch
 from dask_otel_spans.export.tracking.readiness import ReadinessTracker
 from dask_otel_spans.export.tracking.records import carried_for_translation
@@ -79,9 +80,12 @@ class ExportSession:
         self.tree = SpanTree(
             self.history, config.max_task_spans, config.task_spans == SLOWEST
         )
+        #: the prefixes' profiles until their spans are handed over
+        self.profiles = ProfileBook(config.profile_max_stacks)
         self.tracker = ReadinessTracker(
             self.tree.spans, self.tree.chain_of, config,
             n_workers=lambda: self.tree.n_workers, on_handed_over=self.tree.forget,
+            held_until=self.profiles.held_until,
         )
         #: says which blocks' tasks dask counted in another span
         self.collisions = CollisionWarnings()
@@ -218,6 +222,8 @@ class ExportSession:
         """Hand what the tracker made ready and counted to the pipeline: the counts
         first, so that a span's opening is counted before it ends."""
         calls, requests = self.tracker.take()
+        if len(self.profiles):
+            requests = with_profiles(requests, self.profiles)
         pump = self.pipeline.pump
         if calls and pump is not None:
             pump.submit_many(calls)
@@ -324,6 +330,20 @@ class ExportSession:
 
     def on_worker_deltas(self, deltas: Mapping[Hashable, float]) -> None:
         self._worker_deltas.add(deltas)
+
+    def on_profile_pending(self, span_id: str, prefix: str, wait: float) -> None:
+        if self.tracker.record(span_id) is not None:
+            self.profiles.pending(span_id, prefix, time.time() + wait)
+
+    def on_profile(self, span_id: str, prefix: str, start: float, stop: float,
+                   trees: list[dict[str, object]], shared_spans: int, missing: str,
+                   final: bool) -> None:
+        if self.tracker.record(span_id) is None:
+            self._log_once("late-profile", "a profile of %r came after its span was "
+                           "exported; dropped (profile.timeout; logged once)", prefix)
+        elif self.profiles.add(span_id, prefix, start, stop, trees, shared_spans,
+                               missing, final):
+            self.tracker.look_again(span_id)
 
     def on_nthreads_history(self, start: int,
                             entries: Sequence[tuple[float, int]]) -> None:

@@ -36,6 +36,7 @@ COUNTS = "counts"
 METRICS, CODE, WORKERS = "metrics", "code", "workers"
 GRAPH, NOTICE, CLIENT_GONE = "graph", "notice", "client-gone"
 DELTAS, WORKER_DELTAS, HISTORY = "deltas", "worker-deltas", "history"
+PROFILE_PENDING, PROFILE = "profile-pending", "profile"
 
 
 # -- the constructors (the scheduler side builds every message with these) ------------
@@ -146,6 +147,23 @@ def nthreads_history(start: int, entries: Sequence[tuple[float, int]]) -> Messag
     return (HISTORY, start, tuple(entries))
 
 
+def profile_pending(span_id: str, prefix: str, wait: float) -> Message:
+    """The workers are being asked for the profile of a prefix of the span that is
+    done: the span waits for it (``profile`` with ``final``), ``wait`` seconds at
+    most."""
+    return (PROFILE_PENDING, span_id, prefix, wait)
+
+
+def profile(span_id: str, prefix: str, start: float, stop: float,
+            trees: list[dict[str, object]], shared_spans: int, missing: str,
+            final: bool) -> Message:
+    """The workers' profiles of a prefix of the span over ``start`` to ``stop``
+    (``Worker.get_profile`` trees, one per worker that answered), the number of
+    other spans that ran that prefix meanwhile, what could not be had (words, empty
+    when nothing), and whether it is the last window of that prefix."""
+    return (PROFILE, span_id, prefix, start, stop, trees, shared_spans, missing, final)
+
+
 # -- the receiving side ----------------------------------------------------------------
 
 class EventHandler(Protocol):
@@ -192,6 +210,12 @@ class EventHandler(Protocol):
     def on_nthreads_history(self, start: int,
                             entries: Sequence[tuple[float, int]]) -> None: ...
 
+    def on_profile_pending(self, span_id: str, prefix: str, wait: float) -> None: ...
+
+    def on_profile(self, span_id: str, prefix: str, start: float, stop: float,
+                   trees: list[dict[str, object]], shared_spans: int, missing: str,
+                   final: bool) -> None: ...
+
 
 def dispatch_table(handler: EventHandler) -> dict[str, tuple[int, Callable[..., None]]]:
     """kind -> (number of fields, ``handler``'s bound method for it): each row names
@@ -212,6 +236,8 @@ def dispatch_table(handler: EventHandler) -> dict[str, tuple[int, Callable[..., 
         (DELTAS, span_deltas, handler.on_span_deltas),
         (WORKER_DELTAS, worker_deltas, handler.on_worker_deltas),
         (HISTORY, nthreads_history, handler.on_nthreads_history),
+        (PROFILE_PENDING, profile_pending, handler.on_profile_pending),
+        (PROFILE, profile, handler.on_profile),
     )
     return {kind: (constructor.__code__.co_argcount, method)
             for kind, constructor, method in rows}

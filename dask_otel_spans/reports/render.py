@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Mapping
 
+from dask_otel_spans.reports.flames import SCRIPT, STYLE
 from dask_otel_spans.reports.model import ACTIVITY_ORDER, ReportData
 
 #: Bokeh's Viridis11, which dask's Fine Performance Metrics dashboard spreads over the
@@ -183,10 +185,15 @@ def _inline_json(value: object) -> str:
             .replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026"))
 
 
-def render(data: ReportData, title: str = "Dask spans report") -> str:
+def render(data: ReportData, title: str = "Dask spans report",
+           profiles: Mapping[str, object] | None = None) -> str:
     """The report's whole HTML page for :func:`~dask_otel_spans.reports.model.build`'s
-    data."""
+    data, with the flame graphs of ``profiles`` (:func:`~dask_otel_spans.reports.
+    flames.flame_trees`)."""
     colours = activity_colours(data)
+    flames = "" if not profiles else (
+        f"<style>{STYLE}</style><script type=\"application/json\" id=\"report-profiles\">"
+        f"{_inline_json(profiles)}</script><script>{SCRIPT}</script>")
     return (
         "<!DOCTYPE html><html><head><meta charset=\"utf-8\">"
         f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>"
@@ -196,13 +203,14 @@ def render(data: ReportData, title: str = "Dask spans report") -> str:
         "attributes and, when it erred, its exception.</aside></main>"
         f"<script type=\"application/json\" id=\"report-data\">{_inline_json(data)}</script>"
         f"<script type=\"application/json\" id=\"report-colours\">{_inline_json(colours)}"
-        f"</script><script>{_SCRIPT}</script></body></html>"
+        f"</script><script>{_SCRIPT}</script>{flames}</body></html>"
     )
 
 
-def render_fragment(data: ReportData) -> str:
+def render_fragment(data: ReportData,
+                    profiles: Mapping[str, object] | None = None) -> str:
     """The report for a notebook cell: the page in a sandboxed ``iframe`` (its script
     and styles stay its own)."""
-    page = html.escape(render(data), quote=True)
+    page = html.escape(render(data, profiles=profiles), quote=True)
     return (f'<iframe srcdoc="{page}" sandbox="allow-scripts" '
             'style="width:100%;height:600px;border:1px solid #ddd"></iframe>')

@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, cast
 
+from dask_otel_spans.reports.flames import flame_trees
 from dask_otel_spans.reports.model import FileSpan, Summary, build
 from dask_otel_spans.reports.render import render, render_fragment
 from dask_otel_spans.reports.sources import read_files, traces_files_of
@@ -47,6 +48,9 @@ class Report:
         if spans is None:
             spans = read_files(self.files)
         self.data = build(spans, exception_logs(self.files))
+        #: prefix span row id -> its flame graph's tree (profile files beside the
+        #: traces files)
+        self.profiles = flame_trees(self.files, self.data)
 
     @property
     def summary(self) -> Summary:
@@ -54,7 +58,7 @@ class Report:
 
     def html(self) -> str:
         """The report as one self-contained HTML page."""
-        return render(self.data)
+        return render(self.data, profiles=self.profiles)
 
     def save(self, path: str = "report.html") -> str:
         """Write the page to ``path``; its absolute path."""
@@ -64,7 +68,7 @@ class Report:
         return path
 
     def _repr_html_(self) -> str:
-        return render_fragment(self.data)
+        return render_fragment(self.data, self.profiles)
 
     def __repr__(self) -> str:
         s = self.summary

@@ -34,6 +34,7 @@ from dask_otel_spans.scheduler.announce import announce, withdraw
 from dask_otel_spans.scheduler.forwarder import SpanForwarder
 from dask_otel_spans.scheduler.heartbeats import tap_heartbeats, worker_wide_deltas
 from dask_otel_spans.scheduler.loopstats import EventLoopStats
+from dask_otel_spans.scheduler.profiles import ProfileFetcher, profiling_sink
 from dask_otel_spans.scheduler.sampler import TaskSampler
 from dask_otel_spans.transport.choice import Transport, open_transport
 from dask_otel_spans.transport.spec import PipelineSpec
@@ -120,6 +121,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         #: one read), else None
         self._task_moved: Callable[[Key, str, str, TransitionKwargs], None] | None = None
         self._pc: PeriodicCallback | None = None
+        self._profiles: ProfileFetcher | None = None  # (profile.enabled)
         #: the forwarding in progress, one slice at a time
         self._work: Iterator[None] | None = None
         self._closed = False
@@ -215,8 +217,9 @@ class OTelSpansPlugin(SchedulerPlugin):
                 await previous.close()
             announce(scheduler, running=self.transport is not None)
             return
+        sink, self._profiles = profiling_sink(scheduler, transport, self.config)
         self.forwarder = forwarder = SpanForwarder(
-            ext.spans, scheduler.tasks, transport, self.config.include_code,
+            ext.spans, scheduler.tasks, sink, self.config.include_code,
             TaskSampler(self.config.task_spans, self.config.max_task_spans),
             getattr(ext, "spans_search_by_name", None),
             live_interval=self.config.live_interval,
@@ -288,6 +291,8 @@ class OTelSpansPlugin(SchedulerPlugin):
             return
         self._closed = True
         self._task_moved = None
+        if self._profiles is not None:
+            self._profiles.close()
         if self._pc is not None:
             self._pc.stop()
             if self.scheduler is not None:

@@ -117,6 +117,9 @@ class Providers:
     #: what holds and sends again the batches the OTLP exporters built here could
     #: not deliver (None: nothing is held)
     redelivery: Delivery | None = None
+    #: the directory of the traces file a tracer provider built here writes (the
+    #: embedded default, ``otlp_json_file``); None when none does
+    files_dir: str | None = None
 
     @property
     def exceptions_to(self) -> str:
@@ -267,6 +270,12 @@ def _prometheus_reader(environ: Mapping[str, str]) -> tuple[MetricReader, str]:
     return reader, f"http://{host}:{port}/metrics"
 
 
+def _trace_exporters(environ: Mapping[str, str]) -> list[str]:
+    names_ = ([FILE_EXPORTER] if is_unconfigured(environ)
+              else exporter_names(environ, "OTEL_TRACES_EXPORTER"))
+    return [e for e in names_ if e != "none"]
+
+
 def build_tracer_provider(
     environ: Mapping[str, str],
     resource: Resource,
@@ -276,12 +285,7 @@ def build_tracer_provider(
 ) -> tuple[TracerProvider | None, str]:
     """A tracer provider with one batch processor per configured exporter; an OTLP
     one holds what it could not deliver in ``delivery`` (when given)."""
-    exporters = (
-        [FILE_EXPORTER]
-        if is_unconfigured(environ)
-        else exporter_names(environ, "OTEL_TRACES_EXPORTER")
-    )
-    exporters = [e for e in exporters if e != "none"]
+    exporters = _trace_exporters(environ)
     if not exporters:
         return None, "nowhere (OTEL_TRACES_EXPORTER=none)"
     provider = TracerProvider(resource=resource)
@@ -451,6 +455,8 @@ def resolve_providers(
         out, "tracer", tracer_provider, global_sdk_tracer_provider() if use_global else None,
         lambda: build_tracer_provider(environ, get_resource(), output_dir, out.health,
                                       delivery))
+    if out.tracer_provider in out.built and FILE_EXPORTER in _trace_exporters(environ):
+        out.files_dir = output_dir
     try:
         out.meter_provider, out.metrics_to = _provider(
             out, "meter", meter_provider,

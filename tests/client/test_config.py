@@ -28,9 +28,10 @@ def test_every_default_comes_from_the_shipped_yaml():
     def keys(node, prefix=""):
         for key, value in node.items():
             if isinstance(value, dict):
-                # (metrics.* fields keep their leaf's name; live.* and spool.* fields
-                # are live_* and spool_*)
-                yield from keys(value, f"{key}_" if key in ("live", "spool") else "")
+                # (metrics.* fields keep their leaf's name; live.*, spool.* and
+                # profile.* fields are live_*, spool_* and profile_*)
+                yield from keys(value, f"{key}_" if key in ("live", "spool", "profile")
+                                else "")
             else:
                 yield prefix + key.replace("-", "_")
 
@@ -264,3 +265,17 @@ def test_a_misspelt_key_names_the_closest_setting(caplog):
     assert "did you mean otel-spans.metrics.max-series?" in lines[0]
     assert "otel-spans.xyzzy is not a setting" in lines[1]
     assert "did you mean" not in lines[1]
+
+
+def test_profile_as_a_flag_says_profile_enabled():
+    """``profile: true`` / ``profile: false`` stand for ``profile.enabled``, the
+    other profile settings keep their defaults."""
+    with dask.config.set({"otel-spans.profile": True}):
+        config = PluginConfig.from_dask_config()
+    assert config.profile_enabled and config.profile_min_seconds == 1.0
+    with dask.config.set({"otel-spans.profile": "off"}):
+        assert not PluginConfig.from_dask_config().profile_enabled
+    with dask.config.set({"otel-spans.profile.enabled": True,
+                          "otel-spans.profile.timeout": "2s"}):
+        config = PluginConfig.from_dask_config()
+    assert config.profile_enabled and config.profile_timeout == 2.0

@@ -58,6 +58,9 @@ class ReadinessTracker:
         The number of workers now (the grace period follows it)
     on_handed_over:
         Called with each handed over ``Span`` (the tree forgets it)
+    held_until:
+        Until when a span otherwise ready waits (for its profiles), None when it
+        does not; :meth:`look_again` when that wait is over early
 
     Notes
     -----
@@ -78,12 +81,14 @@ class ReadinessTracker:
         *,
         n_workers: Callable[[], int] = lambda: 0,
         on_handed_over: Callable[[Span], None] | None = None,
+        held_until: Callable[[str], float | None] = lambda span_id: None,
     ):
         self.spans = spans
         self.chain_of = chain_of
         self.config = config
         self.n_workers = n_workers
         self.on_handed_over = on_handed_over
+        self.held_until = held_until
         self._open: dict[str, OpenSpan] = {}
         #: handed over spans whose parent is still open: the ender holds their summary
         self._summarized: set[str] = set()
@@ -196,6 +201,12 @@ class ReadinessTracker:
                     rec.last_activity = max(rec.last_activity, now)
                     self._schedule.look_again(rec)
 
+    def look_again(self, span_id: str) -> None:
+        """Check the span at the next pass (what it was held for came)."""
+        rec = self._open.get(span_id)
+        if rec is not None:
+            self._schedule.look_again(rec)
+
     # -- the pass --------------------------------------------------------------------
 
     def run_pass(self, now: float | None = None) -> None:
@@ -219,6 +230,8 @@ class ReadinessTracker:
                 # never drop a span: look again after a grace period
                 self._log_failure("readiness")
                 ready_at = now + grace
+            if ready_at is not None:
+                ready_at = max(ready_at, self.held_until(rec.id) or ready_at)
             if ready_at is not None and ready_at <= now:
                 try:
                     self._hand_over(rec, now, complete=True, verdicts=verdicts)

@@ -1,0 +1,182 @@
+"""Dask's statistical profiles of a span's task prefixes, fetched from the workers
+(``profile.enabled``) and put on the prefix spans, on in-process clusters exporting
+to memory (the workers' profiler samples their threads every 5 ms, in cycles of
+100 ms)."""
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from types import SimpleNamespace
+
+from distributed import wait
+from distributed.utils_test import gen_cluster
+from support.plugin import install, plugin_of
+from support.polling import async_wait_for
+from support.providers import MemoryProviders
+
+from dask_otel_spans import OTelSpansPlugin, names, span
+from dask_otel_spans.config import PluginConfig
+from dask_otel_spans.protocol import events
+from dask_otel_spans.protocol.profiles import profile_file
+from dask_otel_spans.scheduler.profiles import ProfileFetcher
+from dask_otel_spans.sdk.otlpjson import TRACES_FILE, read_spans
+
+#: the workers sample often and cycle fast, so a task of a second is many samples
+FAST_PROFILER = {"distributed.worker.profile.enabled": True,
+                 "distributed.worker.profile.interval": "5ms",
+                 "distributed.worker.profile.cycle": "100ms"}
+PROFILED = dict(profile_enabled=True, profile_min_seconds=0.2, profile_timeout=5.0)
+
+
+def hot_loop(seconds: float) -> int:
+    end = time.perf_counter() + seconds
+    n = 0
+    while time.perf_counter() < end:
+        n += 1
+    return n
+
+
+def quick(x: int) -> int:
+    return x
+
+
+@gen_cluster(client=True, config=FAST_PROFILER)
+async def test_a_done_prefix_span_waits_for_its_profile_and_names_its_hot_function(
+        c, s, a, b):
+    memory = MemoryProviders()
+    await install(c, memory, **PROFILED)
+    with span("burn"):
+        await wait(c.map(hot_loop, [0.6, 0.6]))
+    await memory.first("burn")
+    attributes = memory.prefix_span("hot_loop").attributes
+    assert attributes[names.PROFILE_SAMPLES] >= 10
+    top = attributes[names.PROFILE_TOP]
+    assert top[0].startswith(
+        f"hot_loop (test_profile_fetch.py:{hot_loop.__code__.co_firstlineno}) ")
+    assert names.PROFILE_SHARED_SPANS not in attributes
+    assert names.PROFILE_MISSING not in attributes
+    assert plugin_of(s)._profiles.fetches == 1
+
+
+@gen_cluster(client=True, config=FAST_PROFILER)
+async def test_a_prefix_with_less_task_time_than_min_seconds_is_not_profiled(
+        c, s, a, b):
+    memory = MemoryProviders()
+    await install(c, memory, **PROFILED)
+    with span("small"):
+        await wait(c.map(quick, range(4)))
+    await memory.first("small")
+    assert names.PROFILE_SAMPLES not in memory.prefix_span("quick").attributes
+    assert plugin_of(s)._profiles.fetches == 0
+
+
+@gen_cluster(client=True, config=FAST_PROFILER)
+async def test_profiles_are_off_by_default(c, s, a, b):
+    memory = MemoryProviders()
+    await install(c, memory)
+    with span("burn"):
+        await wait(c.submit(hot_loop, 0.4))
+    await memory.first("burn")
+    assert names.PROFILE_SAMPLES not in memory.prefix_span("hot_loop").attributes
+    assert plugin_of(s)._profiles is None
+
+
+@gen_cluster(client=True, config=FAST_PROFILER)
+async def test_other_spans_running_the_prefix_meanwhile_are_counted(c, s, a, b):
+    memory = MemoryProviders()
+    await install(c, memory, **PROFILED)
+    # (two task groups of one prefix: keys with tokens of their own)
+    with span("one"):
+        first = c.submit(hot_loop, 0.6, key=(f"hot_loop-{uuid.uuid4().hex}", 0))
+    with span("two"):
+        second = c.submit(hot_loop, 0.6, key=(f"hot_loop-{uuid.uuid4().hex}", 0))
+    await wait([first, second])
+    await memory.first("one")
+    await memory.first("two")
+    for prefix_span in memory.by_name("hot_loop"):
+        assert prefix_span.attributes[names.PROFILE_SHARED_SPANS] == 1
+
+
+#: the workers keep 5 cycles of 100 ms: half a second of history
+SHORT_HISTORY = {**FAST_PROFILER, "distributed.admin.low-level-log-length": 5}
+
+
+@gen_cluster(client=True, nthreads=[("", 1)], config=SHORT_HISTORY)
+async def test_a_span_longer_than_the_history_says_what_it_could_not_get(c, s, a):
+    memory = MemoryProviders()
+    await install(c, memory, **PROFILED)
+    with span("long"):
+        await wait(c.submit(hot_loop, 1.5))
+    await memory.first("long")
+    attributes = memory.prefix_span("hot_loop").attributes
+    assert "no longer in the workers' history" in attributes[names.PROFILE_MISSING]
+    assert attributes[names.PROFILE_TOP][0].startswith("hot_loop (")
+
+
+@gen_cluster(client=True, nthreads=[("", 1)], config=SHORT_HISTORY)
+async def test_a_running_span_fetched_by_windows_keeps_its_early_part(c, s, a):
+    memory = MemoryProviders()
+    await install(c, memory, **PROFILED, profile_window=0.2)
+    with span("long"):
+        await wait(c.submit(hot_loop, 1.5))
+    await memory.first("long")
+    attributes = memory.prefix_span("hot_loop").attributes
+    assert plugin_of(s)._profiles.fetches >= 3
+    assert names.PROFILE_MISSING not in attributes
+    assert attributes[names.PROFILE_TOP][0].startswith("hot_loop (")
+
+
+@gen_cluster(client=True, config=FAST_PROFILER)
+async def test_each_dask_span_gets_a_speedscope_file_beside_the_traces_by_its_ids(
+        c, s, a, b, tmp_path):
+    await c.register_plugin(OTelSpansPlugin(
+        environ={}, use_global_providers=False, output_dir=str(tmp_path),
+        export_process=False, export_delay=0.1, idle_timeout=1.0, **PROFILED))
+    with span("burn"):
+        await wait(c.submit(hot_loop, 0.6))
+    traces = tmp_path / TRACES_FILE
+
+    def spans():
+        return read_spans(str(traces)) if traces.exists() else []
+
+    await async_wait_for(lambda: any(sp["name"] == "burn" for sp in spans()))
+    (burn,) = [sp for sp in spans() if sp["name"] == "burn"]
+    (prefix,) = [sp for sp in spans() if sp["name"] == "hot_loop"]
+    path = profile_file(str(tmp_path), int(burn["traceId"], 16), int(burn["spanId"], 16))
+    await async_wait_for(lambda: os.path.exists(path))
+    with open(path) as f:
+        doc = json.load(f)
+    (profile,) = doc["profiles"]
+    assert profile["name"] == "hot_loop (burn)"
+    assert sum(profile["weights"]) == prefix["attributes"][names.PROFILE_SAMPLES]
+    frames = doc["shared"]["frames"]
+    heaviest = max(zip(profile["samples"], profile["weights"], strict=True),
+                   key=lambda e: e[1])[0]
+    assert frames[heaviest[-1]]["name"] == "hot_loop"
+
+
+class CountingExtensions(dict):
+    """A scheduler's extensions that count how often the spans extension is read."""
+
+    reads = 0
+
+    def get(self, name, default=None):
+        self.reads += 1
+        return default
+
+
+def test_the_tap_reads_a_spans_groups_only_when_a_prefix_worth_a_profile_stops():
+    extensions = CountingExtensions()
+    fetcher = ProfileFetcher(SimpleNamespace(extensions=extensions), SimpleNamespace(),
+                             PluginConfig.from_dask_config(profile_enabled=True))
+
+    def done(group: int, prefix: str, duration: float):
+        return events.group_done("s", group, (prefix, 0.0, 1.0, 8, duration, 1, 0))
+
+    fetcher.tap([events.group_running("s", 1, "f"), events.group_running("s", 2, "f")])
+    fetcher.tap([done(1, "f", 5.0), done(3, "g", 0.1)])
+    assert extensions.reads == 0  # f still runs; g has too little task time
+    fetcher.tap([done(2, "f", 0.1)])
+    assert extensions.reads == 1
