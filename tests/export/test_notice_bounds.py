@@ -98,3 +98,28 @@ def test_a_span_takes_its_first_close_notice(notices, caplog):
     assert notices.handed_over(T0 + 5.5) == {"s": (T0 - 1, T0)}
     [said] = warnings_of(caplog)
     assert "another close notice for spans closed already" in said
+
+
+def test_spans_that_wait_for_their_client_alone_are_counted_until_seen(notices):
+    notices.close("a0", "client-a")
+    notices.close("a1", "client-a")
+    notices.close("b0", "client-b")
+    notices.close("x0", None)
+    gate = notices.tracker.notices
+    assert gate.waiting_on_clients() == (4, {"client-a": 2, "client-b": 1})
+    gate.seen("a0")  # (a task of it came)
+    assert gate.waiting_on_clients() == (3, {"client-a": 1, "client-b": 1})
+    notices.handed_over(T0 + 10)
+    assert gate.waiting_on_clients() == (0, {}) and gate.open_count == 0
+
+
+def test_spans_opened_by_notices_are_bounded_over_time_per_client(notices):
+    notices.tracker.notices = NoticeGate(per_client=3, total=100, per_second=0.1)
+    for i in range(3):
+        notices.close(f"a{i}", "client-a", at=T0)
+    assert set(notices.handed_over(T0 + 10)) == {"a0", "a1", "a2"}
+    for i in range(3, 6):  # (none open: one more after 10 s at 0.1 a second)
+        notices.close(f"a{i}", "client-a", at=T0 + 10)
+    notices.close("b0", "client-b", at=T0 + 10)
+    assert notices.tracker.open_count == 2
+    assert set(notices.handed_over(T0 + 20)) == {"a3", "b0"}

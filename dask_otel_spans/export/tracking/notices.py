@@ -27,8 +27,18 @@ logger = logging.getLogger(__name__)
 MAX_NOTICE_SPANS_PER_CLIENT = 10_000
 #: The same, all clients together (the ``client`` a notice names is the client's word)
 MAX_NOTICE_SPANS = 20_000
+#: And over time: spans one client's notices may open per second, past a burst of
+#: :data:`MAX_NOTICE_SPANS_PER_CLIENT` (each span they open is exported: a client
+#: sending notices without end would keep the export side busy for every client)
+NOTICE_SPANS_PER_SECOND = 100.0
+#: Clients whose rate is followed at once (past them, new clients wait until one
+#: has its whole burst again)
+MAX_CLIENTS_FOLLOWED = 1_024
 #: Clients whose notices are said by name; past them, once for all
 MAX_CLIENTS_SAID = 16
+#: Clients whose spans waiting on them alone are counted by name in the figures (the
+#: others' count in the total only)
+MAX_CLIENTS_COUNTED = 64
 
 
 class NoticeGate:
@@ -43,15 +53,25 @@ class NoticeGate:
     ----------
     per_client, total:
         Spans opened by notices and not handed over yet, per client and in all
+    per_second:
+        Spans one client's notices may open per second, past a burst of
+        ``per_client``
     """
 
     def __init__(self, per_client: int = MAX_NOTICE_SPANS_PER_CLIENT,
-                 total: int = MAX_NOTICE_SPANS):
+                 total: int = MAX_NOTICE_SPANS,
+                 per_second: float = NOTICE_SPANS_PER_SECOND):
         self.per_client = per_client
         self.total = total
+        self.per_second = per_second
+        self._rates = _Rates(per_client, per_second)
         #: span id -> the client whose notice opened it, of the spans open
         self._opened_by: dict[str, str | None] = {}
         self._per_client: dict[str | None, int] = {}
+        #: of those, the spans the scheduler has not seen (no task): they wait for
+        #: their client alone (its graph, or their idle or lazy timeout)
+        self._unseen: dict[str, str | None] = {}
+        self._unseen_per_client: dict[str | None, int] = {}
         self._log_once = OnceLogger(logger)
         self._said: dict[str, set[str | None]] = {}
         #: notices (or their spans) ignored: past the bounds, and closing a span again
@@ -90,22 +110,43 @@ class NoticeGate:
                 MAX_CLOCK_SKEW, MAX_BLOCK_SECONDS / 86_400)
         return notice
 
-    def may_open(self, client: str | None, span_id: str) -> bool:
-        """Whether a notice of ``client`` may open span ``span_id`` (counted when
-        it may); past the bounds it is ignored, said once per client."""
+    def may_open(self, client: str | None, span_id: str, now: float) -> bool:
+        """Whether a notice of ``client`` that came at ``now`` (the scheduler's
+        clock) may open span ``span_id`` (counted when it may); past the bounds it
+        is ignored, said once per client."""
         n = self._per_client.get(client, 0)
-        if n >= self.per_client or len(self._opened_by) >= self.total:
+        if (n >= self.per_client or len(self._opened_by) >= self.total
+                or not self._rates.take(client, now)):
             self.ignored += 1
             self._say(
                 "bound", client, "client %s sent close notices for more spans the "
-                "scheduler has not seen than are kept (%d per client, %d in all, not "
-                "handed over yet); ignoring its notices for such spans until some are "
-                "handed over (their spans, if any task comes, close when idle or when "
-                "the client leaves)", self.per_client, self.total)
+                "scheduler has not seen than are kept (%d per client and %d in all not "
+                "handed over yet, %g per second per client past that many); ignoring "
+                "its notices for such spans for now (their spans, if any task comes, "
+                "close when idle or when the client leaves)", self.per_client,
+                self.total, self.per_second)
             return False
         self._per_client[client] = n + 1
         self._opened_by[span_id] = client
+        self._unseen[span_id] = client
+        _count(self._unseen_per_client, client, 1)
         return True
+
+    def seen(self, span_id: str) -> None:
+        """The scheduler saw span ``span_id`` (a task of it came): it no longer waits
+        for its client alone."""
+        if span_id in self._unseen:
+            _count(self._unseen_per_client, self._unseen.pop(span_id), -1)
+
+    def waiting_on_clients(self) -> tuple[int, dict[str, int]]:
+        """The open spans opened by notices that the scheduler has not seen, which
+        wait for their client alone: how many, and how many per named client (the
+        first :data:`MAX_CLIENTS_COUNTED` clients)."""
+        per_client: dict[str, int] = {}
+        for client, n in self._unseen_per_client.items():
+            if client is not None and len(per_client) < MAX_CLIENTS_COUNTED:
+                per_client[client] = n
+        return len(self._unseen), per_client
 
     def closed_again(self, client: str | None) -> None:
         """A notice of ``client`` names a span a close notice closed already: ignored
@@ -119,10 +160,8 @@ class NoticeGate:
         """Span ``span_id`` was handed over: it no longer counts."""
         if span_id not in self._opened_by:
             return
-        client = self._opened_by.pop(span_id)
-        n = self._per_client.pop(client) - 1
-        if n:
-            self._per_client[client] = n
+        _count(self._per_client, self._opened_by.pop(span_id), -1)
+        self.seen(span_id)
 
     def _say(self, kind: str, client: str | None, msg: str, *args: object) -> None:
         """A WARNING once per ``kind`` and client, for the first
@@ -137,6 +176,44 @@ class NoticeGate:
         said.add(client)
         logger.warning("dask_otel_spans: " + msg,
                        repr(client) if client is not None else "(unnamed)", *args)
+
+
+class _Rates:
+    """Per client, how many spans its notices may open now: ``burst`` at first,
+    taken one per span, given back at ``per_second`` up to ``burst`` (a token
+    bucket); :data:`MAX_CLIENTS_FOLLOWED` clients at once."""
+
+    def __init__(self, burst: int, per_second: float):
+        self.burst, self.per_second = burst, per_second
+        #: client -> (spans it may open, at when)
+        self._left: dict[str | None, tuple[float, float]] = {}
+
+    def take(self, client: str | None, now: float) -> bool:
+        """Whether a notice of ``client`` may open a span at ``now`` (taken)."""
+        left, at = self._left.get(client, (self.burst, now))
+        left = min(self.burst, left + max(0.0, now - at) * self.per_second)
+        if client not in self._left and len(self._left) >= MAX_CLIENTS_FOLLOWED:
+            self._forget_full(now)
+            if len(self._left) >= MAX_CLIENTS_FOLLOWED:
+                return False
+        if left < 1:
+            self._left[client] = (left, now)
+            return False
+        self._left[client] = (left - 1, now)
+        return True
+
+    def _forget_full(self, now: float) -> None:
+        """Forget the clients whose whole burst is back (as if never seen)."""
+        for client, (left, at) in list(self._left.items()):
+            if left + (now - at) * self.per_second >= self.burst:
+                del self._left[client]
+
+
+def _count(counts: dict[str | None, int], client: str | None, change: int) -> None:
+    """Add ``change`` to the count of ``client`` (a count of 0 is forgotten)."""
+    n = counts.pop(client, 0) + change
+    if n:
+        counts[client] = n
 
 
 #: What a kind of warning says of the notices, for the line that covers more clients

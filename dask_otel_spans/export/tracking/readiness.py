@@ -141,6 +141,8 @@ class ReadinessTracker:
             self._open[span.id] = rec
             if parent_rec is not None:
                 rec.carried.update(parent_rec.carried)
+        else:  # (opened by a close notice, maybe)
+            self.notices.seen(span.id)
         if parent_rec is not None:
             parent_rec.open_children.add(span.id)
         rec.span = span
@@ -340,7 +342,7 @@ class ReadinessTracker:
             return
         ids, tags, opened, enter, exit_, carried, lazy, client, _ = notice
         for level in range(len(ids) - opened, len(ids)):
-            rec = self._noticed(ids[: level + 1], tags[: level + 1], client)
+            rec = self._noticed(ids[: level + 1], tags[: level + 1], client, now)
             if rec is None:
                 continue
             rec.helper = True
@@ -360,7 +362,7 @@ class ReadinessTracker:
                     self._schedule.wake_up_at(rec, wait_until)
 
     def _noticed(self, ids: tuple[str, ...], tags: tuple[str, ...],
-                 client: str | None) -> OpenSpan | None:
+                 client: str | None, now: float) -> OpenSpan | None:
         """The record a close notice of ``client`` closes (the last of ``ids``),
         opened if need be; None when the notice has nothing to do with it (handed over
         or closed already, or past the notices' bounds)."""
@@ -371,7 +373,7 @@ class ReadinessTracker:
         if rec is None:
             if ids[-1] in self.spans or ids[-1] in self._unseen_handed_over:
                 return None  # handed over already, or finished before the plugin
-            if not self.notices.may_open(client, ids[-1]):
+            if not self.notices.may_open(client, ids[-1], now):
                 return None
             rec = self._open[ids[-1]] = OpenSpan(ids[-1], tags, ids)
             if self._submitted_unknown.pop(ids[-1], False) is None:
