@@ -39,7 +39,9 @@ class ExportState:
         Whether an export child process exports (else a thread of the scheduler)
     open:
         Dask spans not handed over yet (running, waiting for their block to close,
-        or in their grace period)
+        or in their grace period); for the client that asks, not those that wait
+        for another client alone (that client's close notices opened them and no
+        task of them came: they wait for its graph, or their idle or lazy timeout)
     handed_over:
         Dask spans handed to the exporters (translated into OTel spans)
     traces_delivered, traces_failed:
