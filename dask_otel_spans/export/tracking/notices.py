@@ -144,7 +144,9 @@ class NoticeGate:
         first :data:`MAX_CLIENTS_COUNTED` clients)."""
         per_client: dict[str, int] = {}
         for client, n in self._unseen_per_client.items():
-            if client is not None and len(per_client) < MAX_CLIENTS_COUNTED:
+            if len(per_client) >= MAX_CLIENTS_COUNTED:
+                break
+            if client is not None:
                 per_client[client] = n
         return len(self._unseen), per_client
 
