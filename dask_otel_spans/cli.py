@@ -43,6 +43,17 @@ def _top_activities(attributes: Mapping[str, object], n: int = 3) -> str:
     return ", ".join(f"{a} {v:.3g}s" for v, a in seconds[:n])
 
 
+def escaped(text: str) -> str:
+    """``text`` with each character that is not printable (control characters: ESC,
+    carriage return, newline, bell, the C1 controls; format characters such as the
+    bidirectional overrides) escaped as Python's ``repr`` writes it (``\\x1b``,
+    ``\\n``, ``\\u202e``), as dask's own log writes a task's exception (``%r``): what
+    a file holds cannot recolour, move the cursor in or rewrite the terminal."""
+    if text.isprintable():
+        return text
+    return "".join([c if c.isprintable() else repr(c)[1:-1] for c in text])
+
+
 def _exception_of(span: FileSpan, logged: Logged) -> Mapping[str, object] | None:
     """The exception of a span that erred (its ``exception`` event, its exception log
     event in ``logged``, else its ``error.type`` or error status); None when it did not
@@ -113,7 +124,7 @@ def render_tree(spans: Sequence[FileSpan], logged: Logged | None = None) -> str:
     (``·``), their task spans (``✗`` erred, with the exception of its event or of
     its log event in ``logged``, see
     :func:`~dask_otel_spans.sdk.otlpjson.exception_logs`; ``-`` others) and spans
-    made in tasks."""
+    made in tasks. Characters that are not printable are escaped (:func:`escaped`)."""
     logged = logged or {}
     by_id = {(s.get("traceId"), s.get("spanId")): s for s in spans}
     children: dict[SpanKey, list[FileSpan]] = defaultdict(list)
@@ -154,7 +165,9 @@ def render_tree(spans: Sequence[FileSpan], logged: Logged | None = None) -> str:
             if r.get("parentSpanId"):  # not in these files: e.g. the application's own
                 lines[at] += f"  (parent {r['parentSpanId']} elsewhere)"
 
-    return "\n".join(lines)
+    # (one line per span, whatever the files hold: names, keys and exception
+    # messages are anyone's text)
+    return "\n".join([escaped(line) for line in lines])
 
 
 def span_tree(files: Sequence[str], spans: Sequence[FileSpan]) -> str:

@@ -39,7 +39,9 @@ class ExportState:
         Whether an export child process exports (else a thread of the scheduler)
     open:
         Dask spans not handed over yet (running, waiting for their block to close,
-        or in their grace period)
+        or in their grace period); for the client that asks, not those that wait
+        for another client alone (that client's close notices opened them and no
+        task of them came: they wait for its graph, or their idle or lazy timeout)
     handed_over:
         Dask spans handed to the exporters (translated into OTel spans)
     traces_delivered, traces_failed:
@@ -159,16 +161,21 @@ class ExportState:
 
 
 async def scheduler_state(dask_scheduler: Scheduler, flush: bool = False,
-                          exporters: bool = True) -> ExportState | None:
+                          exporters: bool = True,
+                          client: str | None = None) -> ExportState | None:
     """The scheduler's plugin's :class:`ExportState`, for a client:
     ``client.run_on_scheduler(scheduler_state)`` (``flush=True`` forwards what
     happened so far and lets the export session hand over what is ready, and with
-    ``exporters`` flushes the exporters, first). None without the plugin."""
+    ``exporters`` flushes the exporters, first; ``client``, the asking client's id:
+    spans that wait for other clients alone are not open for it). None without the
+    plugin."""
     plugin = dask_scheduler.plugins.get(names.PLUGIN_NAME)
     export_state = getattr(plugin, "export_state", None)
     if export_state is None:  # (no plugin, or not the package's)
         return None
-    state: ExportState = await export_state(flush=flush, exporters=exporters)
+    state: ExportState = await export_state(
+        flush=flush, exporters=exporters,
+        **({"client": client} if client is not None else {}))
     return state
 
 
@@ -220,11 +227,12 @@ async def _wait_for_export(client: Client, timeout: float) -> ExportState:
     # process reports its own twice a second otherwise; the exporters are flushed
     # once, at the end: a flush is an export, and a Collector's Prometheus exporter
     # keeps the exemplars of a series' latest export only)
-    state = await ask(flush=True, exporters=False)
+    # (``client``: the spans that wait for other clients alone are not waited for)
+    state = await ask(flush=True, exporters=False, client=client.id)
     while state.open and time.monotonic() < deadline:
         await asyncio.sleep(POLL_INTERVAL)
-        state = await ask(flush=True, exporters=False)
-    return await ask(flush=True, exporters=True)
+        state = await ask(flush=True, exporters=False, client=client.id)
+    return await ask(flush=True, exporters=True, client=client.id)
 
 
 async def _state_asker(client: Client) -> Callable[..., Awaitable[ExportState]]:
@@ -244,15 +252,17 @@ async def _state_asker(client: Client) -> Callable[..., Awaitable[ExportState]]:
     if status_of(metadata) == "absent":
         raise _missing(address)
     if metadata.get(names.PLUGIN_STATE_METADATA_KEYS[-1]) is None:
-        async def ask(**kwargs: bool) -> ExportState:
+        async def ask(**kwargs: object) -> ExportState:
             # (distributed's coroutine behind ``Client.run_on_scheduler``: this runs
-            # on the client's loop)
+            # on the client's loop; a plugin of a version without the handler takes
+            # no ``client``)
+            kwargs.pop("client", None)
             return _present(await client._run_on_scheduler(scheduler_state, **kwargs),
                             address)
         return ask
     handler = getattr(scheduler, names.STATE_HANDLER)
 
-    async def ask_handler(**kwargs: bool) -> ExportState:
+    async def ask_handler(**kwargs: object) -> ExportState:
         reply = await handler(**kwargs)
         if isinstance(reply, dict) and "error" in reply:
             raise RuntimeError(f"the dask_otel_spans plugin of the scheduler at "

@@ -154,8 +154,10 @@ class ExportSession:
     def figures(self) -> ExportFigures:
         """Figures of the tree, the tracker and the pipeline."""
         tracker, tree = self.tracker, self.tree
+        waiting, waiting_on = tracker.notices.waiting_on_clients()
         return self.pipeline.figures().replace(
             open=tracker.open_count,
+            waiting_on_clients=waiting, waiting_on_client=waiting_on,
             handed_over=tracker.handed_over,
             readiness_checks=tracker.readiness_checks,
             received=tree.received,

@@ -86,6 +86,11 @@ class ExportFigures:
     ended: int = 0
     #: spans open (not handed over yet), spans in the tree copy, readiness checks made
     open: int = 0
+    #: of the open spans, those a client's close notice opened and the scheduler has
+    #: not seen (no task): they wait for that client alone (its graph, or their idle
+    #: or lazy timeout); and per client (the first 64 clients)
+    waiting_on_clients: int = 0
+    waiting_on_client: Mapping[str, int] = field(default_factory=dict)
     tree_spans: int = 0
     readiness_checks: int = 0
     #: messages that were not of the protocol; items the pipeline's queues dropped
@@ -110,6 +115,14 @@ class ExportFigures:
     #: the counts that add up over the export processes of one plugin
     CUMULATIVE = ("received", "handed_over", "ended")
 
+    def open_for(self, client: str | None) -> int:
+        """The open spans that ``client`` waits for: all but those that wait for
+        other clients alone (:attr:`waiting_on_clients`)."""
+        if client is None:
+            return self.open
+        others = self.waiting_on_clients - self.waiting_on_client.get(client, 0)
+        return max(0, self.open - others)
+
     def signal(self, name: str) -> SignalFigures:
         """The figures of signal ``name`` (all None and 0 when it is not counted)."""
         return self.signals.get(name) or SignalFigures()
@@ -130,7 +143,7 @@ class ExportFigures:
         ``gc_collections_<generation>`` for the process's, the others by their own
         names."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-               if f.name not in ("signals", "process", "sender")}
+               if f.name not in ("signals", "process", "sender", "waiting_on_client")}
         for name, figures in self.signals.items():
             for f in dataclasses.fields(figures):
                 out[f"{name}_{f.name}"] = getattr(figures, f.name)

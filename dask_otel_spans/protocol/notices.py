@@ -1,11 +1,20 @@
-"""The client helper's close notice (``span()``'s block exited), read and checked:
-pure, no state."""
+"""The client helper's close notice (``span()``'s block exited), read and checked (its
+shape, and whether its times are possible): pure, no state."""
 from __future__ import annotations
 
 from itertools import repeat
 from typing import NamedTuple, TypedDict
 
 from dask_otel_spans.protocol.propagation import carried_headers
+
+#: How far ahead of the scheduler's clock a client's may be (Kerberos' default maximum
+#: clock skew): a block cannot have exited later than the scheduler got its notice, by
+#: more than this
+MAX_CLOCK_SKEW = 300.0
+#: The longest a block is taken to have run (its times are used only for a span
+#: without tasks): an enter earlier than the notice's arrival by more is taken for
+#: another clock or unit (seconds since boot, milliseconds, 0)
+MAX_BLOCK_SECONDS = 30 * 86_400.0
 
 
 class CloseNotice(TypedDict, total=False):
@@ -33,7 +42,8 @@ class CloseNoticeFields(NamedTuple):
     tags: tuple[str, ...]
     #: how many levels (innermost first) the block opened
     opened: int
-    #: client-side enter and exit times
+    #: client-side enter and exit times (the notice's arrival, when its times were
+    #: not possible: ``times_ignored``)
     enter: float
     exit: float
     #: W3C headers carried per dask span id, as sent
@@ -41,11 +51,25 @@ class CloseNoticeFields(NamedTuple):
     #: collections built in the block still hold its annotation
     lazy: bool
     client: str | None
+    #: the notice's times were not possible (:func:`possible_times`), and are replaced
+    times_ignored: bool = False
 
 
-def read_notice(msg: CloseNotice) -> CloseNoticeFields:
+def possible_times(enter: float, exit_: float, received: float) -> bool:
+    """Whether a block that ran from ``enter`` to ``exit_`` (the client's clock) could
+    have been told to the scheduler at ``received`` (its clock): numbers in order, the
+    exit no later than ``received`` (give or take :data:`MAX_CLOCK_SKEW`), the enter
+    no earlier than :data:`MAX_BLOCK_SECONDS` before it. False for NaN and
+    infinities."""
+    return (received - MAX_BLOCK_SECONDS <= enter <= exit_
+            <= received + MAX_CLOCK_SKEW)
+
+
+def read_notice(msg: CloseNotice, received: float | None = None) -> CloseNoticeFields:
     """The fields of a close notice; raises ``ValueError`` or ``TypeError`` (saying
-    why) for one that is not of the helper's shape."""
+    why) for one that is not of the helper's shape. With ``received`` (when the
+    scheduler got it, its clock), times that are not possible
+    (:func:`possible_times`) are replaced by ``received`` (``times_ignored``)."""
     try:
         ids = tuple(msg["ids"])
         tags = tuple(map(str, msg["name"]))
@@ -59,7 +83,11 @@ def read_notice(msg: CloseNotice) -> CloseNoticeFields:
     if not all(map(isinstance, ids, repeat(str))):
         raise TypeError("span ids must be strings")
     client = msg.get("client")
+    ignored = False
+    if received is not None and not possible_times(enter, exit_, received):
+        enter = exit_ = received
+        ignored = True
     return CloseNoticeFields(
         ids, tags, opened, enter, exit_, carried_headers(msg.get("otel")) or {},
-        msg.get("lazy") is True, client if isinstance(client, str) else None,
+        msg.get("lazy") is True, client if isinstance(client, str) else None, ignored,
     )

@@ -4,6 +4,7 @@ the exception of an erred span, the activity breakdown of dask and prefix spans)
 spans past a bound folded into one row per prefix; and a summary."""
 from __future__ import annotations
 
+import math
 import os
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -196,7 +197,7 @@ def breakdown(attrs: Mapping[str, object]) -> list[tuple[str, float]]:
     found = {}
     for key, value in attrs.items():
         if key.startswith(prefix) and key.endswith(suffix) and isinstance(
-                value, (int, float)) and value > 0:
+                value, (int, float)) and 0 < value < math.inf:
             found[key[len(prefix):-len(suffix)]] = float(value)
     order = {activity: i for i, activity in enumerate(ACTIVITY_ORDER)}
     return sorted(found.items(), key=lambda item: (order.get(item[0], len(order)),
@@ -307,8 +308,12 @@ def _trace(trace_id: str, spans: Sequence[FileSpan], logged: Logged,
 
 
 def _whole(value: object) -> int:
-    """A count attribute (a number, or the string of one), 0 when unset."""
-    return int(cast("int | float | str", value or 0))
+    """A count attribute (a number, or the string of one), 0 when unset or not a
+    whole number (NaN, an infinity, other text)."""
+    try:
+        return int(cast("int | float | str", value or 0))
+    except (TypeError, ValueError, OverflowError):
+        return 0
 
 
 def _summary(traces: Iterable[TraceData], n_spans: int) -> Summary:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from collections.abc import Mapping
 
 from dask_otel_spans.reports.flames import SCRIPT, STYLE
@@ -179,10 +180,29 @@ document.body.dataset.rendered = "1";
 """
 
 
+def _as_text_if_not_finite(value: object) -> object:
+    """``value`` with each NaN and infinity as the text protobuf's JSON mapping (and
+    so an OTLP-JSON file) writes: ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` (JSON has
+    no such numbers: ``JSON.parse`` refuses the whole document)."""
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: _as_text_if_not_finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_as_text_if_not_finite(v) for v in value]
+    return value
+
+
 def _inline_json(value: object) -> str:
-    """JSON that is safe inside a ``<script>`` element."""
-    return (json.dumps(value, separators=(",", ":"), default=str)
-            .replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026"))
+    """JSON that is safe inside a ``<script>`` element (NaN and infinities as text)."""
+    try:
+        text = json.dumps(value, separators=(",", ":"), default=str, allow_nan=False)
+    except ValueError:  # (a NaN or an infinity somewhere: only then walked)
+        text = json.dumps(_as_text_if_not_finite(value), separators=(",", ":"),
+                          default=str)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def render(data: ReportData, title: str = "Dask spans report",

@@ -43,10 +43,12 @@ def state_handler(
     ``{"error": ...}``."""
 
     async def dask_otel_spans_state(flush: bool = False, exporters: bool = True,
+                                    client: object = None,
                                     **kwargs: object) -> dict[str, Any] | None:
         try:
-            state = await scheduler_state(scheduler, flush=bool(flush),
-                                          exporters=bool(exporters))
+            state = await scheduler_state(
+                scheduler, flush=bool(flush), exporters=bool(exporters),
+                client=client if isinstance(client, str) else None)
         except Exception as e:
             logger.error("dask_otel_spans: a client's question for the export state "
                          "failed: %r", e)

@@ -317,16 +317,20 @@ class OTelSpansPlugin(SchedulerPlugin):
                 None, self):
             withdraw(self.scheduler)
 
-    async def export_state(self, flush: bool = False,
-                           exporters: bool = True) -> ExportState:
+    async def export_state(self, flush: bool = False, exporters: bool = True,
+                           client: str | None = None) -> ExportState:
         """Where data goes and how far export got, as a client's
         :func:`~dask_otel_spans.client.wait_for_export` reads it (``flush``: forward
         what happened so far, let the session hand over what is ready, and with
-        ``exporters`` flush the exporters, first)."""
+        ``exporters`` flush the exporters, first). ``client``: the id of the client
+        that asks; the spans that wait for other clients alone (their close notices
+        opened them and the scheduler saw no task of them) are not open for it."""
         idle = self.transport is None
         flushed = (await self.flush(exporters=exporters) and not idle) if flush else None
+        figures = self.export_figures()
+        not_for_it = figures.open - figures.open_for(client)
         return ExportState.from_figures(
-            self.export_figures(), self.destinations, open=self.open_span_count,
+            figures, self.destinations, open=max(0, self.open_span_count - not_for_it),
             handed_over=self.handed_over_count, flushed=flushed)
 
     async def flush(self, timeout: float = 10.0, exporters: bool = True) -> bool:

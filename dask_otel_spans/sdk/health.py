@@ -115,6 +115,12 @@ class ExportHealth:
         logger.error("dask_otel_spans: cannot export %s to %s; %s", self._unit(),
                      self.where, self.holding)
 
+    def unencodable(self, items: int) -> None:
+        """``items`` that could not be encoded were dropped before delivery: counted
+        as failed, not an outage (the exporter says it)."""
+        with self._lock:
+            self.failed += items
+
     def refuse(self, items: int, reason: str) -> None:
         """A held batch of ``items`` was refused for good (not worth another try):
         counted as failed, said once per outage."""

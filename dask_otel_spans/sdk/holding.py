@@ -18,10 +18,12 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from dask_otel_spans.logonce import OnceLogger
 from dask_otel_spans.sdk.delivery import Delivery
 from dask_otel_spans.sdk.health import ExportHealth, count_points
 from dask_otel_spans.sdk.otlpmetrics import MetricEncoding
 from dask_otel_spans.sdk.otlpspans import SpanEncoding
+from dask_otel_spans.wording import counted
 
 if TYPE_CHECKING:
     from opentelemetry.sdk._logs import ReadableLogRecord
@@ -50,6 +52,33 @@ def _hand_over(delivery: Delivery, health: ExportHealth,
     delivery.hold(health.signal, payload, items)
 
 
+def _hand_over_spans(delivery: Delivery, health: ExportHealth, encoding: SpanEncoding,
+                     spans: Sequence[ReadableSpan], log: OnceLogger) -> None:
+    """Encode ``spans`` and queue them for delivery. A batch with a span that cannot
+    be encoded is encoded again span by span (only then: the batch's usual encoding
+    costs nothing more): that span is dropped alone, counted as failed and said
+    once; the others go."""
+    try:
+        payload = encoding.request(spans)
+        items = len(spans)
+    except Exception:
+        try:
+            payload, errors = encoding.request_of_encodable(spans)
+        except Exception:  # (not a span's fault: its resource or scope)
+            _hand_over(delivery, health, encoding.request, spans, len(spans))
+            return
+        items = len(spans) - len(errors)
+        health.unencodable(len(errors))
+        log("unencodable", "%s of a batch of %d cannot be encoded (%s: %s); dropped "
+            "alone and counted as failed, the others sent (said once; "
+            "ExportState.traces_failed counts them all)",
+            counted(len(errors), "span"), len(spans), type(errors[0]).__name__,
+            errors[0], level=logging.ERROR)
+        if not items:
+            return
+    delivery.hold(health.signal, payload, items)
+
+
 def _encode_logs(batch: Sequence[ReadableLogRecord]) -> bytes:
     from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 
@@ -65,9 +94,11 @@ class HoldingSpanExporter(SpanExporter):
         self.delivery = delivery
         self.health = health
         self.encoding = SpanEncoding()
+        self._log_once = OnceLogger(logger)
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        _hand_over(self.delivery, self.health, self.encoding.request, spans, len(spans))
+        _hand_over_spans(self.delivery, self.health, self.encoding, spans,
+                         self._log_once)
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:

@@ -227,9 +227,31 @@ class SpanEncoding:
         return b"".join(parts)
 
     def request(self, spans: Sequence[ReadableSpan]) -> bytes:
-        """The ``ExportTraceServiceRequest`` of ``spans``."""
+        """The ``ExportTraceServiceRequest`` of ``spans``; raises for a batch with a
+        span that cannot be encoded (:meth:`request_of_encodable` leaves it out)."""
+        return self._request(_grouped(spans, self.span))
+
+    def request_of_encodable(self, spans: Sequence[ReadableSpan]
+                             ) -> tuple[bytes, list[Exception]]:
+        """The ``ExportTraceServiceRequest`` of those of ``spans`` that can be
+        encoded, and why each of the others cannot (a time past what OTLP's unsigned
+        64-bit nanoseconds hold, ...): what a batch that :meth:`request` cannot
+        encode falls back to, span by span, so that one span does not take the others
+        with it."""
+        encoded: dict[int, bytes] = {}
+        errors: list[Exception] = []
+        for span in spans:
+            try:
+                encoded[id(span)] = self.span(span)
+            except Exception as e:
+                errors.append(e)
+        kept = [span for span in spans if id(span) in encoded]
+        return self._request(_grouped(kept, lambda span: encoded[id(span)])), errors
+
+    def _request(self, grouped: dict[Resource, dict[InstrumentationScope | None,
+                                                    list[bytes]]]) -> bytes:
         out = []
-        for resource, scopes in _grouped(spans, self.span).items():
+        for resource, scopes in grouped.items():
             resource_field, resource_schema = self.heads.resource(resource)
             scope_spans = []
             for scope, encoded in scopes.items():

@@ -592,3 +592,23 @@ def test_report_to_a_dash_writes_the_page_to_standard_output(tmp_path, capsys,
     out = capsys.readouterr().out
     assert out.startswith("<!DOCTYPE html>") and "validate-3" in out
     assert not (tmp_path / "-").exists()
+
+
+def test_tree_escapes_the_control_characters_of_what_the_files_hold(tmp_path, capsys):
+    message = "bad\x1b[2J\x1b]0;owned\x07 row\r\noverwritten\x9b31m \u202eevil\x00 ✓ end"
+    task = otlp_span("b7ad6b7169203332", "inc-\x1b[31m1", parent="b7ad6b7169203331",
+                     attributes={"dask.task.key": "inc-\x1b[31m1"}, erred=True)
+    task["events"] = [{"name": "exception", "attributes": [
+        {"key": "exception.type", "value": {"stringValue": "ValueError"}},
+        {"key": "exception.message", "value": {"stringValue": message}}]}]
+    root = otlp_span("b7ad6b7169203331", "client\x1b[8m", end_ms=200)
+    (tmp_path / "traces.jsonl").write_text(traces_line([root, task]))
+    assert main(["tree", str(tmp_path / "traces.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines() == [
+        f"trace {TRACE}",
+        "  client\\x1b[8m  0.200s  (client span)",
+        "    ✗ inc-\\x1b[31m1  0.100s  ValueError: bad\\x1b[2J\\x1b]0;owned\\x07 "
+        "row\\r\\noverwritten\\x9b31m \\u202eevil\\x00 ✓ end",
+    ]
+    assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u202e]", out)

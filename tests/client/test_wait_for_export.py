@@ -207,3 +207,39 @@ async def test_an_asynchronous_client_awaits_it(c, s, a, b, tmp_path):
         assert await c.submit(inc, 1, key="awaited-1") == 2
     state = await wait_for_export(c, timeout=20)
     assert state.open == 0 and state.handed_over == 1 and state.flushed is True
+
+
+def lazy_notices(client_id: str, n: int) -> list[dict[str, object]]:
+    """Close notices of ``n`` blocks without tasks whose collections are still to be
+    computed: each span waits for its client alone (``lazy-timeout``, or its graph)."""
+    now = time.time()
+    return [{"ids": [f"{client_id}-{i}"], "name": ["lazy"], "opened": 1,
+             "enter": now - 1, "exit": now, "lazy": True, "client": client_id}
+            for i in range(n)]
+
+
+@gen_cluster(client=True)
+async def test_spans_that_wait_for_another_client_alone_are_not_waited_for(
+        c, s, a, b, tmp_path):
+    await c.register_plugin(OTelSpansPlugin(
+        environ={"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"},
+        use_global_providers=False, export_process=False, export_delay=0,
+        output_dir=str(tmp_path)))
+    await c.log_event(names.EVENT_TOPIC, lazy_notices("another-client", 100))
+    with span("mine"):
+        assert await c.submit(inc, 1, key="mine-1") == 2
+    t0 = time.monotonic()
+    state = await wait_for_export(c, timeout=20)
+    assert time.monotonic() - t0 < 10
+    assert state.open == 0 and state.handed_over == 1 and state.flushed is True
+
+
+@gen_cluster(client=True)
+async def test_a_clients_own_spans_that_wait_for_it_are_waited_for(c, s, a, b, tmp_path):
+    await c.register_plugin(OTelSpansPlugin(
+        environ={"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"},
+        use_global_providers=False, export_process=False, export_delay=0,
+        output_dir=str(tmp_path)))
+    await c.log_event(names.EVENT_TOPIC, lazy_notices(c.id, 3))
+    state = await wait_for_export(c, timeout=1)
+    assert state.open == 3 and state.handed_over == 0

@@ -15,6 +15,7 @@ from dask_otel_spans.protocol.wire import Figures, read_frame, write_frame
 
 FIGURES = ExportFigures(
     received=10, handed_over=8, ended=7, open=2, last_position=9,
+    waiting_on_clients=2, waiting_on_client={"client-a": 1},
     signals={"traces": SignalFigures(delivered=5, failed=0, held=1, spooled=2,
                                      dropped=0),
              "metrics": SignalFigures()},
@@ -36,6 +37,12 @@ def test_only_the_cumulative_counts_add_those_of_ended_processes():
     total = FIGURES.plus_counts(earlier)
     assert (total.received, total.handed_over, total.ended) == (110, 98, 87)
     assert total.open == 2 and total.last_position == 9
+
+
+def test_a_client_waits_for_the_open_spans_but_those_of_other_clients_alone():
+    assert FIGURES.open_for(None) == 2
+    assert FIGURES.open_for("client-a") == 1  # (its own, not the unnamed client's)
+    assert FIGURES.open_for("client-b") == 0
 
 
 def test_flat_figures_keep_the_names_benchmarks_read():

@@ -167,3 +167,15 @@ def test_the_activity_bars_share_one_scale_per_trace():
     data = build([dask_span("d1", attributes={seconds: 4.0}),
                   dask_span("d2", "d1", attributes={seconds: 1.0})])
     assert data["traces"][0]["activity_scale"] == 4.0
+
+
+def test_figures_that_are_not_finite_leave_the_breakdown_and_the_counts():
+    nan, inf = float("nan"), float("inf")
+    data = build([dask_span("a", attributes={
+        names.SPAN_TASK_COUNT: nan, names.SPAN_ERRED_COUNT: inf,
+        f"{names.METRICS_ATTRIBUTE_PREFIX}thread-cpu.seconds": inf,
+        f"{names.METRICS_ATTRIBUTE_PREFIX}executor.seconds": nan,
+        f"{names.METRICS_ATTRIBUTE_PREFIX}thread-noncpu.seconds": 0.5})])
+    [row] = data["traces"][0]["rows"]
+    assert row["breakdown"] == [("thread-noncpu", 0.5)]
+    assert (data["summary"]["tasks"], data["summary"]["erred"]) == (0, 0)

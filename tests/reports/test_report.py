@@ -4,10 +4,14 @@ the same page); ``dask-otel-spans report`` writes the file."""
 from __future__ import annotations
 
 import html
+import json
+import re
 
 import pytest
 from distributed import Client, LocalCluster
-from support.otlpfiles import metrics_line, write
+from support import browser
+from support.otlpfiles import metrics_line, traces_line, write
+from support.otlpfiles import span as file_span
 
 import dask_otel_spans
 from dask_otel_spans import OTelSpansPlugin, span
@@ -81,3 +85,24 @@ def test_a_report_of_a_metrics_file_raises_a_value_error(tmp_path):
     metrics = write(tmp_path / "metrics.jsonl", metrics_line())
     with pytest.raises(ValueError, match="not a traces file: .* holds metric points"):
         dask_otel_spans.report([metrics])
+
+
+@pytest.mark.cluster  # (a browser)
+def test_a_report_with_nan_and_infinite_attributes_renders_its_spans(tmp_path):
+    traces = tmp_path / "traces.jsonl"
+    traces.write_text(traces_line([
+        file_span("a1", "load", attributes={"dask.span.id": "x", "ratio": float("nan"),
+                                       "dask.metrics.thread-cpu.seconds": float("inf")}),
+        file_span("a2", "inc", parent="a1", start_ms=10, end_ms=50,
+             attributes={"dask.task.prefix": "inc", "limit": float("-inf")}),
+    ]))
+    out = tmp_path / "report.html"
+    assert cli_main(["report", str(traces), "-o", str(out)]) == 0
+    dom = browser.dump_dom(browser.probed_copy(out, tmp_path))
+    assert browser.body_attribute(dom, "data-rendered") == "1"
+    assert json.loads(browser.body_attribute(dom, "data-probe-errors") or "") == []
+    assert re.findall(r'<div id="row-(\w+)"', dom) == ["a1", "a2"]
+    data = json.loads(re.search(r'id="report-data">(.*?)</script>', dom).group(1))
+    attrs = [row["attrs"] for row in data["traces"][0]["rows"]]
+    assert (attrs[0]["ratio"], attrs[1]["limit"]) == ("NaN", "-Infinity")
+    assert attrs[0]["dask.metrics.thread-cpu.seconds"] == "Infinity"

@@ -3,6 +3,7 @@ line per kind of problem, and the rest of the data still exported."""
 from __future__ import annotations
 
 import logging
+import time
 
 import dask
 import pytest
@@ -76,11 +77,43 @@ async def test_malformed_close_notice_is_ignored(c, s, a, b, msg):
 async def test_malformed_notice_in_a_batch_spares_the_others(c, s, a, b):
     memory = MemoryProviders()
     await install(c, memory)
-    good = {"ids": ["span-a"], "name": ["a"], "opened": 1, "enter": 1.0, "exit": 2.0}
+    enter = float(int(time.time()) - 2)
+    good = {"ids": ["span-a"], "name": ["a"], "opened": 1, "enter": enter,
+            "exit": enter + 1}
     await c.log_event(names.EVENT_TOPIC, ["not a dict", {"ids": 5}, good])
     await async_wait_for(lambda: memory.by_name("a"))
     [sp] = memory.by_name("a")
-    assert (sp.start_time, sp.end_time) == (1_000_000_000, 2_000_000_000)
+    assert (sp.start_time, sp.end_time) == (int(enter) * 10**9, (int(enter) + 1) * 10**9)
+
+
+@gen_cluster(client=True)
+async def test_a_close_notice_with_times_that_cannot_be_spares_the_other_spans(
+        c, s, a, b, caplog):
+    memory = MemoryProviders()
+    await install(c, memory)
+    now = time.time()
+
+    def notice(name: str, client: str, enter: float, exit_: float) -> dict:
+        return {"ids": [f"id-{name}"], "name": [name], "opened": 1, "enter": enter,
+                "exit": exit_, "client": client}
+
+    bad = [notice("late", "A", now, 1e15), notice("negative", "A", -5, now),
+           notice("nan", "A", float("nan"), now), notice("inf", "A", now, float("inf"))]
+    good = [notice(f"good-{i}", "B", now - 2, now - 1) for i in range(3)]
+    with caplog.at_level(logging.WARNING, logger="dask_otel_spans"):
+        with dask_span("wf"):
+            await c.log_event(names.EVENT_TOPIC, [good[0], *bad, good[1]])
+            assert await c.submit(inc, 1, key="inc-1") == 2
+            await c.log_event(names.EVENT_TOPIC, good[2])
+        await async_wait_for(lambda: len(memory.dask_spans()) == 8)
+    by_name = {sp.name: sp for sp in memory.dask_spans()}
+    for sp in (by_name[f"good-{i}"] for i in range(3)):
+        assert (sp.start_time, sp.end_time) == (int(round((now - 2) * 1e9)),
+                                                int(round((now - 1) * 1e9)))
+    for sp in (by_name[n] for n in ("late", "negative", "nan", "inf")):
+        # (the time the scheduler got the notice)
+        assert sp.start_time == sp.end_time and now * 1e9 <= sp.end_time <= time.time() * 1e9
+    assert caplog.text.count("carry times that cannot be") == 1
 
 
 @gen_cluster(client=True)

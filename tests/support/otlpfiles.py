@@ -4,6 +4,7 @@ record's line, a metrics line."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -18,7 +19,9 @@ def _attributes(attrs: Mapping[str, object]) -> list[dict]:
         elif isinstance(value, int):
             encoded = {"intValue": str(value)}
         elif isinstance(value, float):
-            encoded = {"doubleValue": value}
+            # (NaN and infinities as text, as protobuf's JSON mapping writes them)
+            encoded = {"doubleValue": value if math.isfinite(value) else (
+                "NaN" if value != value else "Infinity" if value > 0 else "-Infinity")}
         else:
             encoded = {"stringValue": str(value)}
         out.append({"key": key, "value": encoded})

@@ -18,6 +18,7 @@ from dask_otel_spans.config import PluginConfig
 from dask_otel_spans.export.bounded import BoundedMemory
 from dask_otel_spans.export.ender import HandOver
 from dask_otel_spans.export.metrics import DaskInstruments, MetricCall
+from dask_otel_spans.export.tracking.notices import NoticeGate
 from dask_otel_spans.export.tracking.records import OpenSpan, carried_for_translation
 from dask_otel_spans.export.tracking.schedule import CheckSchedule
 from dask_otel_spans.export.tracking.verdicts import Verdicts
@@ -27,7 +28,6 @@ from dask_otel_spans.protocol.dask_facts import (
     grace_period,
     group_done,
 )
-from dask_otel_spans.protocol.notices import read_notice
 from dask_otel_spans.protocol.propagation import carried_headers
 from dask_otel_spans.protocol.snapshots import snapshot_span
 
@@ -98,6 +98,8 @@ class ReadinessTracker:
         self._metric_calls: list[MetricCall] = []
         self._requests: list[HandOver] = []
         self._log_once = OnceLogger(logger)
+        #: close notices read, their times checked, what they open bounded
+        self.notices = NoticeGate()
         #: spans handed over for export so far
         self.handed_over = 0
         #: readiness checks made (one per changed or due open span)
@@ -144,6 +146,8 @@ class ReadinessTracker:
             self._open[span.id] = rec
             if parent_rec is not None:
                 rec.carried.update(parent_rec.carried)
+        else:  # (opened by a close notice, maybe)
+            self.notices.seen(span.id)
         if parent_rec is not None:
             parent_rec.open_children.add(span.id)
         rec.span = span
@@ -346,27 +350,14 @@ class ReadinessTracker:
                 node = node.parent
 
     def _on_close_notice(self, msg: object, now: float, grace: float) -> None:
-        try:
-            # (as it came: read_notice checks it, and raises for one not of the
-            # helper's shape)
-            notice = read_notice(msg)  # type: ignore[arg-type]
-        except Exception as e:
-            self._log_once(
-                "bad-notice", "ignoring a malformed close notice on topic %r (%s): "
-                "%.200r", names.EVENT_TOPIC, e, msg,
-            )
+        notice = self.notices.read(msg, now)
+        if notice is None:
             return
-        ids, tags, opened, enter, exit_, carried, lazy, client = notice
+        ids, tags, opened, enter, exit_, carried, lazy, client, _ = notice
         for level in range(len(ids) - opened, len(ids)):
-            dask_id = ids[level]
-            rec = self._open.get(dask_id)
+            rec = self._noticed(ids[: level + 1], tags[: level + 1], client, now)
             if rec is None:
-                if dask_id in self.spans or dask_id in self._unseen_handed_over:
-                    continue  # handed over already, or finished before the plugin
-                rec = OpenSpan(dask_id, tags[: level + 1], ids[: level + 1])
-                self._open[dask_id] = rec
-                if self._submitted_unknown.pop(dask_id, False) is None:
-                    rec.submitted = True
+                continue
             rec.helper = True
             rec.carried.update(carried)
             if client is not None:
@@ -382,6 +373,25 @@ class ReadinessTracker:
                 wait_until = self._ready_at(rec, now, grace, None)
                 if wait_until is not None:
                     self._schedule.wake_up_at(rec, wait_until)
+
+    def _noticed(self, ids: tuple[str, ...], tags: tuple[str, ...],
+                 client: str | None, now: float) -> OpenSpan | None:
+        """The record a close notice of ``client`` closes (the last of ``ids``),
+        opened if need be; None when the notice has nothing to do with it (handed over
+        or closed already, or past the notices' bounds)."""
+        rec = self._open.get(ids[-1])
+        if rec is not None and rec.closed_at is not None:
+            self.notices.closed_again(client)
+            return None
+        if rec is None:
+            if ids[-1] in self.spans or ids[-1] in self._unseen_handed_over:
+                return None  # handed over already, or finished before the plugin
+            if not self.notices.may_open(client, ids[-1], now):
+                return None
+            rec = self._open[ids[-1]] = OpenSpan(ids[-1], tags, ids)
+            if self._submitted_unknown.pop(ids[-1], False) is None:
+                rec.submitted = True
+        return rec
 
     # -- readiness -------------------------------------------------------------------
 
@@ -487,6 +497,7 @@ class ReadinessTracker:
                     exc_info=True,
                 )
         del self._open[rec.id]
+        self.notices.handed_over(rec.id)
         self._schedule.graph_came(rec.id)
         keep_summary = False
         if span is None:
