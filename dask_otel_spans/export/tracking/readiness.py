@@ -18,7 +18,11 @@ from dask_otel_spans.config import PluginConfig
 from dask_otel_spans.export.bounded import BoundedMemory
 from dask_otel_spans.export.ender import HandOver
 from dask_otel_spans.export.metrics import DaskInstruments, MetricCall
-from dask_otel_spans.export.tracking.records import OpenSpan, carried_for_translation
+from dask_otel_spans.export.tracking.records import (
+    OpenSpan,
+    carried_for_translation,
+    merge_carried,
+)
 from dask_otel_spans.export.tracking.schedule import CheckSchedule
 from dask_otel_spans.export.tracking.verdicts import Verdicts
 from dask_otel_spans.logonce import OnceLogger
@@ -276,7 +280,7 @@ class ReadinessTracker:
         """A graph carried the contexts ``carried`` of the chain of ``dask_id``."""
         rec = self._open.get(dask_id)
         if rec is not None:
-            rec.carried.update(carried)
+            self._merge(rec, carried)
             rec.helper = True
             rec.submitted = True
             if rec.span is None:
@@ -285,6 +289,20 @@ class ReadinessTracker:
                 self._schedule.look_again(rec)
         elif dask_id not in self.spans:
             self._submitted_unknown.remember(dask_id)
+
+    def _merge(self, rec: OpenSpan, carried: Mapping[str, object]) -> None:
+        """:func:`merge_carried`; a root that learned its own carrier tells its open
+        descendants, which read it from their copy once it is handed over."""
+        if not merge_carried(rec, carried) or rec.depth > 1 or not rec.open_children:
+            return
+        root_id = rec.id
+        carrier = rec.carried[root_id]
+        below = list(rec.open_children)
+        while below:
+            child = self._open.get(below.pop())
+            if child is not None and child.ids[0] == root_id:
+                child.carried.setdefault(root_id, carrier)
+                below.extend(child.open_children)
 
     def _chain_known(self, chain: dict[str, object], absorbed: set[str]) -> bool:
         """Whether every span of a carried ``chain`` not absorbed yet is open with
@@ -297,6 +315,10 @@ class ReadinessTracker:
             rec = self._open.get(dask_id)
             if rec is None or not rec.helper or dask_id not in rec.carried:
                 return False
+            own = rec.carried[dask_id]
+            carrier = chain[dask_id]
+            if carrier is not own and carrier != own:
+                return False  # (another context for it: a link)
             known.append(rec)
         for rec in known:
             absorbed.add(rec.id)
@@ -355,7 +377,7 @@ class ReadinessTracker:
                 if self._submitted_unknown.pop(dask_id, False) is None:
                     rec.submitted = True
             rec.helper = True
-            rec.carried.update(carried)
+            self._merge(rec, carried)
             if client is not None:
                 rec.clients.add(client)
             if rec.span is None and lazy:
