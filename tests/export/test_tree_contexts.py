@@ -114,3 +114,17 @@ def test_a_span_submitted_to_again_with_its_own_context_gets_no_link(feed):
     feed.close(ROOT, at=2.0, otel={ROOT: CLIENT})
     assert feed.run(10.0) == [ROOT]
     assert not translated(feed.handed_over[ROOT]).links
+
+
+def test_contexts_carried_again_for_adopted_spans_give_the_ids_they_had(feed):
+    """A new export process adopts a running tree; the scheduler sends again what
+    its tasks' graphs carried: the spans keep the root's trace, and wait for no
+    close notice (the one sent before went to the process that died)."""
+    feed.span(ROOT)
+    feed.span(ROOT, CHILD)
+    feed.tracker.carried_again([{ROOT: CLIENT, CHILD: {}}])
+    assert not feed.tracker.record(ROOT).helper
+    assert feed.run(10.0) == [CHILD, ROOT]  # (idle: no notice awaited)
+    root, child = (translated(feed.handed_over[i]) for i in (ROOT, CHILD))
+    assert root.ids.trace_id == child.ids.trace_id == 0x0AF7651916CD43DD8448EB211C80319C
+    assert root.ids.parent_span_id == 0xB7AD6B7169203331

@@ -179,6 +179,24 @@ class ReadinessTracker:
                 rec.links.add(headers)
         self._mark_active(span_ids, now, client)
 
+    def carried_again(self, chains: object) -> None:
+        """The contexts graphs carried for spans adopted from the scheduler (a new
+        export process): taken as a graph's (:func:`merge_carried`), without what a
+        graph's coming says (activity; a block that waits for its close notice: a
+        notice that went to the export process before is not sent again)."""
+        if not isinstance(chains, (list, tuple)):
+            self._log_bad_annotation(chains)
+            return
+        for chain in chains:
+            carried = carried_headers(chain)
+            if carried is None:
+                self._log_bad_annotation(chain)
+                continue
+            for dask_id in carried:
+                rec = self._open.get(dask_id)
+                if rec is not None:
+                    self._merge(rec, carried)
+
     def close_notice(self, now: float, msg: object) -> None:
         """The client helper's block exited (one notice, or a batch of them; as it
         came: :func:`read_notice` checks each)."""
