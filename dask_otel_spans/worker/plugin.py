@@ -172,16 +172,16 @@ class OTelWorkerPlugin(WorkerPlugin):
         task of the one execution, whose context the executor's thread copies."""
         execute = self._run
         ts = self._tasks.get(key)
-        ctx = None
+        ctx = carried = None
         if ts is not None and self.contexts is not None:
             ctx = self.contexts.context_of(ts.span_id, ts.prefix, ts.annotations)
+            # what graphs that task code submits carry (worker_client, get_client):
+            # its tree's contexts, so that their spans and tasks join the root's trace
+            carried = carried_by_submissions(ts.annotations)
         if ctx is None:
             return await execute(key, stimulus_id=stimulus_id)
         token = otel_context.attach(ctx)
         in_task = IN_TASK.set(True)
-        # what graphs that task code submits carry (worker_client, get_client): its
-        # tree's contexts, so that their spans and tasks join the root's trace
-        carried = carried_by_submissions(ts.annotations)  # type: ignore[union-attr]
         try:
             if carried is None:
                 return await execute(key, stimulus_id=stimulus_id)
