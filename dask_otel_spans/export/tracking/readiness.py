@@ -195,7 +195,7 @@ class ReadinessTracker:
             for dask_id in carried:
                 rec = self._open.get(dask_id)
                 if rec is not None:
-                    self._merge(rec, carried)
+                    merge_carried(rec, carried, self._open)
 
     def close_notice(self, now: float, msg: object) -> None:
         """The client helper's block exited (one notice, or a batch of them; as it
@@ -298,7 +298,7 @@ class ReadinessTracker:
         """A graph carried the contexts ``carried`` of the chain of ``dask_id``."""
         rec = self._open.get(dask_id)
         if rec is not None:
-            self._merge(rec, carried)
+            merge_carried(rec, carried, self._open)
             rec.helper = True
             rec.submitted = True
             if rec.span is None:
@@ -307,20 +307,6 @@ class ReadinessTracker:
                 self._schedule.look_again(rec)
         elif dask_id not in self.spans:
             self._submitted_unknown.remember(dask_id)
-
-    def _merge(self, rec: OpenSpan, carried: Mapping[str, object]) -> None:
-        """:func:`merge_carried`; a root that learned its own carrier tells its open
-        descendants, which read it from their copy once it is handed over."""
-        if not merge_carried(rec, carried) or rec.depth > 1 or not rec.open_children:
-            return
-        root_id = rec.id
-        carrier = rec.carried[root_id]
-        below = list(rec.open_children)
-        while below:
-            child = self._open.get(below.pop())
-            if child is not None and child.ids[0] == root_id:
-                child.carried.setdefault(root_id, carrier)
-                below.extend(child.open_children)
 
     def _chain_known(self, chain: dict[str, object], absorbed: set[str]) -> bool:
         """Whether every span of a carried ``chain`` not absorbed yet is open with
@@ -395,7 +381,7 @@ class ReadinessTracker:
                 if self._submitted_unknown.pop(dask_id, False) is None:
                     rec.submitted = True
             rec.helper = True
-            self._merge(rec, carried)
+            merge_carried(rec, carried, self._open)
             if client is not None:
                 rec.clients.add(client)
             if rec.span is None and lazy:

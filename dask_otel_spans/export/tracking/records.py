@@ -140,12 +140,14 @@ def carried_for_translation(rec: OpenSpan, root: OpenSpan | None) -> dict[str, o
     return sent
 
 
-def merge_carried(rec: OpenSpan, carried: Mapping[str, object]) -> bool:
+def merge_carried(rec: OpenSpan, carried: Mapping[str, object],
+                  open_records: Mapping[str, OpenSpan]) -> None:
     """Take what a graph or a close notice carried for the chain of ``rec``: the
     first carrier of each span stays (what opened it; ids never change once
     given), a later one of its own that names another span becomes one of its
-    links (:class:`CallerLinks`). True when it learned its tree root's carrier
-    here (its descendants may not know it yet)."""
+    links (:class:`CallerLinks`). A root that learns its own carrier here tells
+    its open descendants (of ``open_records``), which read it from their copy once
+    the root is handed over."""
     known = rec.carried
     root_id = rec.ids[0]
     learned_root = False
@@ -160,4 +162,10 @@ def merge_carried(rec: OpenSpan, carried: Mapping[str, object]) -> bool:
             headers = w3c_headers(carrier)
             if headers is not None and headers != w3c_headers(before):
                 rec.links.add(headers)
-    return learned_root
+    if learned_root and rec.depth == 1 and rec.open_children:
+        below = list(rec.open_children)
+        while below:
+            child = open_records.get(below.pop())
+            if child is not None and child.ids[0] == root_id:
+                child.carried.setdefault(root_id, known[root_id])
+                below.extend(child.open_children)
