@@ -159,8 +159,8 @@ def carried_by_submissions(annotations: Mapping[str, object] | None
     carried, root first. With it, a span a task opens below the task's own (plain
     ``distributed.span`` or ``span()``) and the tasks it submits are in the trace
     of the tree's root, whichever worker runs them (without it, they only know the
-    root's dask id). None for a task of no span, or one with no ``otel``
-    annotation (a mapping: a malformed one is not passed on)."""
+    root's dask id). None for a task of no span, or one whose ``otel``
+    annotation is missing, empty or no dict (a malformed one is not passed on)."""
     if not annotations or "span" not in annotations:
         return None
     chain = annotations.get(names.ANNOTATION_KEY)
