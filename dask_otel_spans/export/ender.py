@@ -235,14 +235,24 @@ class SpanEnder(ThreadWorker):
 
     @staticmethod
     def _linked(fields: SpanFields, request: HandOver) -> SpanFields:
-        """``fields`` with the links to the request's callers (and the count of
-        those past the cap)."""
+        """``fields`` with its links: the context carried for the span in another
+        trace than its tree's (:func:`resolve_chain`), then the other contexts later
+        submissions carried for it and the callers of bare submissions, at most
+        ``names.MAX_SPAN_LINKS`` (the count of those past the cap)."""
+        dropped = request.links_dropped
+        own = fields.ids.link
+        if own is not None:
+            fields.links.append(own)
         for headers in request.links:
             caller = span_context_from_carrier(headers)
-            if caller is not None:
+            if caller is None or caller == own:
+                continue
+            if len(fields.links) < names.MAX_SPAN_LINKS:
                 fields.links.append(caller)
-        if request.links_dropped:
-            fields.attributes[names.SPAN_LINKS_DROPPED] = request.links_dropped
+            else:
+                dropped += 1
+        if dropped:
+            fields.attributes[names.SPAN_LINKS_DROPPED] = dropped
         return fields
 
     def export(self, fields: SpanFields) -> None:

@@ -285,6 +285,9 @@ class ExportSession:
         if collisions:
             self.collisions.seen(collisions, self.tree.tags)
 
+    def on_carried_again(self, chains: object) -> None:
+        self.tracker.carried_again(chains)
+
     def on_close_notice(self, time: float, msg: object) -> None:
         self.tracker.close_notice(time, msg)
         self.collisions.notice(msg)

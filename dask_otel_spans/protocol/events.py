@@ -35,6 +35,7 @@ SPAN, RUN, DONE, ERRED, TASKS = "span", "run", "done", "erred", "tasks"
 COUNTS = "counts"
 METRICS, CODE, WORKERS = "metrics", "code", "workers"
 GRAPH, NOTICE, CLIENT_GONE = "graph", "notice", "client-gone"
+CONTEXTS = "contexts"
 DELTAS, WORKER_DELTAS, HISTORY = "deltas", "worker-deltas", "history"
 PROFILE_PENDING, PROFILE = "profile-pending", "profile"
 
@@ -120,6 +121,14 @@ def graph_submitted(time: float, client: str | None, span_ids: list[str], chains
     return (GRAPH, time, client, span_ids, chains, collisions, links)
 
 
+def carried_again(chains: object) -> Message:
+    """The distinct chains of W3C contexts (``otel`` annotations) of the tasks the
+    scheduler holds, for spans a new export process adopted: what their graphs
+    carried, without the news of a graph (their spans' ids stay those the export
+    process before gave them)."""
+    return (CONTEXTS, chains)
+
+
 def close_notice(time: float, msg: object) -> Message:
     """The client helper's block exited (one notice, or a batch of them)."""
     return (NOTICE, time, msg)
@@ -199,6 +208,8 @@ class EventHandler(Protocol):
                            chains: object, collisions: list[tuple[str, str, str]],
                            links: list[tuple[str, dict[str, str]]]) -> None: ...
 
+    def on_carried_again(self, chains: object) -> None: ...
+
     def on_close_notice(self, time: float, msg: object) -> None: ...
 
     def on_client_gone(self, time: float, client: str) -> None: ...
@@ -231,6 +242,7 @@ def dispatch_table(handler: EventHandler) -> dict[str, tuple[int, Callable[..., 
         (CODE, span_code, handler.on_span_code),
         (WORKERS, worker_count, handler.on_worker_count),
         (GRAPH, graph_submitted, handler.on_graph_submitted),
+        (CONTEXTS, carried_again, handler.on_carried_again),
         (NOTICE, close_notice, handler.on_close_notice),
         (CLIENT_GONE, client_gone, handler.on_client_gone),
         (DELTAS, span_deltas, handler.on_span_deltas),

@@ -211,6 +211,9 @@ class ChainIds:
     parent_span_id: int | None
     trace_flags: TraceFlags
     trace_state: TraceState | None
+    #: the context carried for the span that is not its parent, being of another
+    #: trace than the root's: the span links to it (None when there is none)
+    link: SpanContext | None = None
 
     @property
     def parent_context(self) -> SpanContext | None:
@@ -239,11 +242,14 @@ class ChainIds:
 def resolve_chain(
     ids: Sequence[str], carried: Mapping[str, SpanContext | None]
 ) -> ChainIds:
-    """OTel ids of ``ids[-1]``, the last span of a dask span chain root-first.
+    """OTel ids of ``ids[-1]``, the last span of a dask span chain root-first: the
+    one rule every process applies (docs/data-contract.md, "Identifiers").
 
-    - trace id: the one carried for the root when there is one, else the root's UUID;
+    - trace id: the one carried for the root when there is one, else the root's UUID
+      (every span of the tree is in the root's trace);
     - parent: the span carried for ``ids[-1]`` when it belongs to that trace, else the
-      parent dask span's OTel span, else none (a root);
+      parent dask span's OTel span, else none (a root); a span carried for
+      ``ids[-1]`` in another trace is its ``link``, never its parent;
     - flags and state: the root's carried ones, else sampled.
     """
     if not ids:
@@ -257,17 +263,20 @@ def resolve_chain(
         trace_id = otel_trace_id(ids[0])
         flags = TraceFlags(TraceFlags.SAMPLED)
         state = None
-    own_ctx = carried.get(ids[-1])
+    own_ctx = carried.get(ids[-1]) if len(ids) > 1 else None
+    link = None
     if own_ctx is not None and own_ctx.trace_id == trace_id:
         parent: int | None = own_ctx.span_id
     elif len(ids) > 1:
         parent = otel_span_id(ids[-2])
+        link = own_ctx
     else:
-        parent = None
+        parent = root_ctx.span_id if root_ctx is not None else None
     return ChainIds(
         trace_id=trace_id,
         span_id=otel_span_id(ids[-1]),
         parent_span_id=parent,
         trace_flags=flags,
         trace_state=state,
+        link=link,
     )

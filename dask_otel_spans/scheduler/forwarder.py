@@ -487,6 +487,26 @@ class SpanForwarder:
                 self._adopted(node, positions[node.id], out)
         if out:
             self.sink.send(out)
+        yield from self._carried_again(positions)
+
+    def _carried_again(self, adopted: Collection[str]) -> Iterator[None]:
+        """Forward again the contexts the client helper's blocks carried for the
+        adopted spans (the ``otel`` chains of the tasks the scheduler still holds): a
+        new export process gives the spans of a tree the ids the one before gave
+        them (the root's trace). Reads the tasks in steps."""
+        chains: dict[int, object] = {}
+        if not adopted:
+            return
+        for i, ts in enumerate(list(self.tasks.values()), 1):
+            if i % SPANS_PER_STEP == 0:
+                yield
+            annotations = ts.annotations
+            chain = annotations.get(names.ANNOTATION_KEY) if annotations else None
+            if type(chain) is dict and id(chain) not in chains and any(
+                    dask_id in adopted for dask_id in chain):
+                chains[id(chain)] = chain
+        if chains:
+            self.sink.send([events.carried_again(list(chains.values()))])
 
     def _adopted(self, span: Span, position: int, out: list[Message]) -> None:
         """The messages of an adopted span: itself, its groups, its metrics."""

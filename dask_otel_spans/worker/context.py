@@ -1,7 +1,8 @@
 """The OTel context a task runs in on a worker: the span context of its prefix span
 inside its dask span (the dask span's own without prefix spans), exactly as the
 scheduler exports it; for a bare submission's task, its caller's span. With the
-caller's baggage. Worked out once per dask span, prefix and caller (bounded cache)."""
+caller's baggage. Worked out once per dask span, prefix and caller (bounded cache).
+And what graphs submitted by task code carry: the task's span tree's contexts."""
 from __future__ import annotations
 
 import logging
@@ -148,3 +149,21 @@ def _with_caller(ctx: Context, caller: object, in_block: bool) -> Context:
     for name, value in baggage.get_all(extracted).items():
         ctx = baggage.set_baggage(name, value, ctx)
     return ctx
+
+
+def carried_by_submissions(annotations: Mapping[str, object] | None
+                           ) -> dict[str, object] | None:
+    """The annotations that graphs submitted by a task's code carry (through
+    ``worker_client`` or ``get_client``) beside the ``span`` one distributed
+    propagates: the task's ``otel`` annotation, the contexts its span tree's blocks
+    carried, root first. With it, a span a task opens below the task's own (plain
+    ``distributed.span`` or ``span()``) and the tasks it submits are in the trace
+    of the tree's root, whichever worker runs them (without it, they only know the
+    root's dask id). None for a task of no span, or one whose ``otel``
+    annotation is missing, empty or no dict (a malformed one is not passed on)."""
+    if not annotations or "span" not in annotations:
+        return None
+    chain = annotations.get(names.ANNOTATION_KEY)
+    if type(chain) is not dict or not chain:
+        return None
+    return {names.ANNOTATION_KEY: chain}

@@ -16,13 +16,14 @@ import logging
 from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING, Protocol, TypedDict
 
+import dask
 from distributed.diagnostics.plugin import WorkerPlugin
 from opentelemetry import context as otel_context
 
 from dask_otel_spans import names
 from dask_otel_spans.config import setting
 from dask_otel_spans.sdk.providers import flush_provider
-from dask_otel_spans.worker.context import TaskContexts
+from dask_otel_spans.worker.context import TaskContexts, carried_by_submissions
 from dask_otel_spans.worker.logs import (
     IN_TASK,
     PROCESS_RECORDS,
@@ -171,15 +172,21 @@ class OTelWorkerPlugin(WorkerPlugin):
         task of the one execution, whose context the executor's thread copies."""
         execute = self._run
         ts = self._tasks.get(key)
-        ctx = None
+        ctx = carried = None
         if ts is not None and self.contexts is not None:
             ctx = self.contexts.context_of(ts.span_id, ts.prefix, ts.annotations)
+            # what graphs that task code submits carry (worker_client, get_client):
+            # its tree's contexts, so that their spans and tasks join the root's trace
+            carried = carried_by_submissions(ts.annotations)
         if ctx is None:
             return await execute(key, stimulus_id=stimulus_id)
         token = otel_context.attach(ctx)
         in_task = IN_TASK.set(True)
         try:
-            return await execute(key, stimulus_id=stimulus_id)
+            if carried is None:
+                return await execute(key, stimulus_id=stimulus_id)
+            with dask.annotate(**carried):
+                return await execute(key, stimulus_id=stimulus_id)
         finally:
             IN_TASK.reset(in_task)
             otel_context.detach(token)

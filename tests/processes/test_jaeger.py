@@ -30,6 +30,7 @@ from support.jaeger import (
     check,
     client_tracer,
     export_env,
+    inner_span_through_worker_client,
     jaeger_binary,
     traced_task,
     wait_for_spans,
@@ -110,7 +111,10 @@ def workflow(jaeger: Jaeger, prometheus: str, tmp_path_factory) -> Iterator[dict
     # the scrape until the series' next export (docs/data-contract.md, "In Jaeger").
     # wait_for_export flushes at each of its polls (every 0.1 s while spans are
     # open): its first call comes once the spans were handed over, so it flushes once.
-    procs = DaskProcesses({**export_env(jaeger), "OTEL_METRIC_EXPORT_INTERVAL": "60000"},
+    # (idle-timeout: plain distributed.span spans, opened in tasks, end a second
+    # after they are idle)
+    procs = DaskProcesses({**export_env(jaeger), "OTEL_METRIC_EXPORT_INTERVAL": "60000",
+                           "DASK_OTEL_SPANS__IDLE_TIMEOUT": "1s"},
                           cwd=str(tmp_path_factory.mktemp("dask")), worker_preload=True)
     provider = client_tracer(jaeger)
     try:
@@ -324,6 +328,43 @@ def test_exemplars_in_prometheus_point_at_traces_jaeger_has(workflow, prometheus
         assert labels["span_id"] == expected[prefix]
     by_id = {s["spanId"]: s for s in jaeger.trace_v3(workflow["trace"])}
     assert by_id[prefix_hex]["name"] == "traced_task"
+
+
+def test_a_span_a_task_opens_is_in_the_requests_trace_in_jaeger(jaeger, workflow):
+    """A plain ``distributed.span`` opened in a task, work computed through
+    ``worker_client`` (on the workflow's cluster): the query API returns one trace,
+    the request's, holding both dask spans and the inner work, every parent in it."""
+    provider = client_tracer(jaeger)
+    try:
+        with Client(workflow["scheduler"], timeout=60) as client:
+            before = client.run_on_scheduler(scheduler_state).handed_over
+            tracer = provider.get_tracer("client-app")
+            with tracer.start_as_current_span("task request") as request:
+                with span("task outer") as outer_id:
+                    assert client.submit(inner_span_through_worker_client, 3).result() == 3
+            # (the inner span, a plain one, is handed over once idle)
+            wait_for(lambda: handed_over(client, before + 2), timeout=30, interval=0.2)
+            assert wait_for_export(client).flushed
+    finally:
+        provider.shutdown()
+    trace_hex = f"{request.get_span_context().trace_id:032x}"
+    wanted = {"task request": 1, "task outer": 1, "inner": 1, "in task": 3}
+    spans = wait_for_spans(jaeger, trace_hex, lambda spans: spans if {
+        n: sum(s["name"] == n for s in spans) for n in wanted} == wanted else None)
+    by_id = {s["spanId"]: s for s in spans}
+    assert [s["name"] for s in spans if s.get("parentSpanId")
+            and s["parentSpanId"] not in by_id] == []
+    (inner,) = [s for s in spans if s["name"] == "inner"]
+    assert inner["parentSpanId"] == hex16(otel_span_id(outer_id))
+    inner_prefix = hex16(prefix_span_id(inner["attrs"][names.SPAN_ID], "traced_task"))
+    assert {s["parentSpanId"] for s in spans if s["name"] == "in task"} == {inner_prefix}
+    # what the UI shows: one trace, no span whose parent is missing from it
+    view = wait_for(lambda: jaeger.trace_v1(trace_hex), timeout=10)
+    assert not view.get("warnings")
+    ids = {s["spanID"] for s in view["spans"]}
+    assert all(ref["traceID"] == trace_hex and ref["spanID"] in ids
+               for s in view["spans"] for ref in s["references"]
+               if ref["refType"] == "CHILD_OF")
 
 
 def default_span_id(dask_scheduler) -> str:

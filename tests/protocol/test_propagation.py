@@ -166,10 +166,17 @@ def test_child_with_carried_context_of_same_trace_uses_it():
     assert ids.parent_span_id == 0x1234
 
 
-def test_child_carried_context_of_other_trace_is_ignored():
+def test_child_carried_context_of_other_trace_is_its_link_not_its_parent():
     ids = resolve_chain([ROOT, CHILD], {ROOT: None, CHILD: APP})
     assert ids.trace_id == otel_trace_id(ROOT)
     assert ids.parent_span_id == otel_span_id(ROOT)
+    assert ids.link == APP
+
+
+def test_a_carried_context_used_as_the_parent_is_no_link():
+    assert resolve_chain([ROOT], {ROOT: APP}).link is None
+    same_trace = SpanContext(APP.trace_id, 0x1234, True, APP.trace_flags)
+    assert resolve_chain([ROOT, CHILD], {ROOT: APP, CHILD: same_trace}).link is None
 
 
 def test_unsampled_client_context_is_kept():

@@ -10,7 +10,13 @@ from distributed.spans import Span
 from support.stand_ins import Prefix, Recorder, Task, TaskGroup
 
 from dask_otel_spans.protocol.dask_private import code_snippets, cumulative_metrics
-from dask_otel_spans.protocol.events import CLIENT_GONE, GRAPH, NOTICE, Dispatcher
+from dask_otel_spans.protocol.events import (
+    CLIENT_GONE,
+    CONTEXTS,
+    GRAPH,
+    NOTICE,
+    Dispatcher,
+)
 from dask_otel_spans.scheduler.forwarder import SpanForwarder
 
 
@@ -276,6 +282,27 @@ def test_adoption_for_a_new_process_forwards_again_the_done_spans_past_its_repor
     assert [item[:2] for item in sink.items if item[0] == "done"] == [
         ("done", "s3"), ("done", "c")
     ]
+
+
+def test_an_adoption_forwards_again_the_contexts_its_spans_tasks_carried(tree, sink):
+    """A new export process learns the contexts the client helper's blocks carried
+    for the spans it adopts (their trees' traces), from the tasks the scheduler
+    holds: each distinct chain once, after the spans."""
+    chain = {"r": {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-"
+                                  "b7ad6b7169203331-01"}, "c": {}}
+    group = task_group("inc-1", "c")
+    tree["c"].groups.add(group)
+    tasks = {
+        "inc-1": Task(group, annotations={"span": {"ids": ("r", "c")}, "otel": chain}),
+        "inc-2": Task(group, annotations={"span": {"ids": ("r", "c")}, "otel": chain}),
+        "other": Task(group, annotations={"otel": {"elsewhere": {}}}),
+        "plain": Task(group),
+    }
+    forwarder = SpanForwarder(tree, tasks, sink, clock=lambda: 10.0)
+    for _ in forwarder.adopt():
+        pass
+    assert sink.items[-1] == (CONTEXTS, [chain])
+    assert [item[0] for item in sink.items].count(CONTEXTS) == 1
 
 
 def test_adoption_at_start_leaves_done_spans_out(sink):

@@ -255,6 +255,18 @@ def traced_task(x: int) -> int:
     return x
 
 
+def inner_span_through_worker_client(n: int) -> int:
+    """Task code as a Dask user writes it (docs/data-contract.md, "Identifiers"): a
+    plain ``distributed.span`` opened in a task, ``n`` more :func:`traced_task`
+    computed in it through ``worker_client``."""
+    import dask
+    import distributed
+
+    with distributed.worker_client() as client, distributed.span("inner"):
+        return sum(client.compute([dask.delayed(traced_task)(i) for i in range(n)],
+                                  sync=True))
+
+
 def check(x: int) -> int:
     """Task code with a span of its own; record 3 raises inside it."""
     from opentelemetry import trace

@@ -40,10 +40,12 @@ class TaskGroup:
 
 @dataclass(eq=False)
 class Task:
-    """Stands in for a ``TaskState``: its group (and its run spec)."""
+    """Stands in for a ``TaskState``: its group (and its run spec, its
+    annotations)."""
 
     group: TaskGroup
     run_spec: object = None
+    annotations: dict[str, object] | None = None
 
 
 class Recorder:

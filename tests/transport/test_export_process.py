@@ -17,6 +17,7 @@ import psutil
 import pytest
 from distributed import Event
 from distributed.utils_test import gen_cluster, inc
+from opentelemetry import trace
 from support.plugin import FAST, wait_for_event
 from support.polling import async_wait_for, wait_for
 from support.processes import free_port
@@ -213,15 +214,20 @@ async def test_spans_sent_to_an_export_process_as_it_dies_are_sent_again(
     c, s, a, b, tmp_path, caplog
 ):
     """What the dying process's pipe took (it was stopped, then killed) is lost with
-    it; the new process gets those spans from the scheduler again."""
+    it; the new process gets those spans from the scheduler again, and the contexts
+    their graphs carried (the trace of the client's span)."""
     caplog.set_level(logging.WARNING, logger="dask_otel_spans")
     plugin = await install_process_plugin(c, tmp_path)
     process = plugin.transport.sender
     await export_one_span(c, plugin, "before")
     first = process.supervisor.pid
     os.kill(first, signal.SIGSTOP)  # it reads no more
-    with span("into the pipe"):
-        await c.submit(inc, 2, key="p-1")
+    client_span = trace.NonRecordingSpan(trace.SpanContext(
+        0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, is_remote=True,
+        trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED)))
+    with trace.use_span(client_span), span("into the pipe"):
+        held = c.submit(inc, 2, key="p-1")  # (the scheduler holds its annotations)
+        await held
     # forwarded and written (or, if the kill comes first, failed and sent again)
     await async_wait_for(lambda: plugin.forwarder.forwarded.spans >= 2
                          and process.waiting == 0)
@@ -232,9 +238,12 @@ async def test_spans_sent_to_an_export_process_as_it_dies_are_sent_again(
         await c.submit(inc, 3, key="a-1")
     await async_wait_for(lambda: plugin.handed_over_count >= 3, timeout=60)
     await plugin.flush()
-    exported = exported_names(tmp_path)
+    exported = {sp["name"]: sp for sp in exported_spans(tmp_path)}
     await plugin.close()
-    assert {"before", "into the pipe", "after"} <= exported
+    assert {"before", "into the pipe", "after"} <= set(exported)
+    assert exported["into the pipe"]["traceId"] == "0af7651916cd43dd8448eb211c80319c"
+    assert exported["into the pipe"]["parentSpanId"] == "b7ad6b7169203331"
+    del held
 
 
 def test_the_export_process_figures_thread_carries_on_after_an_error(monkeypatch):

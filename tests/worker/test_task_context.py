@@ -7,7 +7,7 @@ from opentelemetry import baggage, trace
 
 from dask_otel_spans.protocol.propagation import otel_trace_id, prefix_span_id
 from dask_otel_spans.worker import context as task_context
-from dask_otel_spans.worker.context import TaskContexts
+from dask_otel_spans.worker.context import TaskContexts, carried_by_submissions
 
 ROOT, CHILD = str(uuid.uuid4()), str(uuid.uuid4())
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -98,3 +98,19 @@ def test_a_caller_carrier_too_large_to_remember_is_worked_out_each_time():
     ctx = contexts.context_of(ROOT, "inc", {"otel-caller": huge})
     assert ids_of(ctx)[1] == 0xB7AD6B7169203331
     assert len(contexts) == 0
+
+
+def test_task_codes_submissions_carry_the_tasks_otel_chain():
+    chain = {ROOT: {"traceparent": TRACEPARENT}, CHILD: {}}
+    got = carried_by_submissions({"span": {"ids": (ROOT, CHILD)}, "otel": chain,
+                                  "otel-caller": CALLER, "priority": 3})
+    assert got == {"otel": chain}
+
+
+def test_a_task_of_no_span_or_of_no_wellformed_chain_passes_nothing_on():
+    assert carried_by_submissions(None) is None
+    assert carried_by_submissions({"otel-caller": CALLER}) is None
+    assert carried_by_submissions({"otel": {ROOT: {}}}) is None  # (no span)
+    for malformed in ("not a chain", {}, ["a"]):
+        assert carried_by_submissions({"span": {"ids": (ROOT,)},
+                                       "otel": malformed}) is None

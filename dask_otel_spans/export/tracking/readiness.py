@@ -19,7 +19,11 @@ from dask_otel_spans.export.bounded import BoundedMemory
 from dask_otel_spans.export.ender import HandOver
 from dask_otel_spans.export.metrics import DaskInstruments, MetricCall
 from dask_otel_spans.export.tracking.notices import NoticeGate
-from dask_otel_spans.export.tracking.records import OpenSpan, carried_for_translation
+from dask_otel_spans.export.tracking.records import (
+    OpenSpan,
+    carried_for_translation,
+    merge_carried,
+)
 from dask_otel_spans.export.tracking.schedule import CheckSchedule
 from dask_otel_spans.export.tracking.verdicts import Verdicts
 from dask_otel_spans.logonce import OnceLogger
@@ -184,6 +188,24 @@ class ReadinessTracker:
                 rec.links.add(headers)
         self._mark_active(span_ids, now, client)
 
+    def carried_again(self, chains: object) -> None:
+        """The contexts graphs carried for spans adopted from the scheduler (a new
+        export process): taken as a graph's (:func:`merge_carried`), without what a
+        graph's coming says (activity; a block that waits for its close notice: a
+        notice that went to the export process before is not sent again)."""
+        if not isinstance(chains, (list, tuple)):
+            self._log_bad_annotation(chains)
+            return
+        for chain in chains:
+            carried = carried_headers(chain)
+            if carried is None:
+                self._log_bad_annotation(chain)
+                continue
+            for dask_id in carried:
+                rec = self._open.get(dask_id)
+                if rec is not None:
+                    merge_carried(rec, carried, self._open)
+
     def close_notice(self, now: float, msg: object) -> None:
         """The client helper's block exited (one notice, or a batch of them; as it
         came: :func:`read_notice` checks each)."""
@@ -293,7 +315,7 @@ class ReadinessTracker:
         """A graph carried the contexts ``carried`` of the chain of ``dask_id``."""
         rec = self._open.get(dask_id)
         if rec is not None:
-            rec.carried.update(carried)
+            merge_carried(rec, carried, self._open)
             rec.helper = True
             rec.submitted = True
             if rec.span is None:
@@ -314,6 +336,10 @@ class ReadinessTracker:
             rec = self._open.get(dask_id)
             if rec is None or not rec.helper or dask_id not in rec.carried:
                 return False
+            own = rec.carried[dask_id]
+            carrier = chain[dask_id]
+            if carrier is not own and carrier != own:
+                return False  # (another context for it: a link)
             known.append(rec)
         for rec in known:
             absorbed.add(rec.id)
@@ -359,7 +385,7 @@ class ReadinessTracker:
             if rec is None:
                 continue
             rec.helper = True
-            rec.carried.update(carried)
+            merge_carried(rec, carried, self._open)
             if client is not None:
                 rec.clients.add(client)
             if rec.span is None and lazy:

@@ -1,9 +1,11 @@
 """The readiness tracker's record of one dask span that was not handed over yet."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from dask_otel_spans import names
+from dask_otel_spans.protocol.propagation import w3c_headers
 
 if TYPE_CHECKING:
     from distributed.scheduler import TaskGroup
@@ -120,9 +122,9 @@ class OpenSpan:
 
 
 def carried_for_translation(rec: OpenSpan, root: OpenSpan | None) -> dict[str, object]:
-    """The carried headers the translation reads of a span: the root's (which an open
-    ``root`` record may hold alone) and its own; empty carriers left out (they say
-    what no carrier says)."""
+    """The carried headers the translation reads of a span: the root's (the open
+    ``root`` record's, which fixes the tree's trace; else the copy ``rec`` holds) and
+    its own; empty carriers left out (they say what no carrier says)."""
     ids, carried = rec.ids, rec.carried
     root_id, own_id = ids[0], rec.id
     sent = {}
@@ -130,9 +132,40 @@ def carried_for_translation(rec: OpenSpan, root: OpenSpan | None) -> dict[str, o
     if carrier is not None and (type(carrier) is not dict or carrier):
         sent[own_id] = carrier
     if root_id != own_id:
-        carrier = carried.get(root_id)
-        if carrier is None and root is not None:
-            carrier = root.carried.get(root_id)
+        carrier = root.carried.get(root_id) if root is not None else None
+        if carrier is None:
+            carrier = carried.get(root_id)
         if carrier is not None and (type(carrier) is not dict or carrier):
             sent[root_id] = carrier
     return sent
+
+
+def merge_carried(rec: OpenSpan, carried: Mapping[str, object],
+                  open_records: Mapping[str, OpenSpan]) -> None:
+    """Take what a graph or a close notice carried for the chain of ``rec``: the
+    first carrier of each span stays (what opened it; ids never change once
+    given), a later one of its own that names another span becomes one of its
+    links (:class:`CallerLinks`). A root that learns its own carrier here tells
+    its open descendants (of ``open_records``), which read it from their copy once
+    the root is handed over."""
+    known = rec.carried
+    root_id = rec.ids[0]
+    learned_root = False
+    for dask_id, carrier in carried.items():
+        before = known.get(dask_id)
+        if before is None:
+            if dask_id not in known:
+                known[dask_id] = carrier
+                learned_root = learned_root or dask_id == root_id
+            continue
+        if dask_id == rec.id and carrier is not before and carrier != before:
+            headers = w3c_headers(carrier)
+            if headers is not None and headers != w3c_headers(before):
+                rec.links.add(headers)
+    if learned_root and rec.depth == 1 and rec.open_children:
+        below = list(rec.open_children)
+        while below:
+            child = open_records.get(below.pop())
+            if child is not None and child.ids[0] == root_id:
+                child.carried.setdefault(root_id, known[root_id])
+                below.extend(child.open_children)
