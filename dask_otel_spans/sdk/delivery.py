@@ -98,9 +98,9 @@ class Delivery:
         (by default those held for one of its destinations); the others stay where
         they are, said in one line."""
         self.spool.open(accept or self._own)
-        if self.spool.left and accept is None:
-            logger.warning("dask_otel_spans: %s", left_elsewhere(
-                self.spool.left, self.destinations, self.spool.directory))
+        said = left_elsewhere(self.spool.left, self.destinations, self.spool.directory)
+        if said and accept is None:
+            logger.warning("dask_otel_spans: %s", said)
         self._thread = threading.Thread(target=self._run, name="dask-otel-spans-delivery",
                                         daemon=True)
         self._thread.start()
@@ -244,9 +244,12 @@ def left_elsewhere(left: Sequence[Left], own: Sequence[Destination],
                    directory: str | None) -> str:
     """In words, the batches an export process found in the spool ``directory``
     and left there, held for other destinations than its ``own`` (endpoints without
-    user info, no secret)."""
+    user info, no secret); empty when there are none."""
     parts = []
+    mine = {d.key for d in own}
     for found in left:
+        if found.key in mine:  # (a name taken twice: the next start takes it)
+            continue
         unit = UNITS.get(found.signal, "item")
         what = (f"{counted(found.batches, 'batch', 'batches')} "
                 f"({counted(found.items, unit)})")
@@ -259,6 +262,8 @@ def left_elsewhere(left: Sequence[Left], own: Sequence[Destination],
         if any(d.same_endpoint(destination) for d in own):
             where += " with other credentials (headers, user info) than this export's"
         parts.append(f"{what} for {where}")
+    if not parts:
+        return ""
     return (f"the spool {directory} holds batches this export does not send, held for "
             f"other destinations: {'; '.join(parts)}; left there (dask-otel-spans "
             f"resend {directory} sends each to its own)")

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from dask_otel_spans.otelenv import signal_setting
 from dask_otel_spans.protocol.figures import SIGNALS, SignalFigures
 from dask_otel_spans.protocol.outcome import UNITS
 from dask_otel_spans.sdk.delivery import Delivery
@@ -110,7 +111,7 @@ class _Chooser:
         # (the environment's credentials for its signal, to where the batch goes: the
         # same destination only when they are the ones it was held with)
         upper = signal.upper()
-        userinfo, _ = split_userinfo(self.destinations[signal].endpoint)
+        userinfo, _ = split_userinfo(signal_setting(self.environ, upper, "ENDPOINT") or "")
         environ = {**self.environ,
                    f"OTEL_EXPORTER_OTLP_{upper}_ENDPOINT":
                        with_userinfo(destination.endpoint, userinfo),

@@ -132,3 +132,19 @@ def test_the_command_says_what_it_left_and_fails(receivers, tmp_path, monkeypatc
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "api-key=key-a")
     assert main(["resend", str(tmp_path), "--timeout", "20"]) == 0
     assert names(a) == ["kept"]
+
+
+def test_user_info_counts_as_a_credential_and_is_said_masked(tmp_path):
+    """(Whether the sender can use user info is another matter: here nothing
+    listens.)"""
+    endpoint = f"http://jane:pass-word@127.0.0.1:{free_port()}"
+    hold(tmp_path, configured(environ_to(endpoint), "traces"), "kept")
+    bare = endpoint.replace("jane:pass-word@", "")
+    [line] = resend(str(tmp_path), environ_to(bare), timeout=0.5).left
+    assert "other credentials" in line and "pass-word" not in line and "jane" not in line
+    # (the user info of the signal's endpoint, whatever host that names)
+    elsewhere = f"http://jane:pass-word@127.0.0.1:{free_port()}"
+    outcome = resend(str(tmp_path), environ_to(elsewhere), timeout=0.5)
+    assert outcome.left == []
+    assert [r.where for r in outcome.resent] == [
+        "OTLP grpc to " + endpoint.replace("pass-word", "***")]
