@@ -115,7 +115,7 @@ class Delivery:
 
     def _own(self, signal: str, key: str | None,
              destination: Destination | None) -> Destination | None:
-        """(:data:`~dask_otel_spans.sdk.spool.Accept`) Batches held for one of its
+        """(:data:`~dask_otel_spans.sdk.spooltakeover.Accept`) Batches held for one of its
         destinations."""
         return self._destinations.get(key) if key is not None else None
 

@@ -85,7 +85,7 @@ def resend(directory: str, environ: Mapping[str, str], timeout: float,
 
 class _Chooser:
     """Where the batches of each destination found in the spool go
-    (:data:`~dask_otel_spans.sdk.spool.Accept`), and why those left are left."""
+    (:data:`~dask_otel_spans.sdk.spooltakeover.Accept`), and why those left are left."""
 
     def __init__(self, environ: Mapping[str, str], destinations: dict[str, Destination],
                  delivery: Delivery, any_destination: bool, holding: str):

@@ -28,12 +28,12 @@ LOCK = ".lock"
 #: ``<time ns>-<seq>-<items>-<crc32>[.<destination key>].<signal>.pb`` (without the
 #: key: written before batches were bound to their destination)
 _NAME = re.compile(
-    r"^(?P<stamp>\d{20})-(?P<seq>\d{8})-(?P<items>\d{1,10})-(?P<crc>[0-9a-f]{8})"
-    r"(?:\.(?P<key>[0-9a-f]{16}))?\.(?P<signal>traces|metrics|logs)\.pb$"
+    r"(?P<stamp>[0-9]{20})-(?P<seq>[0-9]{8})-(?P<items>[0-9]{1,10})-(?P<crc>[0-9a-f]{8})"
+    r"(?:\.(?P<key>[0-9a-f]{16}))?\.(?P<signal>traces|metrics|logs)\.pb"
 )
 #: A name that looks like a batch's (whatever its figures)
 _BATCH_LIKE = re.compile(r"\.(traces|metrics|logs)\.pb$")
-_RECORD_NAME = re.compile(r"^(?P<key>[0-9a-f]{16})\.destination$")
+_RECORD_NAME = re.compile(r"(?P<key>[0-9a-f]{16})\.destination")
 #: (no following of links, no waiting on a FIFO, no descriptor left to children)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _OPEN = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | _CLOEXEC
@@ -70,7 +70,7 @@ class BatchName:
 def batch_name(name: str) -> BatchName | None:
     """The batch of a file name; None when it is not one (or claims figures beyond
     their bounds)."""
-    match = _NAME.match(name)
+    match = _NAME.fullmatch(name)
     if match is None or int(match["items"]) > MAX_ITEMS:
         return None
     return BatchName(name, int(match["stamp"]), match["signal"], int(match["items"]),
@@ -84,7 +84,7 @@ def looks_like_a_batch(name: str) -> bool:
 
 def record_key(name: str) -> str | None:
     """The destination key of a record's file name; None when it is not one."""
-    match = _RECORD_NAME.match(name)
+    match = _RECORD_NAME.fullmatch(name)
     return match["key"] if match else None
 
 
