@@ -8,6 +8,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 from dask_otel_spans.otelenv import OTLP_PROTOCOLS
 from dask_otel_spans.protocol.figures import SIGNALS
@@ -100,12 +101,12 @@ class Destination:
         """The endpoint as it may be said (user info masked)."""
         return masked(self.endpoint)
 
-    @property
+    @cached_property
     def bare(self) -> str:
         """The endpoint without its user info (as it is stored)."""
         return split_userinfo(self.endpoint)[1]
 
-    @property
+    @cached_property
     def key(self) -> str:
         """A name for the destination, for files and maps: a digest of the signal,
         protocol, endpoint (without user info: the credentials hold it) and

@@ -218,16 +218,6 @@ class Folder:
             return None
         return file
 
-    def exists(self, name: str) -> bool:
-        """Whether there is an entry ``name`` (of any kind)."""
-        with self._guard:
-            try:
-                path, at = self._at(name)
-                os.stat(path, follow_symlinks=False, **at)
-            except FileNotFoundError:
-                return False
-        return True
-
     def rename(self, name: str, to: Folder, new_name: str | None = None) -> None:
         """Move the entry ``name`` (itself, never a link's target) into ``to``."""
         if not _AT:

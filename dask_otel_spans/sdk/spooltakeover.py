@@ -98,6 +98,8 @@ class Takeover:
         self.taken: list[Taken] = []
         self._left: dict[tuple[str, str | None], tuple[Destination | None, int, int]] = {}
         self._decided: dict[tuple[str, str | None], Destination | None] = {}
+        #: the names in the own folder (new at open: only what was taken)
+        self._names: set[str] = set()
 
     @property
     def left(self) -> list[Left]:
@@ -146,7 +148,8 @@ class Takeover:
         destination = (_record_of(folder, batch.key, records)
                        if batch.key is not None else None)
         target = self._target(batch, destination)
-        if target is None or self.own.exists(file):
+        # (a name already taken from another folder stays for the next start)
+        if target is None or file in self._names:
             _, batches, items = self._left.get((batch.signal, batch.key), (None, 0, 0))
             self._left[batch.signal, batch.key] = (destination, batches + 1,
                                                    items + batch.items)
@@ -156,6 +159,7 @@ class Takeover:
             self.record(record)
         folder.rename(file, self.own)
         self.taken.append(Taken(target, batch, st.st_size))
+        self._names.add(file)
         return True
 
     def _target(self, batch: BatchName, destination: Destination | None
