@@ -26,7 +26,7 @@ def run(batches: int, size: int) -> dict[str, float]:
     directory = tempfile.mkdtemp()
     try:
         out = {}
-        for name, destination in (("own", own), ("other", other)):
+        for destination in (own, other):
             left = Spool(directory, max_memory=0, max_disk=2**62)
             left.open()
             t0 = time.perf_counter()
