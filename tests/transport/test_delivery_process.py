@@ -96,9 +96,10 @@ async def test_what_was_held_for_one_backend_goes_to_it_never_to_another(
         assert dask_span_names(receiver_b) == ["for b"] and len(receiver_b.spans()) == 2
     finally:
         receiver_b.stop()
-    [said] = [line for line in capfd.readouterr().err.splitlines()
-              if "does not send" in line]
-    assert f"(2 spans) for traces to OTLP grpc http://127.0.0.1:{port_a}; " in said
+    err = capfd.readouterr().err
+    said = [line for line in err.splitlines() if "does not send" in line]
+    assert len(said) == 1, err
+    assert f"(2 spans) for traces to OTLP grpc http://127.0.0.1:{port_a}; " in said[0]
     receiver_a = OTLPReceiver(port=port_a).start()
     try:
         done = subprocess.run(
