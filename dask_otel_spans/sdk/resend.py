@@ -65,8 +65,12 @@ def resend(directory: str, environ: Mapping[str, str], timeout: float,
                        f"stays in the spool {directory}")
     delivery.start(accept=chooser.accept)
     try:
-        delivery.drain(timeout)
         out = Outcome()
+        if spool.directory is None:  # (it could not be trusted or opened: said)
+            out.left.append(f"nothing sent: the spool {directory} was not opened (the "
+                            "line above says why)")
+            return out
+        delivery.drain(timeout)
         for destination in delivery.destinations:
             health = chooser.health[destination.key]
             out.resent.append(Resent(destination.signal, health.where, delivery.figures(

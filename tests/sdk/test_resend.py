@@ -70,6 +70,8 @@ def test_each_batch_goes_to_the_destination_it_was_held_for(receivers, tmp_path)
         (f"OTLP grpc to {a.endpoint}", 1),
         (f"OTLP http/protobuf to {b.endpoint}/v1/traces", 1)])
     assert outcome.left == []
+    again = resend(str(tmp_path), environ_to(a.endpoint, **headers), timeout=5)
+    assert again.resent == [] and again.left == []  # (acknowledged: gone)
 
 
 def test_a_batch_held_with_other_credentials_is_left_with_one_line(receivers,
@@ -148,3 +150,11 @@ def test_user_info_counts_as_a_credential_and_is_said_masked(tmp_path):
     assert outcome.left == []
     assert [r.where for r in outcome.resent] == [
         "OTLP grpc to " + endpoint.replace("pass-word", "***")]
+
+
+def test_a_spool_directory_others_may_write_is_not_resent_from(tmp_path, capsys):
+    hold(tmp_path, configured(environ_to("http://127.0.0.1:9"), "traces"), "kept")
+    tmp_path.chmod(0o777)
+    assert main(["resend", str(tmp_path), "--timeout", "1"]) == 1
+    [line] = capsys.readouterr().out.splitlines()
+    assert line.startswith(f"nothing sent: the spool {tmp_path} was not opened")
