@@ -152,7 +152,7 @@ class Destination:
         return cls(signal, protocol, endpoint, credentials)
 
 
-def configured(environ: Mapping[str, str], signal: str) -> Destination:
+def destination_of(environ: Mapping[str, str], signal: str) -> Destination:
     """The destination the ``OTEL_EXPORTER_OTLP_*`` variables in ``environ`` give
     ``signal``'s OTLP exporter (the one its request sender sends to)."""
     # (imported here: the exporters' module says destinations too)

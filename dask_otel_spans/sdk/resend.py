@@ -14,7 +14,7 @@ from dask_otel_spans.protocol.outcome import UNITS
 from dask_otel_spans.sdk.delivery import Delivery
 from dask_otel_spans.sdk.destination import (
     Destination,
-    configured,
+    destination_of,
     split_userinfo,
     with_userinfo,
 )
@@ -57,7 +57,7 @@ def resend(directory: str, environ: Mapping[str, str], timeout: float,
     :attr:`Outcome.left`. With ``any_destination``, every batch goes to the
     endpoint ``environ`` configures for its signal, with its credentials.
     """
-    destinations = {signal: configured(environ, signal) for signal in SIGNALS}
+    destinations = {signal: destination_of(environ, signal) for signal in SIGNALS}
     spool = Spool(directory, max_memory=0, max_disk=2**62, adopted_level=logging.INFO)
     delivery = Delivery(spool)
     chooser = _Chooser(environ, destinations, delivery, any_destination,
@@ -120,7 +120,7 @@ class _Chooser:
                    f"OTEL_EXPORTER_OTLP_{upper}_ENDPOINT":
                        with_userinfo(destination.endpoint, userinfo),
                    f"OTEL_EXPORTER_OTLP_{upper}_PROTOCOL": destination.protocol}
-        target = configured(environ, signal)
+        target = destination_of(environ, signal)
         if target.key != destination.key:
             self.why[signal, key] = (
                 f"held for OTLP {destination.protocol} {destination.shown} with other "

@@ -13,7 +13,7 @@ from support.processes import free_port
 from support.receivers import OTLPHttpReceiver, OTLPReceiver
 
 from dask_otel_spans.sdk.delivery import Delivery
-from dask_otel_spans.sdk.destination import configured
+from dask_otel_spans.sdk.destination import destination_of
 from dask_otel_spans.sdk.health import ExportHealth
 from dask_otel_spans.sdk.otlpsend import request_sender
 from dask_otel_spans.sdk.providers import Providers, resolve_providers
@@ -282,7 +282,7 @@ def test_what_is_held_for_another_destination_is_said_once_without_secrets(
     left = Spool(str(tmp_path), max_memory=0, max_disk=10**6)
     left.open()
     for _ in range(2):
-        left.put(configured(other, "traces"), b"\n\x00", 1)
+        left.put(destination_of(other, "traces"), b"\n\x00", 1)
     left.close()
     receiver = receiver_of("grpc")
     providers = build(environ_to(receiver, "grpc"), tmp_path)

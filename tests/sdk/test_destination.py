@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-from dask_otel_spans.sdk.destination import Destination, configured, masked
+from dask_otel_spans.sdk.destination import Destination, destination_of, masked
 
 
 def test_the_configured_destination_is_the_one_its_record_gives_back():
     environ = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://jane:secret@collector:4318",
                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
                "OTEL_EXPORTER_OTLP_HEADERS": "api-key=k1"}
-    destination = configured(environ, "traces")
+    destination = destination_of(environ, "traces")
     back = Destination.from_record(destination.record())
     assert back is not None and back.key == destination.key
     assert back.endpoint == "http://collector:4318/v1/traces"
@@ -29,7 +29,7 @@ def test_other_credentials_endpoint_or_protocol_are_another_destination(other):
     environ = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://jane:secret@collector:4318",
                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
                "OTEL_EXPORTER_OTLP_HEADERS": "api-key=k1"}
-    assert configured(environ, "traces").key != configured(
+    assert destination_of(environ, "traces").key != destination_of(
         {**environ, **other}, "traces").key
 
 

@@ -14,7 +14,7 @@ from support.processes import free_port
 from support.receivers import OTLPHttpReceiver, OTLPReceiver
 
 from dask_otel_spans.cli import main
-from dask_otel_spans.sdk.destination import Destination, configured
+from dask_otel_spans.sdk.destination import Destination, destination_of
 from dask_otel_spans.sdk.resend import resend
 from dask_otel_spans.sdk.spool import Spool
 
@@ -59,8 +59,8 @@ def receivers():
 def test_each_batch_goes_to_the_destination_it_was_held_for(receivers, tmp_path):
     a, b = receivers
     headers = {"OTEL_EXPORTER_OTLP_HEADERS": "api-key=key-a"}
-    hold(tmp_path, configured(environ_to(a.endpoint, **headers), "traces"), "for-a")
-    hold(tmp_path, configured(environ_to(b.endpoint, "http/protobuf", **headers),
+    hold(tmp_path, destination_of(environ_to(a.endpoint, **headers), "traces"), "for-a")
+    hold(tmp_path, destination_of(environ_to(b.endpoint, "http/protobuf", **headers),
                               "traces"), "for-b")
     # (the environment names neither: its credentials are theirs)
     outcome = resend(str(tmp_path), environ_to(f"http://127.0.0.1:{free_port()}",
@@ -78,7 +78,7 @@ def test_a_batch_held_with_other_credentials_is_left_with_one_line(receivers,
                                                                     tmp_path):
     a, _ = receivers
     held = environ_to(a.endpoint, OTEL_EXPORTER_OTLP_HEADERS="api-key=key-a")
-    hold(tmp_path, configured(held, "traces"), "kept")
+    hold(tmp_path, destination_of(held, "traces"), "kept")
     outcome = resend(str(tmp_path), environ_to(
         a.endpoint, OTEL_EXPORTER_OTLP_HEADERS="api-key=key-of-b"), timeout=2)
     assert a.metadata == [] and outcome.resent == []
@@ -94,7 +94,7 @@ def test_a_batch_held_with_other_credentials_is_left_with_one_line(receivers,
 def test_any_destination_sends_every_batch_where_the_environment_says(receivers,
                                                                       tmp_path):
     a, b = receivers
-    hold(tmp_path, configured(environ_to(f"http://127.0.0.1:{free_port()}",
+    hold(tmp_path, destination_of(environ_to(f"http://127.0.0.1:{free_port()}",
                                          OTEL_EXPORTER_OTLP_HEADERS="api-key=old"),
                               "traces"), "held-for-a-gone-backend")
     outcome = resend(str(tmp_path), environ_to(a.endpoint,
@@ -123,7 +123,7 @@ def test_a_batch_of_an_unknown_destination_is_sent_only_when_asked(receivers,
 def test_the_command_says_what_it_left_and_fails(receivers, tmp_path, monkeypatch,
                                                  capsys):
     a, _ = receivers
-    hold(tmp_path, configured(environ_to(a.endpoint,
+    hold(tmp_path, destination_of(environ_to(a.endpoint,
                                          OTEL_EXPORTER_OTLP_HEADERS="api-key=key-a"),
                               "traces"), "kept")
     for name, value in environ_to(a.endpoint).items():
@@ -140,7 +140,7 @@ def test_user_info_counts_as_a_credential_and_is_said_masked(tmp_path):
     """(Whether the sender can use user info is another matter: here nothing
     listens.)"""
     endpoint = f"http://jane:pass-word@127.0.0.1:{free_port()}"
-    hold(tmp_path, configured(environ_to(endpoint), "traces"), "kept")
+    hold(tmp_path, destination_of(environ_to(endpoint), "traces"), "kept")
     bare = endpoint.replace("jane:pass-word@", "")
     [line] = resend(str(tmp_path), environ_to(bare), timeout=0.5).left
     assert "other credentials" in line and "pass-word" not in line and "jane" not in line
@@ -153,7 +153,7 @@ def test_user_info_counts_as_a_credential_and_is_said_masked(tmp_path):
 
 
 def test_a_spool_directory_others_may_write_is_not_resent_from(tmp_path, capsys):
-    hold(tmp_path, configured(environ_to("http://127.0.0.1:9"), "traces"), "kept")
+    hold(tmp_path, destination_of(environ_to("http://127.0.0.1:9"), "traces"), "kept")
     tmp_path.chmod(0o777)
     assert main(["resend", str(tmp_path), "--timeout", "1"]) == 1
     [line] = capsys.readouterr().out.splitlines()
