@@ -9,49 +9,28 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
+from urllib.parse import urlsplit, urlunsplit
 
 from dask_otel_spans.otelenv import OTLP_PROTOCOLS
 from dask_otel_spans.protocol.figures import SIGNALS
 
 #: What stands for a password wherever an endpoint is said
 MASK = "***"
-#: The longest endpoint a destination record may name (a record is read back from disk)
-MAX_ENDPOINT = 2048
-_DIGEST = re.compile(r"^[0-9a-f]{32}$")
-#: the end of a URL's authority (``scheme://[userinfo@]host:port``)
-_AUTHORITY_END = re.compile(r"[/?#]")
-
-
-def split_userinfo(url: str) -> tuple[str | None, str]:
-    """``url``'s user info (None when it has none) and ``url`` without it; with or
-    without a scheme (``user:pw@host:4317``)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        scheme, rest = "", url
-    end = _AUTHORITY_END.search(rest)
-    authority, tail = (rest[:end.start()], rest[end.start():]) if end else (rest, "")
-    userinfo, at, hostport = authority.rpartition("@")
-    if not at:
-        return None, url
-    return userinfo, f"{scheme}{sep}{hostport}{tail}"
-
-
-def with_userinfo(url: str, userinfo: str | None) -> str:
-    """``url`` (without user info) with ``userinfo`` put back (None: as it is)."""
-    if userinfo is None:
-        return url
-    scheme, sep, rest = url.partition("://")
-    return f"{scheme}{sep}{userinfo}@{rest}" if sep else f"{userinfo}@{url}"
 
 
 def masked(url: str) -> str:
     """``url`` as it may be said: a password in its user info replaced by
     :data:`MASK` (``http://user:***@host:4318``); anything else as it is."""
-    userinfo, bare = split_userinfo(url)
-    if userinfo is None:
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return MASK if "@" in url else url
+    if "@" not in parts.netloc:
         return url
-    user, colon, _ = userinfo.partition(":")
-    return with_userinfo(bare, f"{user}:{MASK}" if colon else user)
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user, sep, _ = userinfo.partition(":")
+    netloc = f"{user}:{MASK}@{hostport}" if sep else f"{user}@{hostport}"
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def credentials_digest(headers: Mapping[str, str] | None, userinfo: str = "") -> str:
@@ -63,6 +42,11 @@ def credentials_digest(headers: Mapping[str, str] | None, userinfo: str = "") ->
         digest.update(f"{name}\0{value}\0".encode())
     digest.update(f"userinfo\0{userinfo}".encode())
     return digest.hexdigest()[:32]
+
+
+#: The longest endpoint a destination record may name (a record is read back from disk)
+MAX_ENDPOINT = 2048
+_DIGEST = re.compile(r"[0-9a-f]{32}")
 
 
 @dataclass(frozen=True)
@@ -93,8 +77,8 @@ class Destination:
         """The destination of ``signal``'s batches sent over ``protocol`` to
         ``endpoint`` (its user info, if any, counts as a credential) with
         ``headers``."""
-        userinfo, _ = split_userinfo(endpoint)
-        return cls(signal, protocol, endpoint, credentials_digest(headers, userinfo or ""))
+        return cls(signal, protocol, endpoint,
+                   credentials_digest(headers, userinfo(endpoint)))
 
     @property
     def shown(self) -> str:
@@ -104,7 +88,7 @@ class Destination:
     @cached_property
     def bare(self) -> str:
         """The endpoint without its user info (as it is stored)."""
-        return split_userinfo(self.endpoint)[1]
+        return without_userinfo(self.endpoint)
 
     @cached_property
     def key(self) -> str:
@@ -146,15 +130,49 @@ class Destination:
         if (signal not in SIGNALS or protocol not in OTLP_PROTOCOLS
                 or not isinstance(endpoint, str) or not isinstance(credentials, str)
                 or not 0 < len(endpoint) <= MAX_ENDPOINT or not endpoint.isprintable()
-                or split_userinfo(endpoint)[0] is not None
-                or not _DIGEST.match(credentials)):
+                or without_userinfo(endpoint) != endpoint
+                or not _DIGEST.fullmatch(credentials)):
             return None
         return cls(signal, protocol, endpoint, credentials)
 
 
+def _authority(url: str) -> tuple[int, int]:
+    """Where the authority (``[user[:password]@]host[:port]``) of ``url`` is: after
+    ``scheme://`` or ``//``, else from the start (an endpoint without a scheme), up
+    to the path, query or fragment."""
+    scheme_end = url.find("://")
+    start = scheme_end + 3 if scheme_end >= 0 else (2 if url.startswith("//") else 0)
+    ends = [i for i in (url.find(c, start) for c in "/?#") if i >= 0]
+    return start, min(ends, default=len(url))
+
+
+def userinfo(url: str) -> str:
+    """The user info of ``url`` (``user:password``, as written); empty when none."""
+    start, end = _authority(url)
+    info, at, _ = url[start:end].rpartition("@")
+    return info if at else ""
+
+
+def without_userinfo(url: str) -> str:
+    """``url`` with its user info (and the ``@``) left out."""
+    start, end = _authority(url)
+    _, at, hostport = url[start:end].rpartition("@")
+    return url[:start] + hostport + url[end:] if at else url
+
+
+def with_userinfo(url: str, info: str) -> str:
+    """``url`` (without user info) with the user info ``info`` put back (empty: as
+    it is)."""
+    if not info:
+        return url
+    start, _ = _authority(url)
+    return f"{url[:start]}{info}@{url[start:]}"
+
+
 def destination_of(environ: Mapping[str, str], signal: str) -> Destination:
-    """The destination the ``OTEL_EXPORTER_OTLP_*`` variables in ``environ`` give
-    ``signal``'s OTLP exporter (the one its request sender sends to)."""
+    """The destination ``environ``'s ``OTEL_EXPORTER_OTLP_*`` variables give
+    ``signal`` (``traces``, ``metrics``, ``logs``): its protocol, its endpoint as
+    the SDK's exporter resolves it, and the digest of its headers and user info."""
     # (imported here: the exporters' module says destinations too)
     from dask_otel_spans.otelenv import otlp_protocol
     from dask_otel_spans.sdk.otlp import default_endpoint, otlp_exporter_kwargs

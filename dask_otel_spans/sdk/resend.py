@@ -15,7 +15,7 @@ from dask_otel_spans.sdk.delivery import Delivery
 from dask_otel_spans.sdk.destination import (
     Destination,
     destination_of,
-    split_userinfo,
+    userinfo,
     with_userinfo,
 )
 from dask_otel_spans.sdk.health import ExportHealth
@@ -115,10 +115,10 @@ class _Chooser:
         # (the environment's credentials for its signal, to where the batch goes: the
         # same destination only when they are the ones it was held with)
         upper = signal.upper()
-        userinfo, _ = split_userinfo(signal_setting(self.environ, upper, "ENDPOINT") or "")
+        info = userinfo(signal_setting(self.environ, upper, "ENDPOINT") or "")
         environ = {**self.environ,
                    f"OTEL_EXPORTER_OTLP_{upper}_ENDPOINT":
-                       with_userinfo(destination.endpoint, userinfo),
+                       with_userinfo(destination.endpoint, info),
                    f"OTEL_EXPORTER_OTLP_{upper}_PROTOCOL": destination.protocol}
         target = destination_of(environ, signal)
         if target.key != destination.key:

@@ -1,12 +1,19 @@
-"""A destination: what a held batch is bound to (signal, protocol, endpoint, a digest
-of its credentials), stored without a secret and read back within bounds."""
+"""A destination's record: what a held batch is bound to (signal, protocol, endpoint, a
+digest of its credentials), stored without a secret and read back within bounds; the
+same key configured or read back."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from dask_otel_spans.sdk.destination import Destination, destination_of, masked
+from dask_otel_spans.sdk.destination import (
+    Destination,
+    destination_of,
+    userinfo,
+    with_userinfo,
+    without_userinfo,
+)
 
 
 def test_the_configured_destination_is_the_one_its_record_gives_back():
@@ -50,11 +57,11 @@ def test_a_record_out_of_bounds_is_no_destination(change):
     assert Destination.from_record(json.dumps({**fields, **change}).encode()) is None
 
 
-@pytest.mark.parametrize("url, shown", [
-    ("http://jane:secret@host:4318/v1/traces", "http://jane:***@host:4318/v1/traces"),
-    ("jane:secret@host:4317", "jane:***@host:4317"),
-    ("https://jane@host", "https://jane@host"),
-    ("http://host:4318", "http://host:4318"),
+@pytest.mark.parametrize("url, info, bare", [
+    ("http://jane:secret@host:4318/v1/traces", "jane:secret", "http://host:4318/v1/traces"),
+    ("jane:secret@host:4317", "jane:secret", "host:4317"),
+    ("http://host:4318/a@b", "", "http://host:4318/a@b"),
 ])
-def test_an_endpoint_is_said_with_its_password_masked(url, shown):
-    assert masked(url) == shown
+def test_user_info_is_taken_out_and_put_back(url, info, bare):
+    assert (userinfo(url), without_userinfo(url)) == (info, bare)
+    assert with_userinfo(bare, info) == url
