@@ -374,6 +374,7 @@ def show_run(state: ExportState, address: str, workers: Collection[str]) -> int:
 
 
 def cmd_resend(args: argparse.Namespace) -> int:
+    from dask_otel_spans.otelenv import ConfigurationError
     from dask_otel_spans.protocol.outcome import describe, settled
     from dask_otel_spans.sdk.resend import resend
 
@@ -383,8 +384,12 @@ def cmd_resend(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     # (what the spool held is said, at INFO: sending it is what was asked)
     logging.getLogger("dask_otel_spans").setLevel(logging.INFO)
-    outcome = resend(args.directory, os.environ, args.timeout,
-                     any_destination=args.any_destination)
+    try:
+        outcome = resend(args.directory, os.environ, args.timeout,
+                         any_destination=args.any_destination)
+    except ConfigurationError as e:
+        print(f"dask-otel-spans resend: {e}", file=sys.stderr)
+        return 2
     if not outcome.resent and not outcome.left:
         print(f"nothing to send in {args.directory} (or only batches of running "
               "export processes)")

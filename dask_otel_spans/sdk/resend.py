@@ -8,7 +8,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from dask_otel_spans.otelenv import signal_setting
+from dask_otel_spans.otelenv import ConfigurationError, signal_setting
 from dask_otel_spans.protocol.figures import SIGNALS, SignalFigures
 from dask_otel_spans.protocol.outcome import UNITS
 from dask_otel_spans.sdk.delivery import Delivery
@@ -120,16 +120,22 @@ class _Chooser:
                    f"OTEL_EXPORTER_OTLP_{upper}_ENDPOINT":
                        with_userinfo(destination.endpoint, info),
                    f"OTEL_EXPORTER_OTLP_{upper}_PROTOCOL": destination.protocol}
-        target = destination_of(environ, signal)
-        if target.key != destination.key:
+        try:
+            target = destination_of(environ, signal)
+            if target.key == destination.key:
+                return self._to(target, environ)
+        except ConfigurationError as e:  # (a protocol or endpoint that cannot work)
             self.why[signal, key] = (
-                f"held for OTLP {destination.protocol} {destination.shown} with other "
-                "credentials (OTEL_EXPORTER_OTLP_*HEADERS, the endpoint's user info) "
-                "than this environment's: not sent there with these; run resend with "
-                f"the credentials they were held with, or {ANY_DESTINATION} to send "
-                "them to this environment's endpoint")
+                f"held for OTLP {destination.protocol} {destination.shown}, which "
+                f"cannot be sent to with this environment: {e}")
             return None
-        return self._to(target, environ)
+        self.why[signal, key] = (
+            f"held for OTLP {destination.protocol} {destination.shown} with other "
+            "credentials (OTEL_EXPORTER_OTLP_*HEADERS, the endpoint's user info) than "
+            "this environment's: not sent there with these; run resend with the "
+            f"credentials they were held with, or {ANY_DESTINATION} to send them to "
+            "this environment's endpoint")
+        return None
 
     def _to(self, target: Destination, environ: Mapping[str, str]) -> Destination:
         """``target``, its sender built (once) from ``environ``."""

@@ -137,19 +137,19 @@ def test_the_command_says_what_it_left_and_fails(receivers, tmp_path, monkeypatc
 
 
 def test_user_info_counts_as_a_credential_and_is_said_masked(tmp_path):
-    """(Whether the sender can use user info is another matter: here nothing
-    listens.)"""
+    """(Whether it arrives is the sender's matter: here nothing listens.)"""
     endpoint = f"http://jane:pass-word@127.0.0.1:{free_port()}"
-    hold(tmp_path, destination_of(environ_to(endpoint), "traces"), "kept")
+    hold(tmp_path, destination_of(environ_to(endpoint, "http/protobuf"), "traces"),
+         "kept")
     bare = endpoint.replace("jane:pass-word@", "")
-    [line] = resend(str(tmp_path), environ_to(bare), timeout=0.5).left
+    [line] = resend(str(tmp_path), environ_to(bare, "http/protobuf"), timeout=0.5).left
     assert "other credentials" in line and "pass-word" not in line and "jane" not in line
     # (the user info of the signal's endpoint, whatever host that names)
     elsewhere = f"http://jane:pass-word@127.0.0.1:{free_port()}"
-    outcome = resend(str(tmp_path), environ_to(elsewhere), timeout=0.5)
+    outcome = resend(str(tmp_path), environ_to(elsewhere, "http/protobuf"), timeout=0.5)
     assert outcome.left == []
     assert [r.where for r in outcome.resent] == [
-        "OTLP grpc to " + endpoint.replace("pass-word", "***")]
+        "OTLP http/protobuf to " + endpoint.replace("pass-word", "***") + "/v1/traces"]
 
 
 def test_a_spool_directory_others_may_write_is_not_resent_from(tmp_path, capsys):
@@ -158,3 +158,12 @@ def test_a_spool_directory_others_may_write_is_not_resent_from(tmp_path, capsys)
     assert main(["resend", str(tmp_path), "--timeout", "1"]) == 1
     [line] = capsys.readouterr().out.splitlines()
     assert line.startswith(f"nothing sent: the spool {tmp_path} was not opened")
+
+
+def test_a_configuration_that_cannot_work_is_one_line(tmp_path, monkeypatch, capsys):
+    hold(tmp_path, destination_of(environ_to("http://127.0.0.1:9"), "traces"), "kept")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon")
+    assert main(["resend", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    [line] = err.splitlines()
+    assert line.startswith("dask-otel-spans resend: OTEL_EXPORTER_OTLP_PROTOCOL") and not out
