@@ -46,13 +46,12 @@ def child(args: argparse.Namespace) -> None:
     stop = time.monotonic() + args.duration
 
     def report(now: float) -> None:
-        figures = providers.delivery()
+        figures = providers.delivery()["traces"]
         print(json.dumps({
             "t": now, "cpu": sum(process.cpu_times()[:2]),
             "rss": process.memory_info().rss, "ended": ended,
-            "delivered": figures["traces_delivered"],
-            "held": figures["traces_held"], "spooled": figures["traces_spooled"],
-            "dropped": figures["traces_dropped"],
+            "delivered": figures.delivered, "held": figures.held,
+            "spooled": figures.spooled, "dropped": figures.dropped,
         }), flush=True)
 
     next_report = next_batch = time.monotonic()

@@ -387,8 +387,9 @@ def show_run(state: ExportState, address: str, workers: Collection[str]) -> int:
 
 
 def cmd_resend(args: argparse.Namespace) -> int:
+    from dask_otel_spans.otelenv import ConfigurationError
     from dask_otel_spans.protocol.outcome import describe, settled
-    from dask_otel_spans.sdk.delivery import resend
+    from dask_otel_spans.sdk.resend import resend
 
     if not os.path.isdir(args.directory):
         print(f"no such directory: {args.directory}", file=sys.stderr)
@@ -396,15 +397,23 @@ def cmd_resend(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     # (what the spool held is said, at INFO: sending it is what was asked)
     logging.getLogger("dask_otel_spans").setLevel(logging.INFO)
-    found = resend(args.directory, os.environ, args.timeout)
-    if not found:
+    try:
+        outcome = resend(args.directory, os.environ, args.timeout,
+                         any_destination=args.any_destination)
+    except ConfigurationError as e:
+        print(f"dask-otel-spans resend: {e}", file=sys.stderr)
+        return 2
+    if not outcome.resent and not outcome.left:
         print(f"nothing to send in {args.directory} (or only batches of running "
               "export processes)")
         return 0
-    for signal, (where, figures) in found.items():
-        print(describe(figures, signal, where, spool_directory=args.directory,
-                       resending=True))
-    return 0 if all(settled(figures) for _, figures in found.values()) else 1
+    for resent in outcome.resent:
+        print(describe(resent.figures, resent.signal, resent.where,
+                       spool_directory=args.directory, resending=True))
+    for line in outcome.left:
+        print(line)
+    return 0 if not outcome.left and all(
+        settled(r.figures) for r in outcome.resent) else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -443,11 +452,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     report.set_defaults(func=cmd_report)
     resend = sub.add_parser(
         "resend", help="send the batches a spool directory holds (otel-spans.spool."
-                       "directory) to the OTLP endpoint of the OTEL_EXPORTER_OTLP_* "
-                       "variables")
+                       "directory), each to the OTLP endpoint it was held for, with the "
+                       "credentials of the OTEL_EXPORTER_OTLP_* variables when they are "
+                       "the ones it was held with")
     resend.add_argument("directory", help="the spool directory")
     resend.add_argument("--timeout", type=float, default=60.0,
                         help="seconds to keep trying (default: %(default)s)")
+    resend.add_argument("--any-destination", action="store_true",
+                        help="send every batch to the OTLP endpoint of the "
+                             "OTEL_EXPORTER_OTLP_* variables, with their credentials, "
+                             "whatever destination it was held for")
     resend.set_defaults(func=cmd_resend)
     args = parser.parse_args(argv)
     if args.command is None:

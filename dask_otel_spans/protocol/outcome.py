@@ -64,8 +64,9 @@ def waiting(figures: SignalFigures, spool_directory: str | None = None,
         parts.append(f"{held} still held in memory")
     if spooled:
         parts.append(f"{spooled} still held in the spool {spool_directory}" + (
-            "" if resending else " (the next export process with that directory sends "
-            f"them first; or: dask-otel-spans resend {spool_directory})"))
+            "" if resending else " (the next export process with that directory and "
+            "destination sends them first; or: dask-otel-spans resend "
+            f"{spool_directory})"))
     if dropped:
         parts.append(f"{dropped} dropped past the spool's bounds "
                      "(otel-spans.spool.max-memory, max-disk)")

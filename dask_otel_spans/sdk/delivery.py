@@ -1,21 +1,27 @@
 """Delivery: the encoded batches of the holding exporters
-(:mod:`~dask_otel_spans.sdk.holding`) wait in the :class:`~dask_otel_spans.sdk.spool.Spool`
-and one thread of its own sends them, oldest first per signal; what the receiver did not
+(:mod:`~dask_otel_spans.sdk.holding`) wait in the :class:`~dask_otel_spans.sdk.spool.Spool`,
+bound to their destination, and one thread of its own sends them, oldest first per
+destination, each to its own; what the receiver did not
 take is held and sent again, with backoff between attempts (the server's ``RetryInfo`` /
 ``Retry-After`` when it gave one), until the receiver acknowledges it. The one engine
-behind every holding exporter and ``dask-otel-spans resend``."""
+behind every holding exporter and ``dask-otel-spans resend``
+(:mod:`~dask_otel_spans.sdk.resend`)."""
 from __future__ import annotations
 
 import logging
 import random
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Sequence
 
-from dask_otel_spans.protocol.figures import SIGNALS, SignalFigures
+from dask_otel_spans.protocol.figures import SignalFigures
+from dask_otel_spans.protocol.outcome import UNITS
+from dask_otel_spans.sdk.destination import Destination
 from dask_otel_spans.sdk.health import ExportHealth
 from dask_otel_spans.sdk.otlpsend import Reply, RequestSender
 from dask_otel_spans.sdk.spool import Entry, Spool
+from dask_otel_spans.sdk.spooltakeover import Accept, Left
+from dask_otel_spans.wording import counted
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +45,7 @@ def backoff(attempt: int) -> float:
 TRIES_IN_A_FLUSH = 3
 
 class Delivery:
-    """Send what ``spool`` holds, per signal, on a thread of its own.
+    """Send what ``spool`` holds, per destination, on a thread of its own.
 
     Parameters
     ----------
@@ -49,8 +55,12 @@ class Delivery:
 
     def __init__(self, spool: Spool):
         self.spool = spool
+        #: by destination key: where its batches go, how, and their figures
+        self._destinations: dict[str, Destination] = {}
         self._senders: dict[str, RequestSender] = {}
         self._health: dict[str, ExportHealth] = {}
+        #: signal -> the key of the destination its batches are held for
+        self._held_for: dict[str, str] = {}
         #: a batch is on its way and its outcome not counted yet
         self._sending = False
         self._retry_at: dict[str, float] = {}
@@ -64,18 +74,33 @@ class Delivery:
 
     @property
     def signals(self) -> tuple[str, ...]:
-        return tuple(self._senders)
+        """The signals it sends (each once)."""
+        return tuple(dict.fromkeys(d.signal for d in self._destinations.values()))
 
-    def add_signal(self, signal: str, sender: RequestSender,
-                   health: ExportHealth | None = None) -> None:
-        """Send ``signal``'s held batches with ``sender``; count them in ``health``."""
-        self._senders[signal] = sender
-        self._health[signal] = health or ExportHealth(signal, signal)
+    @property
+    def destinations(self) -> tuple[Destination, ...]:
+        return tuple(self._destinations.values())
 
-    def start(self) -> None:
-        """Open the spool (batches left by an export that ended are sent first) and
-        start the thread."""
-        self.spool.open()
+    def add_destination(self, destination: Destination, sender: RequestSender,
+                        health: ExportHealth | None = None) -> None:
+        """Send the batches held for ``destination`` with ``sender`` (built from the
+        same configuration); count them in ``health``. The first destination of a
+        signal is the one its batches handed to :meth:`hold` are held for."""
+        key = destination.key
+        self._destinations[key] = destination
+        self._senders[key] = sender
+        self._health[key] = health or ExportHealth(destination.signal, destination.shown)
+        self._held_for.setdefault(destination.signal, key)
+
+    def start(self, accept: Accept | None = None) -> None:
+        """Open the spool and start the thread. Of the batches an export that ended
+        left, those ``accept`` gives a destination of this delivery are sent first
+        (by default those held for one of its destinations); the others stay where
+        they are, said in one line."""
+        self.spool.open(accept or self._own)
+        said = left_elsewhere(self.spool.left, self.destinations, self.spool.directory)
+        if said and accept is None:
+            logger.warning("dask_otel_spans: %s", said)
         self._thread = threading.Thread(target=self._run, name="dask-otel-spans-delivery",
                                         daemon=True)
         self._thread.start()
@@ -83,20 +108,26 @@ class Delivery:
     # -- the exporters' side -------------------------------------------------------------
 
     def hold(self, signal: str, payload: bytes, items: int) -> None:
-        """Hold an encoded request until the receiver acknowledges it (sent at once
-        when nothing older of its signal waits)."""
-        self.spool.put(signal, payload, items)
+        """Hold an encoded request for ``signal``'s destination until it acknowledges
+        it (sent at once when nothing older for it waits)."""
+        self.spool.put(self._destinations[self._held_for[signal]], payload, items)
         self._wake.set()
 
+    def _own(self, signal: str, key: str | None,
+             destination: Destination | None) -> Destination | None:
+        """(:data:`~dask_otel_spans.sdk.spooltakeover.Accept`) Batches held for one of its
+        destinations."""
+        return self._destinations.get(key) if key is not None else None
+
     def waiting(self) -> bool:
-        """Whether a batch of a signal this delivery sends still waits (or is being
-        sent, its outcome not counted yet)."""
+        """Whether a batch for a destination this delivery sends to still waits (or
+        is being sent, its outcome not counted yet)."""
         return self._sending or any(self.spool.waiting(s) for s in self._senders)
 
     def drain(self, timeout: float, until_refused: bool = False) -> bool:
         """Wait until nothing waits, at most ``timeout`` seconds (less when every
-        signal that waits is not due again before then; with ``until_refused``, less
-        when every one that waits was tried :data:`TRIES_IN_A_FLUSH` times since the
+        destination that waits is not due again before then; with ``until_refused``,
+        less when every one that waits was tried :data:`TRIES_IN_A_FLUSH` times since the
         wait began and the backend took none: a backend that is down is not waited
         for, one that is coming back gets its tries); True when nothing waits."""
         deadline = time.monotonic() + timeout
@@ -132,12 +163,19 @@ class Delivery:
                 pass
 
     def figures(self, signal: str, delivered: int | None = None,
-                failed: int | None = None) -> SignalFigures:
-        """What came of ``signal``: ``delivered`` and ``failed`` as its exporters
-        counted them, with what this holds and dropped of it."""
-        if signal not in self._senders:
+                failed: int | None = None, destination: str | None = None
+                ) -> SignalFigures:
+        """What came of ``signal`` (of its destination of key ``destination`` only,
+        when given): ``delivered`` and ``failed`` as its exporters counted them,
+        with what this holds and dropped of it."""
+        keys = [k for k, d in self._destinations.items() if d.signal == signal
+                and destination in (None, k)]
+        if not keys:
             return SignalFigures(delivered, failed)
-        return SignalFigures(delivered, failed, **self.spool.figures(signal))
+        figures = [self.spool.figures(k) for k in keys]
+        return SignalFigures(delivered, failed,
+                             **{name: sum(f[name] for f in figures)
+                                for name in ("held", "spooled", "dropped")})
 
     # -- the thread ----------------------------------------------------------------------
 
@@ -146,10 +184,10 @@ class Delivery:
             try:
                 self.spool.spill_due()
                 sent = False
-                for signal in list(self._senders):
+                for key in list(self._senders):
                     if self._stopped.is_set():
                         return
-                    sent = self._send_oldest(signal) or sent
+                    sent = self._send_oldest(key) or sent
             except Exception:
                 logger.exception("dask_otel_spans: the delivery thread failed a round")
                 sent = False
@@ -162,29 +200,30 @@ class Delivery:
         due = [t - now for s, t in self._retry_at.items() if self.spool.waiting(s)]
         return max(0.0, min([_TICK, *due]))
 
-    def _send_oldest(self, signal: str) -> bool:
-        """Send ``signal``'s oldest held batch if it is due; True when one left."""
-        if time.monotonic() < self._retry_at.get(signal, 0.0):
+    def _send_oldest(self, key: str) -> bool:
+        """Send the oldest batch held for the destination of key ``key`` if it is
+        due; True when one left."""
+        if time.monotonic() < self._retry_at.get(key, 0.0):
             return False
-        entry = self.spool.oldest(signal)
+        entry = self.spool.oldest(key)
         if entry is None or entry.payload is None:
             return False
         self._sending = True
         try:
-            return self._sent(signal, entry, self._senders[signal].send(entry.payload))
+            return self._sent(key, entry, self._senders[key].send(entry.payload))
         finally:
             self._sending = False
 
-    def _sent(self, signal: str, entry: Entry, reply: Reply) -> bool:
+    def _sent(self, key: str, entry: Entry, reply: Reply) -> bool:
         """Count what came of sending ``entry``; True when it left the spool."""
-        health = self._health[signal]
+        health = self._health[key]
         if reply.delivered:
             self.spool.done(entry)
             self.sent += 1
-            self._attempts[signal] = 0
-            self._retry_at.pop(signal, None)
-            figures = self.spool.figures(signal)
-            health.record(True, entry.items, dropped=self.spool.recovered(signal),
+            self._attempts[key] = 0
+            self._retry_at.pop(key, None)
+            figures = self.spool.figures(key)
+            health.record(True, entry.items, dropped=self.spool.recovered(key),
                           waiting=figures["held"] + figures["spooled"])
             return True
         if not reply.retryable:
@@ -193,37 +232,38 @@ class Delivery:
             health.refuse(entry.items, reply.reason)
             return True
         health.outage()
-        attempts = self._attempts[signal] = self._attempts.get(signal, 0) + 1
+        attempts = self._attempts[key] = self._attempts.get(key, 0) + 1
         delay = (min(reply.retry_after, RETRY_HINT_MAX) if reply.retry_after is not None
                  else backoff(attempts))
-        self._retry_at[signal] = time.monotonic() + delay
+        self._retry_at[key] = time.monotonic() + delay
         return False
 
 
-def resend(directory: str, environ: Mapping[str, str], timeout: float
-           ) -> dict[str, tuple[str, SignalFigures]]:
-    """Send what the spool ``directory`` holds (the folders of processes that
-    ended) to the OTLP endpoints ``environ`` configures, for at most ``timeout``
-    seconds; what was not acknowledged stays there. Per signal found: where it went,
-    and what came of it."""
-    from dask_otel_spans.sdk.otlpsend import request_sender
 
-    spool = Spool(directory, max_memory=0, max_disk=2**62, adopted_level=logging.INFO)
-    delivery = Delivery(spool)
-    spool.open()
-    healths = {}
-    for signal in SIGNALS:
-        if spool.waiting(signal):
-            sender = request_sender(environ, signal)
-            healths[signal] = ExportHealth(
-                signal, sender.where,
-                f"trying again for at most {timeout:g} s; what is not sent stays in "
-                f"the spool {directory}")
-            delivery.add_signal(signal, sender, healths[signal])
-    delivery.start()
-    delivery.drain(timeout)
-    out = {signal: (health.where,
-                    delivery.figures(signal, health.delivered, health.failed))
-           for signal, health in healths.items()}
-    delivery.close(0.0)
-    return out
+def left_elsewhere(left: Sequence[Left], own: Sequence[Destination],
+                   directory: str | None) -> str:
+    """In words, the batches an export process found in the spool ``directory``
+    and left there, held for other destinations than its ``own`` (endpoints without
+    user info, no secret); empty when there are none."""
+    parts = []
+    mine = {d.key for d in own}
+    for found in left:
+        if found.key in mine:  # (a name taken twice: the next start takes it)
+            continue
+        unit = UNITS.get(found.signal, "item")
+        what = (f"{counted(found.batches, 'batch', 'batches')} "
+                f"({counted(found.items, unit)})")
+        destination = found.destination
+        if destination is None:
+            parts.append(f"{what} of an unknown destination (written before batches "
+                         "were bound to theirs, or its record is missing)")
+            continue
+        where = f"{destination.signal} to OTLP {destination.protocol} {destination.shown}"
+        if any(d.same_endpoint(destination) for d in own):
+            where += " with other credentials (headers, user info) than this export's"
+        parts.append(f"{what} for {where}")
+    if not parts:
+        return ""
+    return (f"the spool {directory} holds batches this export does not send, held for "
+            f"other destinations: {'; '.join(parts)}; left there (dask-otel-spans "
+            f"resend {directory} sends each to its own)")

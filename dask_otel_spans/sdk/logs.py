@@ -106,6 +106,7 @@ def _holding(environ: Mapping[str, str], delivery: Delivery,
              health: list[ExportHealth] | None) -> tuple[LogRecordExporter, str]:
     """An OTLP log exporter whose batches ``delivery`` sends and holds, and where
     it sends."""
+    from dask_otel_spans.sdk.destination import destination_of
     from dask_otel_spans.sdk.health import ExportHealth
     from dask_otel_spans.sdk.holding import holding_log_exporter
     from dask_otel_spans.sdk.otlpsend import request_sender
@@ -114,7 +115,7 @@ def _holding(environ: Mapping[str, str], delivery: Delivery,
     exporter_health = ExportHealth("logs", sender.where)
     if health is not None:
         health.append(exporter_health)
-    delivery.add_signal("logs", sender, exporter_health)
+    delivery.add_destination(destination_of(environ, "logs"), sender, exporter_health)
     return holding_log_exporter(delivery, exporter_health), sender.where
 
 

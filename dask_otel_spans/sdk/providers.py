@@ -41,6 +41,7 @@ from dask_otel_spans.otelenv import (
 )
 from dask_otel_spans.protocol.figures import SIGNALS, SignalFigures
 from dask_otel_spans.sdk.delivery import Delivery
+from dask_otel_spans.sdk.destination import destination_of
 from dask_otel_spans.sdk.health import (
     ExportHealth,
     HealthMetricExporter,
@@ -232,8 +233,8 @@ def _metric_reader(
         # once per export, as they need no holding: the next export carries the
         # totals)
         if prefers_delta(exporter):
-            delivery.add_signal("metrics", request_sender(environ, "metrics"),
-                                exporter_health)
+            delivery.add_destination(destination_of(environ, "metrics"),
+                                     request_sender(environ, "metrics"), exporter_health)
             wrapped: MetricExporter = HoldingMetricExporter(exporter, delivery,
                                                             exporter_health)
         else:
@@ -298,7 +299,8 @@ def build_tracer_provider(
             sender = request_sender(environ, "traces")
             description = sender.where
             exporter_health = ExportHealth("traces", description)
-            delivery.add_signal("traces", sender, exporter_health)
+            delivery.add_destination(destination_of(environ, "traces"), sender,
+                                     exporter_health)
             wrapped: SpanExporter = HoldingSpanExporter(delivery, exporter_health)
         else:
             exporter, description = _span_exporter(name, environ, output_dir)

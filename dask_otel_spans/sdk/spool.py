@@ -1,21 +1,26 @@
 """The spool: batches an exporter could not deliver, kept as encoded OTLP requests
-(the protobuf bytes of ``Export*ServiceRequest``), oldest first per signal; in
-memory up to one bound, written to a directory once they waited
+(the protobuf bytes of ``Export*ServiceRequest``), each bound to its destination
+(:class:`~dask_otel_spans.sdk.destination.Destination`), oldest first per
+destination; in memory up to one bound, written to a directory once they waited
 :data:`SPILL_AFTER` seconds or past the memory bound, up to a second bound; past
 both the oldest are dropped and counted.
 
 On disk, each process writes below a folder of its own, ``DIR/<owner>/``, locked
 (``flock``) while it lives; one file per batch, written under a temporary name and
-renamed. A process that opens the directory takes over (renames into its own folder)
-the files of owners whose lock it can take: their process ended. Several processes
-share a directory without sending one batch twice. A file's name carries its order,
-signal, item count and checksum: a truncated or corrupt file is set aside
-(``*.corrupt``) with one line, and the rest is sent."""
+renamed, its name carrying its order, item count, checksum, the key of its
+destination and its signal; beside it ``<key>.destination``, the destination's
+record (no secret). A process that opens the directory takes over the batches of
+the destinations it accepts from the folders of owners that ended
+(:mod:`~dask_otel_spans.sdk.spooltakeover`); the others stay where they are.
+Several processes share a directory without sending one batch twice or to another
+destination. The directory is trusted only as far as
+:mod:`~dask_otel_spans.sdk.spoolfiles` checks it: a truncated or corrupt file is
+set aside (``*.corrupt``) with one line, anything that is not a batch is skipped
+with one line, and the rest is sent."""
 from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import time
 import uuid
@@ -24,7 +29,19 @@ from collections import deque
 from dataclasses import dataclass
 from typing import IO
 
-from dask_otel_spans.protocol.figures import SIGNALS
+from dask_otel_spans.sdk.destination import Destination
+from dask_otel_spans.sdk.spoolfiles import (
+    LOCK,
+    MAX_BATCH,
+    RECORD,
+    BatchName,
+    Folder,
+    NotPrivate,
+    NotRegular,
+    batch_name,
+    record_key,
+)
+from dask_otel_spans.sdk.spooltakeover import Accept, Left, Takeover, survey
 from dask_otel_spans.wording import counted
 
 logger = logging.getLogger(__name__)
@@ -34,12 +51,8 @@ logger = logging.getLogger(__name__)
 SPILL_AFTER = 1.0
 #: ``otel-spans.spool.directory: auto``: this folder below the user's cache directory
 AUTO = "auto"
-_LOCK = ".lock"
-_NAME = re.compile(
-    r"^(?P<stamp>\d{20})-(?P<seq>\d{8})-(?P<items>\d+)-(?P<crc>[0-9a-f]{8})"
-    r"\.(?P<signal>traces|metrics|logs)\.pb$"
-)
-
+#: Names said of the entries skipped at open (the count is said whole)
+_SKIPPED_SHOWN = 3
 
 def user_spool_directory() -> str:
     """``$XDG_CACHE_HOME/dask-otel-spans/spool``, else ``~/.cache/...``."""
@@ -58,20 +71,23 @@ def resolve_directory(value: str | None) -> str | None:
 
 @dataclass(eq=False)
 class Entry:
-    """One held batch: its signal, items (spans, log records, points), and where it
-    is: ``payload`` in memory, ``path`` on disk (one of them, or both while read)."""
+    """One held batch: the key of the destination it is sent to, its signal, items
+    (spans, log records, points), and where it is: ``payload`` in memory, ``name``
+    (a file of the spool's own folder) on disk (one of them, or both while read)."""
 
+    destination: str
     signal: str
     items: int
     size: int
     stamp: int
     payload: bytes | None = None
-    path: str | None = None
+    name: str | None = None
     held_at: float = 0.0
 
 
 class Spool:
-    """Held batches of every signal, bounded, in memory then on disk (thread-safe).
+    """Held batches of every destination, bounded, in memory then on disk
+    (thread-safe).
 
     Parameters
     ----------
@@ -97,32 +113,53 @@ class Spool:
         self.max_memory = max_memory
         self.max_disk = max_disk
         self.spill_after = spill_after
-        self._queues: dict[str, deque[Entry]] = {s: deque() for s in SIGNALS}
+        #: what :meth:`open` found and left where it was
+        self.left: list[Left] = []
+        self._queues: dict[str, deque[Entry]] = {}
+        self._destinations: dict[str, Destination] = {}
         self._memory = 0
         self._disk = 0
-        self._dropped = dict.fromkeys(SIGNALS, 0)
+        self._dropped: dict[str, int] = {}
         self._drop_said: set[str] = set()
         self._lock = threading.RLock()
-        self._own: str | None = None
+        self._top: Folder | None = None
+        self._own: Folder | None = None
+        self._own_name = ""
+        #: destination records written in the own folder
+        self._recorded: set[str] = set()
         self._lock_file: IO[bytes] | None = None
+        #: False once a write failed: memory only from then on
+        self._writing = True
         self._seq = 0
         self._closed = False
 
     # -- opening and closing ---------------------------------------------------------
 
-    def open(self) -> None:
-        """Take a folder of its own in the directory, and the batches of owners that
-        ended (oldest first). A directory that cannot be written: one line, memory
-        only. Opening it again does nothing."""
+    def open(self, accept: Accept | None = None) -> None:
+        """Take a folder of its own in the directory, and from the folders of owners
+        that ended the batches ``accept`` gives a destination (oldest first; None:
+        none); the rest stays there (:attr:`left`). A directory that cannot be
+        written, or that another user owns or may write (it or a folder in it): one
+        line, memory only. Opening it again does nothing."""
         if self.directory is None or self._own is not None:
             return
         try:
-            # (telemetry may carry data: folders of the user's only)
-            os.makedirs(self.directory, mode=0o700, exist_ok=True)
-            own = os.path.join(self.directory, f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
-            os.makedirs(own, mode=0o700)
-            lock = open(os.path.join(own, _LOCK), "wb")
-            _flock(lock)
+            top = Folder.top(self.directory)
+            others, skipped = survey(top)
+            self._own_name = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            own = top.sub(self._own_name, create=True)
+            lock = own.lock(LOCK)
+            if lock is None:
+                raise OSError(f"cannot lock {own.path}")
+        except NotPrivate as e:
+            logger.error(
+                "dask_otel_spans: the spool directory %s cannot be trusted: %s; batches "
+                "that cannot be delivered are held in memory only, up to "
+                "otel-spans.spool.max-memory (as ssh does: the directory and every "
+                "folder in it must be the user's and not writable by group or others)",
+                self.directory, e)
+            self.directory = None
+            return
         except OSError as e:
             logger.error(
                 "dask_otel_spans: cannot write the spool directory %s (%s); batches "
@@ -130,56 +167,48 @@ class Spool:
                 "otel-spans.spool.max-memory", self.directory, e)
             self.directory = None
             return
-        self._own, self._lock_file = own, lock
-        self._adopt()
+        self._top, self._own, self._lock_file = top, own, lock
+        self._adopt(Takeover(top, own, accept or _none, self._record, skipped), others)
 
-    def _take_over(self, folder: str) -> None:
-        """Move the batches of the spool folder of an owner that ended into this
-        one's (nothing when its owner runs: its batches are its own)."""
-        assert self._own is not None
-        try:
-            lock = open(os.path.join(folder, _LOCK), "ab")
-        except OSError:
-            return
-        try:
-            if not _flock(lock, wait=False):
-                return
-            for file in os.listdir(folder):
-                if _NAME.match(file):
-                    os.rename(os.path.join(folder, file), os.path.join(self._own, file))
-            if not [f for f in os.listdir(folder) if f != _LOCK]:
-                os.unlink(os.path.join(folder, _LOCK))
-                os.rmdir(folder)
-        except OSError as e:
-            logger.warning("dask_otel_spans: cannot take over the spool folder %s (%s)",
-                           folder, e)
-        finally:
-            lock.close()
-
-    def _adopt(self) -> None:
-        """Move in the files of owners that ended, and load their entries."""
-        assert self.directory is not None and self._own is not None
-        found: list[Entry] = []
-        for name in sorted(os.listdir(self.directory)):
-            folder = os.path.join(self.directory, name)
-            if folder != self._own and os.path.isdir(folder):
-                self._take_over(folder)
-        for file in os.listdir(self._own):
-            match = _NAME.match(file)
-            if match:
-                path = os.path.join(self._own, file)
-                found.append(Entry(match["signal"], int(match["items"]),
-                                   os.path.getsize(path), int(match["stamp"]), path=path))
-        found.sort(key=lambda e: e.stamp)
+    def _adopt(self, takeover: Takeover, others: list[str]) -> None:
+        """Take over the accepted batches of the folders ``others`` (their owners'
+        lock allowing), queue them, and say what was found."""
+        for name in others:
+            try:
+                takeover.folder(name)
+            except OSError as e:
+                logger.warning("dask_otel_spans: cannot take over the spool folder %s "
+                               "(%s)", os.path.join(takeover.top.path, name), e)
+        found = sorted(takeover.taken, key=lambda t: t.batch.stamp)
         with self._lock:
-            for entry in found:
-                self._queues[entry.signal].append(entry)
-                self._disk += entry.size
+            for taken in found:
+                self._destinations.setdefault(taken.destination.key, taken.destination)
+                self._queue(taken.destination.key).append(Entry(
+                    taken.destination.key, taken.batch.signal, taken.batch.items,
+                    taken.size, taken.batch.stamp, name=taken.batch.name))
+                self._disk += taken.size
+        self.left = takeover.left
         if found:
             logger.log(self.adopted_level,
                        "dask_otel_spans: %s left in the spool %s by an export that "
                        "ended: sent first", counted(len(found), "batch", "batches"),
                        self.directory)
+        skipped = takeover.skipped
+        if skipped:
+            logger.warning(
+                "dask_otel_spans: skipped %s in the spool %s that %s not a batch the "
+                "package wrote (not a regular file or folder, a link, or a name or "
+                "size out of bounds): %s", counted(len(skipped), "entry", "entries"),
+                self.directory, "is" if len(skipped) == 1 else "are",
+                ", ".join(repr(s) for s in skipped[:_SKIPPED_SHOWN])
+                + (", ..." if len(skipped) > _SKIPPED_SHOWN else ""))
+
+    def _record(self, destination: Destination) -> None:
+        """Write ``destination``'s record in the own folder (once)."""
+        assert self._own is not None
+        if destination.key not in self._recorded:
+            self._own.write(destination.key + RECORD, destination.record())
+            self._recorded.add(destination.key)
 
     def close(self) -> None:
         """Write what is held in memory to the directory (kept there for the next
@@ -189,28 +218,35 @@ class Spool:
             self._closed = True
             for queue in self._queues.values():
                 for entry in list(queue):
-                    if entry.path is None:
+                    if entry.name is None:
                         self._write(entry)
-        if self._lock_file is not None:
-            own = self._own
-            if own is not None and not [f for f in os.listdir(own) if f != _LOCK]:
+            if self._lock_file is None:
+                return
+            own, top = self._own, self._top
+            if own is not None and top is not None:
                 try:
-                    os.unlink(os.path.join(own, _LOCK))
-                    os.rmdir(own)
+                    kept = [f for f, _ in own.entries()
+                            if f != LOCK and record_key(f) is None]
                 except OSError:
-                    pass
+                    kept = ["?"]
+                if not kept:
+                    for key in self._recorded:
+                        own.unlink(key + RECORD)
+                    self._recorded.clear()
+                    own.unlink(LOCK)
+                    top.remove(self._own_name)
             self._lock_file.close()
             self._lock_file = None
 
     # -- holding ---------------------------------------------------------------------
 
-    def put(self, signal: str, payload: bytes, items: int) -> None:
-        """Hold one encoded request of ``signal`` (the newest)."""
+    def put(self, destination: Destination, payload: bytes, items: int) -> None:
+        """Hold one encoded request for ``destination`` (the newest of it)."""
         with self._lock:
-            self._seq += 1
-            entry = Entry(signal, items, len(payload), time.time_ns(), payload,
-                          held_at=time.monotonic())
-            self._queues[signal].append(entry)
+            self._destinations.setdefault(destination.key, destination)
+            entry = Entry(destination.key, destination.signal, items, len(payload),
+                          time.time_ns(), payload, held_at=time.monotonic())
+            self._queue(destination.key).append(entry)
             self._memory += entry.size
             if self._closed:
                 self._write(entry)
@@ -220,77 +256,82 @@ class Spool:
         """Write the batches that waited :attr:`spill_after` seconds in memory."""
         now = time.monotonic() if now is None else now
         with self._lock:
-            if self._own is None:
+            if self._own is None or not self._writing:
                 return
             for queue in self._queues.values():
                 for entry in list(queue):
-                    if entry.path is None and now - entry.held_at >= self.spill_after:
+                    if entry.name is None and now - entry.held_at >= self.spill_after:
                         self._write(entry)
 
-    def oldest(self, signal: str) -> Entry | None:
-        """The oldest batch of ``signal`` with its payload (read back from disk when
-        it is there only); None when none is held. Corrupt files are set aside."""
+    def oldest(self, destination: str) -> Entry | None:
+        """The oldest batch for the destination of key ``destination``, with its
+        payload (read back from disk when it is there only); None when none is held.
+        Corrupt files are set aside, anything else than a regular file skipped."""
         while True:
             with self._lock:
-                queue = self._queues[signal]
+                queue = self._queue(destination)
                 if not queue:
                     return None
                 entry = queue[0]
                 if entry.payload is not None:
                     return entry
-                path = entry.path
-            payload = _read(path) if path is not None else None
+                name = entry.name
+            payload = self._read(name) if name is not None else None
             with self._lock:
                 if queue and queue[0] is entry:
                     if payload is not None:
-                        return Entry(entry.signal, entry.items, entry.size, entry.stamp,
-                                     payload, entry.path, entry.held_at)
+                        return Entry(entry.destination, entry.signal, entry.items,
+                                     entry.size, entry.stamp, payload, entry.name,
+                                     entry.held_at)
                     queue.popleft()
                     self._disk -= entry.size
 
     def done(self, entry: Entry) -> None:
         """``entry`` was acknowledged (or refused for good): it leaves the spool."""
         with self._lock:
-            queue = self._queues[entry.signal]
+            queue = self._queue(entry.destination)
             for i, held in enumerate(queue):
                 if held.stamp == entry.stamp and held.size == entry.size:
                     del queue[i]
                     self._forget(held)
                     return
 
-    def waiting(self, signal: str) -> bool:
+    def waiting(self, destination: str) -> bool:
+        """Whether a batch for the destination of key ``destination`` is held."""
         with self._lock:
-            return bool(self._queues[signal])
+            return bool(self._queues.get(destination))
 
-    def figures(self, signal: str) -> dict[str, int]:
+    def figures(self, destination: str) -> dict[str, int]:
         """``held`` (items waiting in memory), ``spooled`` (items waiting on disk
-        only) and ``dropped`` (past the bounds) of ``signal``."""
+        only) and ``dropped`` (past the bounds) for the destination of key
+        ``destination``."""
         with self._lock:
-            queue = self._queues[signal]
+            queue = self._queues.get(destination, ())
             return {
-                "held": sum(e.items for e in queue if e.path is None),
-                "spooled": sum(e.items for e in queue if e.path is not None),
-                "dropped": self._dropped[signal],
+                "held": sum(e.items for e in queue if e.name is None),
+                "spooled": sum(e.items for e in queue if e.name is not None),
+                "dropped": self._dropped.get(destination, 0),
             }
 
-    def recovered(self, signal: str) -> int:
-        """The backend of ``signal`` answers again: the next drop is said again.
-        Items dropped since the last recovery."""
+    def recovered(self, destination: str) -> int:
+        """The destination of key ``destination`` answers again: the next drop is
+        said again. Items dropped since the last recovery."""
         with self._lock:
-            self._drop_said.discard(signal)
-            return self._dropped[signal]
+            self._drop_said.discard(destination)
+            return self._dropped.get(destination, 0)
 
     # -- inside (under the lock) ---------------------------------------------------------
 
+    def _queue(self, destination: str) -> deque[Entry]:
+        return self._queues.setdefault(destination, deque())
+
     def _forget(self, entry: Entry) -> None:
-        if entry.path is None:
+        if entry.name is None:
             self._memory -= entry.size
         else:
             self._disk -= entry.size
-            try:
-                os.unlink(entry.path)
-            except OSError:
-                pass
+            if self._own is not None:
+                self._own.unlink(entry.name)
 
     def _bound_memory(self) -> None:
         """Past ``max_memory``: write the oldest in memory, or drop them."""
@@ -304,76 +345,74 @@ class Spool:
                 self._drop(oldest, "max-memory")
 
     def _write(self, entry: Entry) -> bool:
-        """Write ``entry`` to the folder (its payload leaves memory); False when it
-        cannot be written."""
-        if self._own is None or entry.payload is None:
+        """Write ``entry`` to the own folder (its payload leaves memory); False when
+        it cannot be written."""
+        if self._own is None or not self._writing or entry.payload is None:
             return False
         self._seq += 1
-        name = (f"{entry.stamp:020d}-{self._seq:08d}-{entry.items}-"
-                f"{zlib.crc32(entry.payload):08x}.{entry.signal}.pb")
-        path = os.path.join(self._own, name)
+        destination = self._destinations[entry.destination]
+        name = BatchName.of(entry.stamp, self._seq, entry.items,
+                            zlib.crc32(entry.payload), entry.signal, destination.key)
         try:
-            with open(path + ".tmp", "wb") as f:
-                f.write(entry.payload)
-            os.rename(path + ".tmp", path)
+            self._record(destination)
+            self._own.write(name, entry.payload)
         except OSError as e:
             logger.error("dask_otel_spans: cannot write to the spool %s (%s); held "
                          "batches stay in memory", self.directory, e)
-            self._own = None
+            self._writing = False
             return False
-        entry.path, entry.payload = path, None
+        entry.name, entry.payload = name, None
         self._memory -= entry.size
         self._disk += entry.size
         while self._disk > self.max_disk:
             oldest = min((e for q in self._queues.values() for e in q
-                          if e.path is not None), key=lambda e: e.stamp)
+                          if e.name is not None), key=lambda e: e.stamp)
             self._drop(oldest, "max-disk")
         return True
 
     def _drop(self, entry: Entry, bound: str) -> None:
-        queue = self._queues[entry.signal]
+        queue = self._queue(entry.destination)
         queue.remove(entry)
         self._forget(entry)
-        self._dropped[entry.signal] += entry.items
-        if entry.signal not in self._drop_said:
-            self._drop_said.add(entry.signal)
+        key = entry.destination
+        self._dropped[key] = self._dropped.get(key, 0) + entry.items
+        if key not in self._drop_said:
+            self._drop_said.add(key)
             logger.error(
                 "dask_otel_spans: the spool is full: dropping the oldest held %s (%d "
                 "so far; otel-spans.spool.%s raises the bound); logged once per "
                 "outage, ExportState.dropped counts them",
-                entry.signal, self._dropped[entry.signal], bound)
+                entry.signal, self._dropped[key], bound)
 
+    # -- reading back (outside the lock) -------------------------------------------------
 
-def _read(path: str) -> bytes | None:
-    """A spool file's payload; None (one line, the file set aside) when it is
-    truncated, corrupt or gone."""
-    match = _NAME.match(os.path.basename(path))
-    try:
-        with open(path, "rb") as f:
-            payload = f.read()
-    except OSError as e:
-        logger.error("dask_otel_spans: cannot read the spool file %s (%s); skipped",
-                     path, e)
+    def _read(self, name: str) -> bytes | None:
+        """A spool file's payload; None (one line, the file set aside) when it is
+        truncated, corrupt, gone, or not a regular file."""
+        own = self._own
+        if own is None:
+            return None
+        batch = batch_name(name)
+        try:
+            payload = own.read(name, MAX_BATCH)
+        except NotRegular as e:
+            logger.error("dask_otel_spans: skipped %s in the spool: %s", repr(name), e)
+            return None
+        except OSError as e:
+            logger.error("dask_otel_spans: cannot read the spool file %s (%s); "
+                         "skipped", os.path.join(own.path, name), e)
+            return None
+        if batch is not None and f"{zlib.crc32(payload):08x}" == batch.crc:
+            return payload
+        logger.error("dask_otel_spans: the spool file %s is truncated or corrupt; "
+                     "skipped (kept as %s.corrupt)", os.path.join(own.path, name), name)
+        try:
+            own.rename(name, own, name + ".corrupt")
+        except OSError:
+            pass
         return None
-    if match is not None and f"{zlib.crc32(payload):08x}" == match["crc"]:
-        return payload
-    logger.error("dask_otel_spans: the spool file %s is truncated or corrupt; "
-                 "skipped (kept as %s.corrupt)", path, os.path.basename(path))
-    try:
-        os.rename(path, path + ".corrupt")
-    except OSError:
-        pass
+
+
+def _none(signal: str, key: str | None, destination: Destination | None) -> None:
+    """(:data:`~dask_otel_spans.sdk.spooltakeover.Accept`) Nothing is taken over."""
     return None
-
-
-def _flock(file: IO[bytes], wait: bool = True) -> bool:
-    """Take ``file``'s exclusive lock; False when another process holds it."""
-    try:
-        import fcntl
-    except ImportError:  # (no flock: each process keeps to its own folder)
-        return wait
-    try:
-        fcntl.flock(file.fileno(), fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-    except OSError:
-        return False
-    return True

@@ -542,14 +542,15 @@ def test_a_file_of_another_signal_given_as_traces_is_one_error_line(
 def left_spool(tmp_path, monkeypatch):
     """A spool left by an export that ended (one batch of traces), and no receiver
     where OTLP goes."""
+    from dask_otel_spans.sdk.destination import destination_of
     from dask_otel_spans.sdk.spool import Spool
 
-    left = Spool(str(tmp_path), max_memory=0, max_disk=10**6)
-    left.open()
-    left.put("traces", b"\n\x00", 1)
-    left.close()
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "0.2")
+    left = Spool(str(tmp_path), max_memory=0, max_disk=10**6)
+    left.open()
+    left.put(destination_of(os.environ, "traces"), b"\n\x00", 1)
+    left.close()
     return tmp_path
 
 

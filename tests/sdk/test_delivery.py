@@ -1,7 +1,7 @@
 """Delivery through the providers the package builds from ``OTEL_*``, against real
 OTLP receivers (gRPC and HTTP) that go away, come back, or ask to retry later:
 nothing held is lost or sent twice, retry hints are respected, figures are honest,
-and a spool is sent from anywhere."""
+and what another destination's process left is left alone."""
 from __future__ import annotations
 
 import pytest
@@ -12,7 +12,8 @@ from support.polling import wait_for
 from support.processes import free_port
 from support.receivers import OTLPHttpReceiver, OTLPReceiver
 
-from dask_otel_spans.sdk.delivery import Delivery, resend
+from dask_otel_spans.sdk.delivery import Delivery
+from dask_otel_spans.sdk.destination import destination_of
 from dask_otel_spans.sdk.health import ExportHealth
 from dask_otel_spans.sdk.otlpsend import request_sender
 from dask_otel_spans.sdk.providers import Providers, resolve_providers
@@ -149,24 +150,6 @@ def test_memory_stays_within_max_memory_and_the_rest_goes_to_disk(tmp_path):
         close(providers)
 
 
-def test_a_spool_left_at_close_is_sent_from_anywhere_by_resend(tmp_path):
-    receiver = OTLPReceiver(port=free_port())
-    environ = environ_to(receiver, "grpc")
-    providers = build(environ, tmp_path)
-    end_spans(providers, 3)
-    wait_for(lambda: waiting(providers) == 3)
-    close(providers)
-    receiver.start()
-    try:
-        [(where, figures)] = resend(str(tmp_path), environ, timeout=20).values()
-        assert figures.delivered == 3 and figures.spooled == 0
-        assert len({s["spanId"] for s in receiver.spans()}) == 3
-        again = resend(str(tmp_path), environ, timeout=5)  # (acknowledged: gone)
-        assert "traces" not in again
-    finally:
-        receiver.stop()
-
-
 @pytest.mark.parametrize("temporality, held", [("delta", True), ("cumulative", False)])
 def test_only_delta_metric_points_are_held(temporality, held, tmp_path, monkeypatch):
     receiver = OTLPReceiver(port=free_port())  # (never started)
@@ -289,3 +272,30 @@ def test_a_cumulative_export_after_shutdown_fails_without_sending(tmp_path):
         assert receiver.metric_attempts == []
     finally:
         receiver.stop()
+
+
+def test_what_is_held_for_another_destination_is_said_once_without_secrets(
+        tmp_path, caplog):
+    other = {**environ_to(OTLPReceiver(port=free_port()), "grpc"),
+             "OTEL_EXPORTER_OTLP_ENDPOINT": "http://jane:pass-word@127.0.0.1:9",
+             "OTEL_EXPORTER_OTLP_HEADERS": "api-key=key-of-a"}
+    left = Spool(str(tmp_path), max_memory=0, max_disk=10**6)
+    left.open()
+    for _ in range(2):
+        left.put(destination_of(other, "traces"), b"\n\x00", 1)
+    left.close()
+    receiver = receiver_of("grpc")
+    providers = build(environ_to(receiver, "grpc"), tmp_path)
+    try:
+        end_spans(providers, 1)
+        assert providers.redelivery.drain(20)
+        assert len(receiver.spans()) == 1
+    finally:
+        close(providers)
+        receiver.stop()
+    [line] = [r.getMessage() for r in caplog.records
+              if "does not send" in r.getMessage()]
+    assert ("2 batches (2 spans) for traces to OTLP grpc http://127.0.0.1:9; left "
+            "there") in line
+    assert "pass-word" not in caplog.text and "key-of-a" not in caplog.text
+    assert "jane" not in line

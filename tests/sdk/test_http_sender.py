@@ -15,6 +15,7 @@ from support.polling import wait_for
 from support.receivers import AnsweringHTTPServer, OTLPHttpReceiver
 
 from dask_otel_spans.sdk.delivery import Delivery
+from dask_otel_spans.sdk.destination import destination_of
 from dask_otel_spans.sdk.health import ExportHealth
 from dask_otel_spans.sdk.otlpsend import request_sender
 from dask_otel_spans.sdk.spool import Spool
@@ -48,8 +49,9 @@ def delivery(tmp_path):
     def start(endpoint: str) -> tuple[Delivery, ExportHealth]:
         delivery = Delivery(Spool(str(tmp_path), 10**6, 10**7))
         health = ExportHealth("traces", "the test's endpoint")
-        delivery.add_signal("traces", request_sender(http_environ(endpoint), "traces"),
-                            health)
+        delivery.add_destination(destination_of(http_environ(endpoint), "traces"),
+                                 request_sender(http_environ(endpoint), "traces"),
+                                 health)
         delivery.start()
         started.append(delivery)
         return delivery, health

@@ -1,6 +1,7 @@
 """Delivery across export processes: batches the export process spilled are sent by
-the next one when it was killed, and ``dask-otel-spans resend`` sends what a
-scheduler closed while the receiver was down left in its spool."""
+the next one when it was killed; batches held for one backend are never sent to
+another by an export process sharing the spool, and ``dask-otel-spans resend`` sends
+them to theirs."""
 from __future__ import annotations
 
 import os
@@ -71,24 +72,43 @@ async def test_batches_spilled_by_a_killed_export_process_are_sent_by_the_next(
 
 
 @gen_cluster(client=True, timeout=120, clean_kwargs=RECEIVER_THREADS)
-async def test_resend_sends_what_a_scheduler_closed_while_the_receiver_was_down_left(
-        c, s, a, b, tmp_path):
-    port = free_port()
+async def test_what_was_held_for_one_backend_goes_to_it_never_to_another(
+        c, s, a, b, tmp_path, capfd):
+    """Two export processes, one for receiver A (down), then one for receiver B,
+    share a spool directory: B's leaves A's batches where they are (said once at its
+    start) and gets only its own; ``dask-otel-spans resend`` sends A's to A."""
     spool = tmp_path / "spool"
-    plugin = await install(c, port, spool)
-    with span("left behind"):
-        await c.submit(inc, 1, key="left-1")
-    await async_wait_for(lambda: spooled(plugin) >= 2, timeout=60)
+    port_a = free_port()  # (nothing listens there yet)
+    plugin = await install(c, port_a, spool)
+    with span("for a"):
+        await c.submit(inc, 1, key="for-a-1")
+    await async_wait_for(lambda: spooled(plugin) >= 2, timeout=60)  # (span, prefix span)
     await plugin.close()  # (the export process ends; the spool keeps its batches)
-    receiver = OTLPReceiver(port=port).start()
+    s.remove_plugin(name=names.PLUGIN_NAME)
+    receiver_b = OTLPReceiver().start()
     try:
-        env = {**os.environ, **grpc_environ(port)}
+        plugin = await install(c, receiver_b.port, spool)
+        with span("for b"):
+            await c.submit(inc, 2, key="for-b-1")
+        await async_wait_for(lambda: dask_span_names(receiver_b) == ["for b"],
+                             timeout=60)
+        await plugin.close()
+        assert dask_span_names(receiver_b) == ["for b"] and len(receiver_b.spans()) == 2
+    finally:
+        receiver_b.stop()
+    err = capfd.readouterr().err
+    said = [line for line in err.splitlines() if "does not send" in line]
+    assert len(said) == 1, err
+    assert f"(2 spans) for traces to OTLP grpc http://127.0.0.1:{port_a}; " in said[0]
+    receiver_a = OTLPReceiver(port=port_a).start()
+    try:
         done = subprocess.run(
             [sys.executable, "-m", "dask_otel_spans.cli", "resend", str(spool),
-             "--timeout", "20"], env=env, capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, done.stderr
+             "--timeout", "20"], env={**os.environ, **grpc_environ(receiver_b.port)},
+            capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
         assert ": 2 spans delivered, 0 failed" in done.stdout
-        assert dask_span_names(receiver) == ["left behind"]
-        assert len({sp["spanId"] for sp in receiver.spans()}) == 2
+        assert dask_span_names(receiver_a) == ["for a"]
+        assert len({sp["spanId"] for sp in receiver_a.spans()}) == 2
     finally:
-        receiver.stop()
+        receiver_a.stop()
