@@ -59,7 +59,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     xdist worker asks, one builds), and let each of them wait for it past pytest's
     per-test timeout."""
     needing = [item for item in session.items if item.get_closest_marker("jaeger")]
-    if not needing or jaeger_built():
+    if not needing or session.config.option.collectonly or jaeger_built():
         return
     start_jaeger_build()
     timeout = float(session.config.getini("timeout") or 0)
