@@ -279,7 +279,7 @@ def run_workflow(client: Client) -> None:
             client.compute(total).result()
         with span("custom activity", "model fit"):
             client.gather(client.map(_fit_model, range(8)))
-        # (said first: the worker logs dask's "Compute Failed" ERROR block for it)
+        # (said first: the worker logs dask's "Compute Failed" block for it)
         print(VALIDATION_NOTICE, flush=True)
         with span("validation"):
             client.gather(client.map(_validate, range(8)), errors="skip")

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import distributed.core
 import pytest
+from support.jaeger_build import BUILD_WAIT, jaeger_built, start_jaeger_build
 from support.providers import MemoryProviders
 from support.receivers import OTLPReceiver
 
@@ -44,9 +45,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.cluster)
     # the files that start clusters and processes first, the pure ones after: with
     # ``-n 3 --dist loadfile`` a long file handed out last keeps one worker busy while
-    # the others idle; the pure files, short, even them out at the end
+    # the others idle; the pure files, short, even them out at the end. The Jaeger
+    # files last of the slow ones: on a fresh machine they wait for its build
     slow = {item.path for item in items if item.get_closest_marker("cluster")}
-    items.sort(key=lambda item: item.path not in slow)  # (stable: order kept within)
+    jaeger = {item.path for item in items if item.get_closest_marker("jaeger")}
+    # (stable: order kept within)
+    items.sort(key=lambda item: (item.path not in slow, item.path in jaeger))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """When tests marked ``jaeger`` are to run and the binary is not built (a fresh
+    machine): start its build now, once (``deploy/jaeger/build.sh``'s lock: each
+    xdist worker asks, one builds), and let each of them wait for it past pytest's
+    per-test timeout."""
+    needing = [item for item in session.items if item.get_closest_marker("jaeger")]
+    if not needing or session.config.option.collectonly or jaeger_built():
+        return
+    start_jaeger_build()
+    timeout = float(session.config.getini("timeout") or 0)
+    if timeout:
+        for item in needing:
+            item.add_marker(pytest.mark.timeout(timeout + BUILD_WAIT))
 
 
 @pytest.hookimpl(hookwrapper=True)

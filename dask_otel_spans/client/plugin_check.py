@@ -1,7 +1,8 @@
 """Whether a client's scheduler runs the plugin, is idle or has none
 (:func:`plugin_status`): asked once per client and scheduler address, in the
-background, off the submissions' path; one WARNING naming the fix when it has none,
-one pointing at the scheduler's ERROR line when it is idle."""
+background, off the submissions' path; one WARNING naming the fix when it has none
+(or pointing at distributed's "Failed to start preload" line, for a scheduler whose
+preload failed), one pointing at the scheduler's ERROR line when it is idle."""
 from __future__ import annotations
 
 import logging
@@ -94,7 +95,9 @@ async def _check_plugin(client: Client, address: str) -> None:
     if status == "absent":
         logger.warning(
             "dask_otel_spans: the scheduler at %s runs no dask_otel_spans plugin, so "
-            "this client's spans are not exported: %s", address, PLUGIN_FIX)
+            "this client's spans are not exported: %s (started with the preload, its "
+            "log says why the plugin did not load: \"Failed to start preload: "
+            "dask_otel_spans\")", address, PLUGIN_FIX)
     elif status == "idle":
         logger.warning(
             "dask_otel_spans: the dask_otel_spans plugin of the scheduler at %s is "

@@ -29,6 +29,7 @@ from dask_otel_spans.config import TICK_INTERVAL, PluginConfig
 from dask_otel_spans.logonce import OnceLogger
 from dask_otel_spans.protocol import events
 from dask_otel_spans.protocol.dask_facts import SETTLED_STATES, grace_period
+from dask_otel_spans.protocol.dask_private import check_private_names
 from dask_otel_spans.protocol.figures import ExportFigures
 from dask_otel_spans.scheduler.announce import announce, withdraw
 from dask_otel_spans.scheduler.forwarder import SpanForwarder
@@ -202,6 +203,7 @@ class OTelSpansPlugin(SchedulerPlugin):
             )
             announce(scheduler, running=self.transport is not None)
             return
+        check_private_names()
         self._spec = PipelineSpec(
             self.config,
             dict(self._environ) if self._environ is not None else None,

@@ -11,9 +11,9 @@ import itertools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from dask._task_spec import Task
 from dask.utils import funcname
 
+from dask_otel_spans.protocol.dask_private import task_function
 from dask_otel_spans.protocol.exceptions import exception_class
 from dask_otel_spans.protocol.tasks import (
     ALL,
@@ -47,11 +47,11 @@ MAX_ERROR_CLASSES = 8
 
 def function_name(run_spec: object) -> str | None:
     """The task's function as dask names it (``dask.utils.funcname``) when its run
-    spec is a plain function call (a dask ``Task`` of a callable); None otherwise."""
-    if type(run_spec) is not Task:
-        return None
-    func = getattr(run_spec, "func", None)
-    if not callable(func):
+    spec is a plain function call (a dask ``Task`` of a callable, or a task tuple
+    ``(func, *args)`` on releases before it:
+    :func:`~dask_otel_spans.protocol.dask_private.task_function`); None otherwise."""
+    func = task_function(run_spec)
+    if func is None:
         return None
     try:
         return str(funcname(func))[:MAX_FUNCTION_LENGTH] or None

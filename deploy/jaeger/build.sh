@@ -4,6 +4,12 @@
 # into a cache directory, and print the binary's path.  A binary already there
 # is reused.  The first build takes long (see README, "Development").
 #
+# One build at a time per cache directory: a second run (another test process,
+# another shell) waits for the one building (a lock, flock(1)), then prints the
+# binary that one built.
+#
+# build.sh --where: print the path the binary has (or will have) and build nothing.
+#
 # Environment: GO (default: go on PATH, else /usr/local/go/bin/go),
 # DASK_OTEL_SPANS_JAEGER (a binary to use instead; printed as is),
 # XDG_CACHE_HOME (default ~/.cache).
@@ -19,13 +25,23 @@ version="$(awk '$1 == "github.com/jaegertracing/jaeger" {print $2}' "$here/go.mo
 out_dir="${XDG_CACHE_HOME:-$HOME/.cache}/dask-otel-spans/jaeger-${version}"
 out="$out_dir/jaeger"
 
-if [[ -x "$out" ]]; then
+if [[ "${1:-}" == "--where" || -x "$out" ]]; then
     echo "$out"
     exit 0
 fi
 
 go_bin="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
 mkdir -p "$out_dir"
+# (held until this script exits; the one that waited finds the binary built)
+exec 9>"$out_dir/.build.lock"
+if ! flock -n 9; then
+    echo "waiting for the jaeger build running into ${out_dir}" >&2
+    flock 9
+fi
+if [[ -x "$out" ]]; then
+    echo "$out"
+    exit 0
+fi
 echo "building jaeger ${version} into ${out} (first build takes minutes)" >&2
 (
     cd "$here"

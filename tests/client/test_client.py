@@ -4,10 +4,12 @@ carries for each level of a chain."""
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
 
 import dask
 import dask.array as da
+import pytest
 from distributed.utils_test import gen_cluster, inc
 from opentelemetry.sdk.trace import TracerProvider
 from support.plugin import install
@@ -137,6 +139,25 @@ async def test_a_scheduler_without_the_plugin_is_one_warning_per_client(c, s, ca
     assert len(plugin_warnings(caplog)) == 1
     assert s.address in warned[0] and "--preload dask_otel_spans" in warned[0]
     assert "register_plugin" in warned[0]
+
+
+@pytest.fixture
+def plugin_that_cannot_load(monkeypatch):
+    """The scheduler plugin's module fails to import (as it did on a release without
+    a private name it imported): the preload's ``dask_setup`` raises."""
+    monkeypatch.setitem(sys.modules, "dask_otel_spans.scheduler.plugin", None)
+
+
+@gen_cluster(client=True, nthreads=[], scheduler_kwargs={"preload": ["dask_otel_spans"]})
+async def test_a_scheduler_whose_preload_failed_is_one_warning_per_client(
+    c, s, caplog, plugin_that_cannot_load
+):
+    caplog.set_level(logging.WARNING, logger="dask_otel_spans.client")
+    assert names.PLUGIN_NAME not in s.plugins  # (distributed: "Failed to start preload")
+    with span("unexported"):
+        pass
+    [warned] = await async_wait_for(lambda: plugin_warnings(caplog))
+    assert s.address in warned and "Failed to start preload" in warned
 
 
 @gen_cluster(client=True, nthreads=[])

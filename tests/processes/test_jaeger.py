@@ -45,6 +45,9 @@ from dask_otel_spans.instrumentation import DaskInstrumentor
 from dask_otel_spans.protocol.propagation import otel_span_id, prefix_span_id, task_span_id
 from dask_otel_spans.state import scheduler_state
 
+#: runs the Jaeger binary: waits for its build on a fresh machine (tests/conftest.py)
+pytestmark = pytest.mark.jaeger
+
 N_LOADED, N_CHECKED = 4, 6
 
 

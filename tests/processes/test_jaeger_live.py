@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 from distributed import Client, Event
 from support.jaeger import Jaeger, export_env, wait_for_spans
 from support.paths import DEPLOY
 from support.processes import DaskProcesses
 
 from dask_otel_spans import names, span
+
+#: runs the Jaeger binary: waits for its build on a fresh machine (tests/conftest.py)
+pytestmark = pytest.mark.jaeger
 
 
 def wait_for_release(name: str) -> str:

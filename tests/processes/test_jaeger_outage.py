@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 from distributed import Client
 from support.jaeger import Jaeger, export_env, traced_task, wait_for_spans
 from support.paths import DEPLOY
@@ -15,6 +16,9 @@ from support.processes import DaskProcesses
 
 from dask_otel_spans import names, span, wait_for_export
 from dask_otel_spans.client import scheduler_state
+
+#: runs the Jaeger binary: waits for its build on a fresh machine (tests/conftest.py)
+pytestmark = pytest.mark.jaeger
 
 
 def held(client: Client) -> int:

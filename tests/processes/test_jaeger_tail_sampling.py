@@ -25,6 +25,9 @@ from support.processes import DaskProcesses
 
 from dask_otel_spans import span, wait_for_export
 
+#: runs the Jaeger binary: waits for its build on a fresh machine (tests/conftest.py)
+pytestmark = pytest.mark.jaeger
+
 DECISION_WAIT, N_CHECKED = "3s", 4
 
 

@@ -76,7 +76,7 @@ def test_scheduler_shutdown_flushes_open_spans_as_incomplete(tmp_path):
     assert open_[names.SPAN_INCOMPLETE] is True
     assert open_[names.SPAN_CLOSE_REASON] == names.CLOSE_REASON_SHUTDOWN
     assert names.SPAN_INCOMPLETE not in spans["done before shutdown"]["attributes"]
-    assert "Closing scheduler" in log
+    assert "Scheduler closing all comms" in log  # (its own close ran: every release says it)
     del future
 
 

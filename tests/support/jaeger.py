@@ -1,6 +1,7 @@
 """Jaeger v2 (``github.com/jaegertracing/jaeger`` v1.76.0, ``cmd/jaeger``), built from
-the Go module proxy by ``deploy/jaeger/build.sh``: start a config of ``deploy/`` on free
-ports, and read traces back through its query API (port 16686 by default)."""
+the Go module proxy by ``deploy/jaeger/build.sh`` (:mod:`support.jaeger_build`): start a
+config of ``deploy/`` on free ports, and read traces back through its query API (port
+16686 by default)."""
 from __future__ import annotations
 
 import json
@@ -19,50 +20,9 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from support.paths import DEPLOY
+from support.jaeger_build import jaeger_binary
 from support.polling import wait_for
 from support.processes import free_port
-
-BUILD = DEPLOY / "jaeger" / "build.sh"
-#: the environment build.sh runs in, as it was when the tests were collected: a fixture
-#: that moves ``XDG_CACHE_HOME`` (or ``HOME``) for a test must not send it to build
-#: Jaeger again in an empty cache (minutes, and Go's build cache moves with it)
-_BUILD_ENV = dict(os.environ)
-#: ``service.name`` of the test client's spans
-
-
-def jaeger_binary(wait: float = 240) -> str:
-    """The Jaeger binary: ``deploy/jaeger/build.sh`` prints its path, building it
-    first if it is not in the cache (minutes; ``.ci/run`` builds it before the tests).
-    Fails, never skips, when there is none.
-
-    Parameters
-    ----------
-    wait
-        Seconds to wait for a build (less than pytest's per-test timeout); past them
-        the build goes on in the background for the next run, and this fails.
-
-    Returns
-    -------
-    str
-        The path of the executable.
-    """
-    build = subprocess.Popen(["bash", str(BUILD)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=_BUILD_ENV,
-                             start_new_session=True)
-    try:
-        out, err = build.communicate(timeout=wait)
-    except subprocess.TimeoutExpired:
-        raise AssertionError(
-            f"no Jaeger binary yet: {BUILD} (pid {build.pid}) is building it, which "
-            f"takes longer than a test waits ({wait:.0f} s); it goes on in the "
-            "background: run the tests again when it is done, or run it first "
-            "(.ci/run does)") from None
-    path = out.strip().splitlines()[-1] if out.strip() else ""
-    assert build.returncode == 0 and os.access(path, os.X_OK), (
-        f"no Jaeger binary: {BUILD} failed (rc {build.returncode}); it needs Go and "
-        f"the Go module proxy (.ci/run runs it before the tests).\n{err[-3000:]}")
-    return path
 
 
 def otel_attributes(items: list[dict[str, Any]]) -> dict[str, Any]:

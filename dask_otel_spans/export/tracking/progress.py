@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
+from dask_otel_spans.protocol.dask_private import cumulative_metrics
+
 if TYPE_CHECKING:
     from dask_otel_spans.export.tracking.tree import TreeGroup, TreeSpan
 
@@ -89,7 +91,7 @@ def task_counts(span: TreeSpan) -> TaskCounts:
                 settled += 1
             for i, n in enumerate(_group_tasks(tg)):
                 sums[i] += n
-        for key, value in node._cumulative_worker_metrics.items():
+        for key, value in cumulative_metrics(node).items():
             unit = key[-1] if isinstance(key, tuple) and key else None
             if unit == "seconds":
                 seconds += value
