@@ -61,6 +61,11 @@ class Delivery:
         #: requests the receiver acknowledged, and refused for good
         self.sent = 0
         self.refused = 0
+        #: per signal, the batch (stamp, size) whose last attempt went out and got
+        #: no answer: the receiver may have taken it, and sending it again is a resend
+        self._unanswered: dict[str, tuple[int, int]] = {}
+        #: per signal, items sent again after an attempt that got no answer
+        self._resent = dict.fromkeys(SIGNALS, 0)
 
     @property
     def signals(self) -> tuple[str, ...]:
@@ -137,7 +142,8 @@ class Delivery:
         counted them, with what this holds and dropped of it."""
         if signal not in self._senders:
             return SignalFigures(delivered, failed)
-        return SignalFigures(delivered, failed, **self.spool.figures(signal))
+        return SignalFigures(delivered, failed, **self.spool.figures(signal),
+                             resent=self._resent[signal])
 
     # -- the thread ----------------------------------------------------------------------
 
@@ -169,15 +175,24 @@ class Delivery:
         entry = self.spool.oldest(signal)
         if entry is None or entry.payload is None:
             return False
+        sender = self._senders[signal]
+        if self._unanswered.get(signal) == (entry.stamp, entry.size):
+            # (at least once: the receiver may have it from the attempt before)
+            self._resent[signal] += entry.items
+            self._health[signal].resend(sender.timeout)
         self._sending = True
         try:
-            return self._sent(signal, entry, self._senders[signal].send(entry.payload))
+            return self._sent(signal, entry, sender.send(entry.payload))
         finally:
             self._sending = False
 
     def _sent(self, signal: str, entry: Entry, reply: Reply) -> bool:
         """Count what came of sending ``entry``; True when it left the spool."""
         health = self._health[signal]
+        if reply.unanswered:
+            self._unanswered[signal] = (entry.stamp, entry.size)
+        else:  # (an answer came: a later attempt adds no copy of this one)
+            self._unanswered.pop(signal, None)
         if reply.delivered:
             self.spool.done(entry)
             self.sent += 1

@@ -6,6 +6,7 @@ SDK's exporters (:func:`~dask_otel_spans.sdk.otlp.otlp_exporter_kwargs`)."""
 from __future__ import annotations
 
 import gzip
+import http.client
 import ssl
 import urllib.error
 import urllib.request
@@ -37,6 +38,9 @@ GRPC_RETRYABLE = frozenset({
     "CANCELLED", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED", "OUT_OF_RANGE",
     "UNAVAILABLE", "DATA_LOSS",
 })
+#: gRPC status codes of a request that went out and got no answer: the deadline
+#: passed (the receiver may have taken it)
+GRPC_UNANSWERED = frozenset({"DEADLINE_EXCEEDED"})
 #: HTTP statuses worth another try (OTLP specification)
 HTTP_RETRYABLE = frozenset({429, 502, 503, 504})
 #: gRPC channel options of the sender, over the exporters' ones
@@ -61,12 +65,17 @@ class Reply:
         None when it did not say
     reason:
         In words, for the log
+    unanswered:
+        Not delivered for want of an answer: the request went out, and the
+        exporter's timeout passed or the connection was lost before the answer came.
+        The receiver may have taken it: sending it again may give it twice.
     """
 
     delivered: bool
     retryable: bool = False
     retry_after: float | None = None
     reason: str = ""
+    unanswered: bool = False
 
 
 class RequestSender(Protocol):
@@ -124,7 +133,8 @@ class GrpcRequestSender:
             code = error.code() if hasattr(error, "code") else None
             name = getattr(code, "name", str(code))
             return Reply(False, name in GRPC_RETRYABLE, _retry_info(error),
-                          f"gRPC {name}: {_details(error)}")
+                          f"gRPC {name}: {_details(error)}",
+                          unanswered=name in GRPC_UNANSWERED)
         return Reply(True)
 
     def close(self) -> None:
@@ -195,8 +205,13 @@ class HttpRequestSender:
             retryable = e.code in HTTP_RETRYABLE
             after = retry_after(e.headers.get("Retry-After")) if retryable else None
             return Reply(False, retryable, after, f"HTTP {e.code} {e.reason}")
-        except (urllib.error.URLError, OSError) as e:
+        except urllib.error.URLError as e:  # (before the request was sent)
             return Reply(False, True, None, f"{type(e).__name__}: {e}")
+        except (OSError, http.client.HTTPException) as e:
+            # (urllib wraps what fails while connecting and sending in URLError:
+            # this came after the request went out, waiting for the answer)
+            return Reply(False, True, None, f"{type(e).__name__}: {e}",
+                         unanswered=True)
 
     def close(self) -> None:
         pass

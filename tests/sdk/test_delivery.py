@@ -4,6 +4,8 @@ nothing held is lost or sent twice, retry hints are respected, figures are hones
 and a spool is sent from anywhere."""
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 from opentelemetry.sdk.metrics import MeterProvider
@@ -289,3 +291,40 @@ def test_a_cumulative_export_after_shutdown_fails_without_sending(tmp_path):
         assert receiver.metric_attempts == []
     finally:
         receiver.stop()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_batch_answered_after_the_timeout_is_sent_again_once_and_counted(
+        protocol, tmp_path, caplog):
+    # the receiver keeps the first request and answers it after the exporter's
+    # 0.3 s timeout; the second attempt is answered at once
+    receiver = receiver_of(protocol, late=1, delay=1.0)
+    # (each batch is one flush: no timed export splits them)
+    environ = {**environ_to(receiver, protocol, OTEL_EXPORTER_OTLP_TIMEOUT="0.3"),
+               "OTEL_BSP_SCHEDULE_DELAY": "60000", "OTEL_LOGS_EXPORTER": "none"}
+    providers = build(environ, tmp_path)
+    try:
+        end_spans(providers, 4)
+        assert providers.redelivery.drain(20)
+        end_spans(providers, 2)  # (answered in time: sent once)
+        assert providers.redelivery.drain(20)
+        copies = Counter(s["spanId"] for s in receiver.spans())
+        figures = providers.delivery()["traces"]
+    finally:
+        close(providers)
+        receiver.stop()
+    assert sorted(copies.values()) == [1, 1, 2, 2, 2, 2]
+    assert len(receiver.attempts) == 3
+    assert figures.resent == 4 and figures.delivered == 6
+    assert caplog.text.count("got no answer within its 0.3 s timeout") == 1
+
+
+def test_a_resend_is_said_once_per_outage(caplog):
+    health = ExportHealth("traces", "OTLP grpc to http://collector:4317")
+    health.outage()
+    health.resend(0.5)
+    health.resend(0.5)
+    health.record(True, 4)  # (recovered)
+    health.outage()
+    health.resend(0.5)
+    assert caplog.text.count("got no answer within its 0.5 s timeout") == 2
