@@ -91,8 +91,17 @@ class Stopped(NamedTuple):
     figures: ExportFigures
 
 
+class Received(NamedTuple):
+    """The highest place in the scheduler's span dict of a span the export process
+    read, said before it applies them: nothing it hands over is past the place the
+    scheduler last heard (after its death the next one gets the spans past it again,
+    none it may have exported)."""
+
+    position: int
+
+
 #: What the export process says
-Answer = Ready | SetupFailed | Figures | Flushed | Stopped
+Answer = Ready | SetupFailed | Figures | Flushed | Stopped | Received
 
 
 def encode_frame(obj: object) -> bytes:

@@ -10,8 +10,8 @@ Started by :class:`~dask_otel_spans.transport.supervisor.ChildSupervisor` as
   batches (lists) of the messages of :mod:`~dask_otel_spans.protocol.events`, and
   flushes. End of stdin: hand over the spans still open, finish, shut down, exit.
 - stdout: its answers, :data:`~dask_otel_spans.protocol.wire.Answer`: ``Ready`` or
-  ``SetupFailed``; ``Figures`` when they changed; ``Flushed`` for each flush;
-  ``Stopped``.
+  ``SetupFailed``; ``Received`` before it applies a frame with spans past those it
+  said; ``Figures`` when they changed; ``Flushed`` for each flush; ``Stopped``.
 
 Anything else the process prints goes to stderr, as do its log lines.
 """
@@ -35,13 +35,14 @@ import psutil
 from dask_otel_spans.config import CPU_POLICIES
 from dask_otel_spans.export.pipeline import ExportPipeline
 from dask_otel_spans.export.session import ExportSession
-from dask_otel_spans.protocol.events import Message
+from dask_otel_spans.protocol.events import Message, highest_position
 from dask_otel_spans.protocol.figures import ExportFigures, ProcessFigures
 from dask_otel_spans.protocol.wire import (
     Answer,
     Figures,
     Flushed,
     Ready,
+    Received,
     SetupFailed,
     Stopped,
     is_flush,
@@ -200,9 +201,11 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
     )
     reporter.start()
     bad_frames = 0
+    received = -1  # (the highest place of a span said to the scheduler)
     while True:
         try:
             batch = read_frame(inbox)
+            top = highest_position(batch)
         except EOFError:
             break
         except Exception:
@@ -211,6 +214,9 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
                 logger.exception("dask_otel_spans: unreadable frame from the scheduler "
                                  "(logged once)")
             continue
+        if top > received:  # (said before any of them can be handed over)
+            received = top
+            outbox.send(Received(top))
         messages: list[Message] = []
         for message in batch:
             if not is_flush(message):

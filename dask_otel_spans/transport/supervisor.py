@@ -20,6 +20,7 @@ from dask_otel_spans.protocol.wire import (
     Figures,
     Flushed,
     Ready,
+    Received,
     SetupFailed,
     Stopped,
     read_frame,
@@ -33,6 +34,9 @@ logger = logging.getLogger(__name__)
 #: the scheduler's event loop goes first
 EXPORT_PROCESS_NICE = 10
 #: Counts of a child's figures that go on over a restart (:meth:`ChildSupervisor.total`)
+#: Seconds a new child's launch waits for the reader of the one that ended to read
+#: what it said to its end
+READER_JOIN_TIMEOUT = 5.0
 #: The module the export process runs (``python -m``)
 CHILD_MODULE = "dask_otel_spans.transport.child"
 
@@ -105,8 +109,11 @@ class ChildSupervisor:
         #: what the child said when it was ready: where traces and metrics go, pid
         self.info: Destinations = {}
         #: the highest place in the scheduler's span dict that an export process
-        #: said it had (``last_position``) before it died; -1: none
+        #: said it had (read: :class:`~dask_otel_spans.protocol.wire.Received`)
+        #: before it died; -1: none
         self.confirmed_position = -1
+        #: the running child's, as it said last
+        self._received_position = -1
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
         self._flushes: dict[int, Flush] = {}
@@ -183,13 +190,20 @@ class ChildSupervisor:
                 reason = f"exit code {proc.poll()}"
             self._end(proc, reader, timeout=1.0)
             raise ExportProcessError(reason, setup_failed=isinstance(first, SetupFailed))
-        self._proc, self._reader = proc, reader
-        self.launches += 1
+        previous, self._proc, self._reader = self._reader, proc, reader
+        if previous is not None:
+            # (what the child that ended said is read to its end first: a span it
+            # said it read may have been exported, and is not forwarded again)
+            previous.join(READER_JOIN_TIMEOUT)
+        self.confirmed_position = max(self.confirmed_position,
+                                      self.child_figures.last_position,
+                                      self._received_position)
+        self._received_position = -1
         for name in ExportFigures.CUMULATIVE:
             self._counts_of_dead[name] = self.total(name)
-        self.confirmed_position = max(self.confirmed_position,
-                                      self.child_figures.last_position)
         self.child_figures = ExportFigures()
+        # (last: the plugin reads a new launch, then the place to go on from)
+        self.launches += 1
         self._figures_pid = proc.pid
         self.info = first.destinations
         return self.info
@@ -294,6 +308,9 @@ class ChildSupervisor:
             case Ready() | SetupFailed():
                 answer.append(message)
                 ready.set()
+            case Received(position):
+                if proc.pid == self._figures_pid:
+                    self._received_position = max(self._received_position, position)
             case Figures(figures) | Stopped(figures):
                 if proc.pid == self._figures_pid:
                     self.child_figures = figures
