@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from dask_otel_spans.background import QueueThread
@@ -99,6 +99,10 @@ class ExportSession:
         self._span_deltas = DeltaSums()
         self._worker_deltas = DeltaSums()
         self._dispatch = Dispatcher(self)
+        #: called with the highest place in the scheduler's span dict of a span
+        #: applied so far, before spans are handed over (the export process says it
+        #: to the scheduler)
+        self.before_hand_over: Callable[[int], None] | None = None
         #: the records of spans while they run (export/live.py)
         self.live = LiveRecords(
             config, self.tree, self.tracker, pipeline.ender.end_many,
@@ -222,6 +226,8 @@ class ExportSession:
         if calls and pump is not None:
             pump.submit_many(calls)
         if requests:
+            if self.before_hand_over is not None:
+                self.before_hand_over(self.tree.last_position)
             try:
                 self.live.ended(requests)
             except Exception:

@@ -48,18 +48,6 @@ def span_added(ids: tuple[str, ...], name: tuple[str, ...], enqueued: float,
     return (SPAN, ids, name, enqueued, nthreads_offset, position)
 
 
-def highest_position(messages: Sequence[Message]) -> int:
-    """The highest place in the scheduler's span dict among the ``span`` messages of
-    ``messages`` (:func:`span_added`); -1 when none says one."""
-    top = -1
-    for message in messages:
-        if isinstance(message, tuple) and len(message) == 6 and message[0] == SPAN:
-            position = message[5]
-            if isinstance(position, int) and position > top:
-                top = position
-    return top
-
-
 def group_running(span_id: str, group: int, prefix: str) -> Message:
     """A task group of the span has a task in a running state (once when it starts
     to run, or to run again). ``group`` tells the span's groups apart:

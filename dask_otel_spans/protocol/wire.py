@@ -93,9 +93,9 @@ class Stopped(NamedTuple):
 
 class Received(NamedTuple):
     """The highest place in the scheduler's span dict of a span the export process
-    read, said before it applies them: nothing it hands over is past the place the
-    scheduler last heard (after its death the next one gets the spans past it again,
-    none it may have exported)."""
+    applied, said before it hands spans over: nothing it hands over is past the place
+    the scheduler last heard (after its death the next one gets the spans past it
+    again, none it may have exported)."""
 
     position: int
 

@@ -455,9 +455,10 @@ class SpanForwarder:
         ``resend_from``: for a new export process, the first position the one that
         died did not say it had; the spans from there on are forwarded again done
         or not (what was written to a dying process's pipe is lost with it). None
-        of them can have been handed over there: the process says the place of the
-        spans it reads before it applies them
-        (:class:`~dask_otel_spans.protocol.wire.Received`).
+        of them can have been handed over there: the process says the highest place
+        of the spans it applied before it hands any over
+        (:class:`~dask_otel_spans.protocol.wire.Received`). Those before it that it
+        had not handed over are lost with it, as what it held.
         """
         upto = self.forwarded.n_known
         self.forwarded.for_a_new_copy()  # (the next tick tells it the workers)

@@ -10,8 +10,9 @@ Started by :class:`~dask_otel_spans.transport.supervisor.ChildSupervisor` as
   batches (lists) of the messages of :mod:`~dask_otel_spans.protocol.events`, and
   flushes. End of stdin: hand over the spans still open, finish, shut down, exit.
 - stdout: its answers, :data:`~dask_otel_spans.protocol.wire.Answer`: ``Ready`` or
-  ``SetupFailed``; ``Received`` before it applies a frame with spans past those it
-  said; ``Figures`` when they changed; ``Flushed`` for each flush; ``Stopped``.
+  ``SetupFailed``; ``Received`` before it hands spans over, when it applied spans
+  past those it said; ``Figures`` when they changed; ``Flushed`` for each flush;
+  ``Stopped``.
 
 Anything else the process prints goes to stderr, as do its log lines.
 """
@@ -35,7 +36,7 @@ import psutil
 from dask_otel_spans.config import CPU_POLICIES
 from dask_otel_spans.export.pipeline import ExportPipeline
 from dask_otel_spans.export.session import ExportSession
-from dask_otel_spans.protocol.events import Message, highest_position
+from dask_otel_spans.protocol.events import Message
 from dask_otel_spans.protocol.figures import ExportFigures, ProcessFigures
 from dask_otel_spans.protocol.wire import (
     Answer,
@@ -103,6 +104,22 @@ class _Outbox:
             write_frame(self._stream, message)
         except (OSError, ValueError):
             pass
+
+
+class _SayReceived:
+    """The session's ``before_hand_over``: say the highest place of a span it applied
+    (:class:`~dask_otel_spans.protocol.wire.Received`) when it grew, before it hands
+    spans over. Should this process die, the scheduler forwards the spans past that
+    place to the next one, and none of those was handed over here."""
+
+    def __init__(self, outbox: _Outbox):
+        self._outbox = outbox
+        self._said = -1
+
+    def __call__(self, position: int) -> None:
+        if position > self._said:
+            self._said = position
+            self._outbox.send(Received(position))
 
 
 def settle_garbage_collector() -> None:
@@ -192,6 +209,7 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
         },
     ))
     session = ExportSession(pipeline, spec.config)
+    session.before_hand_over = _SayReceived(outbox)
     session.start()
     settle_garbage_collector()
     stopped = threading.Event()
@@ -201,11 +219,9 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
     )
     reporter.start()
     bad_frames = 0
-    received = -1  # (the highest place of a span said to the scheduler)
     while True:
         try:
             batch = read_frame(inbox)
-            top = highest_position(batch)
         except EOFError:
             break
         except Exception:
@@ -214,9 +230,6 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
                 logger.exception("dask_otel_spans: unreadable frame from the scheduler "
                                  "(logged once)")
             continue
-        if top > received:  # (said before any of them can be handed over)
-            received = top
-            outbox.send(Received(top))
         messages: list[Message] = []
         for message in batch:
             if not is_flush(message):
