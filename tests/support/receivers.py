@@ -269,25 +269,11 @@ class OTLPHttpReceiver:
                     self.end_headers()
                     return
                 requests, request, response = kinds[self.path]
-                refuse = False
-                if self.path == "/v1/traces":
-                    with receiver._lock:
-                        receiver.attempts.append(time.monotonic())
-                        refuse = receiver.unavailable > 0
-                        receiver.unavailable -= refuse
-                elif self.path == "/v1/metrics":
-                    with receiver._lock:
-                        receiver.metric_attempts.append(time.monotonic())
-                        refuse = receiver.unavailable_metrics > 0
-                        receiver.unavailable_metrics -= refuse
-                late = False
-                if self.path == "/v1/traces" and not refuse:
-                    with receiver._lock:
-                        late = receiver.late > 0
-                        receiver.late -= late
-                if late:  # (taken, then answered past a shorter timeout)
+                refuse, late = receiver._answer(self.path)
+                if not refuse:
                     with receiver._lock:
                         requests.append(request.FromString(body))
+                if late:  # (taken, then answered past a shorter timeout)
                     time.sleep(receiver.delay)
                 if refuse:
                     self.send_response(503)
@@ -296,9 +282,6 @@ class OTLPHttpReceiver:
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
-                if not late:
-                    with receiver._lock:
-                        requests.append(request.FromString(body))
                 data = response().SerializeToString()
                 try:
                     self.send_response(200)
@@ -317,6 +300,24 @@ class OTLPHttpReceiver:
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
         return self
+
+    def _answer(self, path: str) -> tuple[bool, bool]:
+        """Count a request to ``path``: whether it is refused (503), and whether it
+        is answered late."""
+        with self._lock:
+            if path == "/v1/traces":
+                self.attempts.append(time.monotonic())
+                refuse = self.unavailable > 0
+                self.unavailable -= refuse
+                late = not refuse and self.late > 0
+                self.late -= late
+                return refuse, late
+            if path == "/v1/metrics":
+                self.metric_attempts.append(time.monotonic())
+                refuse = self.unavailable_metrics > 0
+                self.unavailable_metrics -= refuse
+                return refuse, False
+        return False, False
 
     def stop(self) -> None:
         if self._server is not None:
