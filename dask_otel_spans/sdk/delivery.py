@@ -58,6 +58,11 @@ class Delivery:
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
+        #: the thread ended; it releases the spool (and the senders) as it ends,
+        #: when a send was still in flight at close
+        self._exit_lock = threading.Lock()
+        self._exited = False
+        self._release_at_exit = False
         #: requests the receiver acknowledged, and refused for good
         self.sent = 0
         self.refused = 0
@@ -129,7 +134,17 @@ class Delivery:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(min(timeout, 1.0))
-        self.spool.close()
+        with self._exit_lock:
+            # (a send still in flight: its batch is written with the others, and
+            # the folder is released once its answer is counted, not before: no
+            # other process takes over and sends again a batch acknowledged here)
+            in_flight = self._thread is not None and not self._exited
+            self._release_at_exit = in_flight
+            self.spool.close(release=not in_flight)
+        if not in_flight:
+            self._close_senders()
+
+    def _close_senders(self) -> None:
         for sender in self._senders.values():
             try:
                 sender.close()
@@ -148,6 +163,16 @@ class Delivery:
     # -- the thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._send_until_stopped()
+        finally:
+            with self._exit_lock:
+                self._exited = True
+                if self._release_at_exit:
+                    self.spool.release()
+                    self._close_senders()
+
+    def _send_until_stopped(self) -> None:
         while not self._stopped.is_set():
             try:
                 self.spool.spill_due()

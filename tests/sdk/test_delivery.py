@@ -328,3 +328,24 @@ def test_a_resend_is_said_once_per_outage(caplog):
     health.outage()
     health.resend(0.5)
     assert caplog.text.count("got no answer within its 0.5 s timeout") == 2
+
+
+def test_a_batch_in_flight_at_close_is_not_sent_again_from_its_spool(tmp_path):
+    # (answered after a second, within the exporter's timeout)
+    receiver = receiver_of("grpc", late=1, delay=1.0)
+    environ = {**environ_to(receiver, "grpc", OTEL_EXPORTER_OTLP_TIMEOUT="5"),
+               "OTEL_BSP_SCHEDULE_DELAY": "60000", "OTEL_LOGS_EXPORTER": "none"}
+    providers = build(environ, tmp_path)
+    try:
+        end_spans(providers, 3)
+        wait_for(lambda: len(receiver.attempts) == 1)  # (in flight)
+        providers.redelivery.close(0.0)  # (its batch written to the spool)
+        # another process finds the folder still taken until the answer came
+        assert "traces" not in resend(str(tmp_path), environ, timeout=0.5)
+        wait_for(lambda: providers.delivery()["traces"].delivered == 3)
+        assert "traces" not in resend(str(tmp_path), environ, timeout=0.5)
+    finally:
+        for provider in providers.owned:
+            provider.shutdown()
+        receiver.stop()
+    assert len(receiver.spans()) == 3
