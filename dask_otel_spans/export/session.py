@@ -99,10 +99,10 @@ class ExportSession:
         self._span_deltas = DeltaSums()
         self._worker_deltas = DeltaSums()
         self._dispatch = Dispatcher(self)
-        #: called with the highest place in the scheduler's span dict of a span
-        #: applied so far, before spans are handed over (the export process says it
-        #: to the scheduler)
-        self.before_hand_over: Callable[[int], None] | None = None
+        #: called with the places in the scheduler's span dict of the spans about to
+        #: be handed over, before they are (the export process says them to the
+        #: scheduler)
+        self.before_hand_over: Callable[[list[int]], None] | None = None
         #: the records of spans while they run (export/live.py)
         self.live = LiveRecords(
             config, self.tree, self.tracker, pipeline.ender.end_many,
@@ -222,12 +222,13 @@ class ExportSession:
         """Hand what the tracker made ready and counted to the pipeline: the counts
         first, so that a span's opening is counted before it ends."""
         calls, requests = self.tracker.take()
+        places = self.tree.take_handed_over()
+        if places and self.before_hand_over is not None:
+            self.before_hand_over(places)
         pump = self.pipeline.pump
         if calls and pump is not None:
             pump.submit_many(calls)
         if requests:
-            if self.before_hand_over is not None:
-                self.before_hand_over(self.tree.last_position)
             try:
                 self.live.ended(requests)
             except Exception:

@@ -91,17 +91,16 @@ class Stopped(NamedTuple):
     figures: ExportFigures
 
 
-class Received(NamedTuple):
-    """The highest place in the scheduler's span dict of a span the export process
-    applied, said before it hands spans over: nothing it hands over is past the place
-    the scheduler last heard (after its death the next one gets the spans past it
-    again, none it may have exported)."""
+class HandedOver(NamedTuple):
+    """The places in the scheduler's span dict of the spans the export process is
+    about to hand over, as runs ``(first, last)``, said before it does: should it die,
+    the next one is sent again the done spans it had not handed over, and none it had."""
 
-    position: int
+    runs: tuple[tuple[int, int], ...]
 
 
 #: What the export process says
-Answer = Ready | SetupFailed | Figures | Flushed | Stopped | Received
+Answer = Ready | SetupFailed | Figures | Flushed | Stopped | HandedOver
 
 
 def encode_frame(obj: object) -> bytes:

@@ -10,9 +10,8 @@ Started by :class:`~dask_otel_spans.transport.supervisor.ChildSupervisor` as
   batches (lists) of the messages of :mod:`~dask_otel_spans.protocol.events`, and
   flushes. End of stdin: hand over the spans still open, finish, shut down, exit.
 - stdout: its answers, :data:`~dask_otel_spans.protocol.wire.Answer`: ``Ready`` or
-  ``SetupFailed``; ``Received`` before it hands spans over, when it applied spans
-  past those it said; ``Figures`` when they changed; ``Flushed`` for each flush;
-  ``Stopped``.
+  ``SetupFailed``; ``HandedOver`` before it hands spans over; ``Figures`` when they
+  changed; ``Flushed`` for each flush; ``Stopped``.
 
 Anything else the process prints goes to stderr, as do its log lines.
 """
@@ -42,8 +41,8 @@ from dask_otel_spans.protocol.wire import (
     Answer,
     Figures,
     Flushed,
+    HandedOver,
     Ready,
-    Received,
     SetupFailed,
     Stopped,
     is_flush,
@@ -51,6 +50,7 @@ from dask_otel_spans.protocol.wire import (
     read_frame,
     write_frame,
 )
+from dask_otel_spans.transport.places import runs
 from dask_otel_spans.transport.providers import build_providers
 from dask_otel_spans.transport.spec import PipelineSpec
 
@@ -106,20 +106,16 @@ class _Outbox:
             pass
 
 
-class _SayReceived:
-    """The session's ``before_hand_over``: say the highest place of a span it applied
-    (:class:`~dask_otel_spans.protocol.wire.Received`) when it grew, before it hands
-    spans over. Should this process die, the scheduler forwards the spans past that
-    place to the next one, and none of those was handed over here."""
+def _say_handed_over(outbox: _Outbox) -> Callable[[list[int]], None]:
+    """The session's ``before_hand_over``: say the places of the spans about to be
+    handed over (:class:`~dask_otel_spans.protocol.wire.HandedOver`) before they are.
+    Should this process die, the scheduler sends the next one the done spans it had
+    not handed over, and none it had."""
 
-    def __init__(self, outbox: _Outbox):
-        self._outbox = outbox
-        self._said = -1
+    def say(places: list[int]) -> None:
+        outbox.send(HandedOver(runs(places)))
 
-    def __call__(self, position: int) -> None:
-        if position > self._said:
-            self._said = position
-            self._outbox.send(Received(position))
+    return say
 
 
 def settle_garbage_collector() -> None:
@@ -209,7 +205,7 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
         },
     ))
     session = ExportSession(pipeline, spec.config)
-    session.before_hand_over = _SayReceived(outbox)
+    session.before_hand_over = _say_handed_over(outbox)
     session.start()
     settle_garbage_collector()
     stopped = threading.Event()

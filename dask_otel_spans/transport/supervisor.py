@@ -19,13 +19,14 @@ from dask_otel_spans.protocol.wire import (
     Destinations,
     Figures,
     Flushed,
+    HandedOver,
     Ready,
-    Received,
     SetupFailed,
     Stopped,
     read_frame,
     write_frame,
 )
+from dask_otel_spans.transport.places import Places
 from dask_otel_spans.transport.spec import PipelineSpec
 
 logger = logging.getLogger(__name__)
@@ -69,8 +70,8 @@ class ChildSupervisor:
     A new child knows nothing of the spans forwarded to the one before: what the
     dead one held (spans not handed over yet, metric sums since its last export) is
     lost, and its counts are kept apart (:meth:`total`). ``launches`` counts the
-    children: the plugin forwards the running spans again to a new one, from
-    ``confirmed_position`` on.
+    children: the plugin forwards the running spans again to a new one, and the
+    done ones not in ``handed_over``.
 
     Parameters
     ----------
@@ -108,12 +109,9 @@ class ChildSupervisor:
         self.child_figures = ExportFigures()
         #: what the child said when it was ready: where traces and metrics go, pid
         self.info: Destinations = {}
-        #: the highest place in the scheduler's span dict that an export process
-        #: said it had (read: :class:`~dask_otel_spans.protocol.wire.Received`)
-        #: before it died; -1: none
-        self.confirmed_position = -1
-        #: the running child's, as it said last
-        self._received_position = -1
+        #: the places in the scheduler's span dict of the spans the export processes
+        #: said they hand over (:class:`~dask_otel_spans.protocol.wire.HandedOver`)
+        self.handed_over = Places()
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
         self._flushes: dict[int, Flush] = {}
@@ -193,12 +191,8 @@ class ChildSupervisor:
         previous, self._proc, self._reader = self._reader, proc, reader
         if previous is not None:
             # (what the child that ended said is read to its end first: a span it
-            # said it read may have been exported, and is not forwarded again)
+            # said it handed over is not forwarded again)
             previous.join(READER_JOIN_TIMEOUT)
-        self.confirmed_position = max(self.confirmed_position,
-                                      self.child_figures.last_position,
-                                      self._received_position)
-        self._received_position = -1
         for name in ExportFigures.CUMULATIVE:
             self._counts_of_dead[name] = self.total(name)
         self.child_figures = ExportFigures()
@@ -308,9 +302,8 @@ class ChildSupervisor:
             case Ready() | SetupFailed():
                 answer.append(message)
                 ready.set()
-            case Received(position):
-                if proc.pid == self._figures_pid:
-                    self._received_position = max(self._received_position, position)
+            case HandedOver(found):
+                self.handed_over.add_runs(found)
             case Figures(figures) | Stopped(figures):
                 if proc.pid == self._figures_pid:
                     self.child_figures = figures

@@ -237,6 +237,30 @@ async def test_a_span_exported_just_before_the_export_process_died_is_not_export
 
 
 @gen_cluster(client=True, timeout=120)
+async def test_a_span_in_its_grace_period_when_the_export_process_died_is_exported_once(
+    c, s, a, b, tmp_path, caplog
+):
+    caplog.set_level(logging.WARNING, logger="dask_otel_spans")
+    plugin = await install_process_plugin(c, tmp_path, export_delay=3.0)
+    first = child_pid(plugin)
+    with span("in its grace period"):
+        await c.submit(inc, 2, key="g-1")
+    # (it has the span, and hands it over once its grace period is over)
+    await async_wait_for(lambda: plugin.export_figures().received >= 1)
+    os.kill(first, signal.SIGKILL)
+    await async_wait_for(lambda: f"export process (pid {first}) exited"
+                         in caplog.text)
+    with span("after"):  # (a write to a process gone: a new one starts)
+        await c.submit(inc, 3, key="a-1")
+    await async_wait_for(lambda: {"in its grace period", "after"}
+                         <= exported_names(tmp_path), timeout=60)
+    await plugin.flush()
+    exported = [sp["name"] for sp in exported_spans(tmp_path)]
+    await plugin.close()
+    assert exported.count("in its grace period") == 1
+
+
+@gen_cluster(client=True, timeout=120)
 async def test_spans_sent_to_an_export_process_as_it_dies_are_sent_again(
     c, s, a, b, tmp_path, caplog
 ):
