@@ -34,10 +34,10 @@ logger = logging.getLogger(__name__)
 #: Nice levels the export process runs below the scheduler: where they share a core,
 #: the scheduler's event loop goes first
 EXPORT_PROCESS_NICE = 10
-#: Counts of a child's figures that go on over a restart (:meth:`ChildSupervisor.total`)
 #: Seconds a new child's launch waits for the reader of the one that ended to read
 #: what it said to its end
 READER_JOIN_TIMEOUT = 5.0
+#: Counts of a child's figures that go on over a restart (:meth:`ChildSupervisor.total`)
 #: The module the export process runs (``python -m``)
 CHILD_MODULE = "dask_otel_spans.transport.child"
 

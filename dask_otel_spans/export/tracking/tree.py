@@ -158,8 +158,6 @@ class SpanTree:
         #: spans added to the copy
         self.received = 0
         #: the highest place in the scheduler's span dict of a span added here
-        #: (after a restart, the scheduler forwards again the spans past the one
-        #: the export process that died reported)
         self.last_position = -1
         #: span id -> its place in the scheduler's span dict, of the spans in
         #: ``spans`` whose place came; the places of those handed over since the last
