@@ -716,6 +716,30 @@ async def test_a_stopped_export_process_loses_nothing_within_the_budget(
 
 
 @gen_cluster(client=True, timeout=120)
+async def test_an_export_process_stopped_then_killed_as_it_exports_makes_each_span_once(
+    c, s, a, b, tmp_path, caplog
+):
+    caplog.set_level(logging.WARNING, logger="dask_otel_spans")
+    plugin = await install_process_plugin(c, tmp_path,
+                                          environ={"OTEL_BSP_SCHEDULE_DELAY": "1"})
+    first = child_pid(plugin)
+    stopped, running = run_while_stopped(c, plugin, 10)
+    await running
+    # killed once it went on and exported some of them, not all
+    await async_wait_for(lambda: exported_names(tmp_path) & set(stopped), timeout=60)
+    os.kill(first, signal.SIGKILL)
+    await async_wait_for(lambda: f"export process (pid {first}) exited"
+                         in caplog.text)
+    await export_one_span(c, plugin, "after")  # (a new export process)
+    await async_wait_for(lambda: {*stopped, "after"} <= exported_names(tmp_path),
+                         timeout=60)
+    await plugin.flush()
+    exported = [sp["name"] for sp in exported_spans(tmp_path)]
+    await plugin.close()
+    assert sorted(name for name in exported if name in stopped) == sorted(stopped)
+
+
+@gen_cluster(client=True, timeout=120)
 async def test_past_the_budget_a_stopped_export_process_drops_the_newest_and_says_so(
     c, s, a, b, tmp_path, caplog
 ):
