@@ -127,8 +127,8 @@ class ExportHealth:
                 return
             self._resend_said = True
         logger.warning(
-            "dask_otel_spans: %s sent to %s got no answer within its %g s timeout; "
-            "sending them again: the backend may have taken them already and get "
+            "dask_otel_spans: %s sent to %s got no answer within its %g s timeout (or "
+            "lost the connection first); sending them again: the backend may have taken them already and get "
             "some twice (at least once, as every OTLP exporter; ExportState.resent "
             "counts them; said once per outage)", self._unit(), self.where, timeout)
 
