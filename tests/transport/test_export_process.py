@@ -215,9 +215,9 @@ async def test_a_span_exported_just_before_the_export_process_died_is_not_export
     """The scheduler forwards to the next export process the spans past the place
     the one that died said it had read: it said so before it could export them."""
     caplog.set_level(logging.WARNING, logger="dask_otel_spans")
-    # (exported a few milliseconds after its hand-over: well within the half second
-    # between two reports of the export process's figures)
-    plugin = await install_process_plugin(c, tmp_path,
+    # (handed over and exported within milliseconds of its last task: well within
+    # the half second between two reports of the export process's figures)
+    plugin = await install_process_plugin(c, tmp_path, export_delay=0.0,
                                           environ={"OTEL_BSP_SCHEDULE_DELAY": "1"})
     first = child_pid(plugin)
     with span("exported as it dies"):
