@@ -128,9 +128,10 @@ class ExportHealth:
             self._resend_said = True
         logger.warning(
             "dask_otel_spans: %s sent to %s got no answer within its %g s timeout (or "
-            "lost the connection first); sending them again: the backend may have taken them already and get "
-            "some twice (at least once, as every OTLP exporter; ExportState.resent "
-            "counts them; said once per outage)", self._unit(), self.where, timeout)
+            "lost the connection first); sending them again: the backend may have "
+            "taken them already and get some twice (at least once, as every OTLP "
+            "exporter; ExportState.resent counts them; said once per outage)",
+            self._unit(), self.where, timeout)
 
     def refuse(self, items: int, reason: str) -> None:
         """A held batch of ``items`` was refused for good (not worth another try):
