@@ -58,6 +58,11 @@ class ExportState:
         Per signal (``traces``, ``metrics``, ``logs``) whose OTLP exporter holds
         what it could not deliver: items waiting in memory, waiting in the spool
         directory, and dropped past the spool's bounds (``otel-spans.spool.*``)
+    resent:
+        Per signal whose OTLP exporter holds: items sent again because an attempt
+        got no answer within the exporter's timeout (or lost its connection after
+        the request went out): the backend may have received them twice (delivery
+        is at least once; see the data contract's "Delivery")
     spool:
         The spool directory (None: held batches stay in memory, or nothing holds)
     """
@@ -76,6 +81,7 @@ class ExportState:
     spooled: dict[str, int] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)
     spool: str | None = None
+    resent: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_figures(cls, figures: ExportFigures, destinations: Mapping[str, object],
@@ -97,6 +103,7 @@ class ExportState:
             spooled={name: sig.spooled or 0 for name, sig in holding.items()},
             dropped={name: sig.dropped or 0 for name, sig in holding.items()},
             spool=figures.spool_directory,
+            resent={name: sig.resent or 0 for name, sig in holding.items()},
         )
 
     def signal(self, name: str) -> SignalFigures:
@@ -105,7 +112,7 @@ class ExportState:
             delivered=getattr(self, f"{name}_delivered", None),
             failed=getattr(self, f"{name}_failed", None),
             held=self.held.get(name), spooled=self.spooled.get(name),
-            dropped=self.dropped.get(name))
+            dropped=self.dropped.get(name), resent=self.resent.get(name))
 
     def outcome(self, signal: str | None = None) -> str:
         """What came of the export, in words: one line per signal the state has

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from dask_otel_spans.background import QueueThread
@@ -103,6 +103,10 @@ class ExportSession:
         self._span_deltas = DeltaSums()
         self._worker_deltas = DeltaSums()
         self._dispatch = Dispatcher(self)
+        #: called with the places in the scheduler's span dict of the spans about to
+        #: be handed over, before they are (the export process says them to the
+        #: scheduler)
+        self.before_hand_over: Callable[[list[int]], None] | None = None
         #: the records of spans while they run (export/live.py)
         self.live = LiveRecords(
             config, self.tree, self.tracker, pipeline.ender.end_many,
@@ -224,6 +228,9 @@ class ExportSession:
         """Hand what the tracker made ready and counted to the pipeline: the counts
         first, so that a span's opening is counted before it ends."""
         calls, requests = self.tracker.take()
+        places = self.tree.take_handed_over()
+        if places and self.before_hand_over is not None:
+            self.before_hand_over(places)
         if len(self.profiles):
             requests = with_profiles(requests, self.profiles)
         pump = self.pipeline.pump

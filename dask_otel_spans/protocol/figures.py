@@ -29,6 +29,10 @@ class SignalFigures:
     spooled: int | None = None
     #: items dropped past the spool's bounds (None: likewise)
     dropped: int | None = None
+    #: items sent again after an attempt that got no answer within the exporter's
+    #: timeout (or lost its connection after the request went out): the backend may
+    #: have received them more than once (None: likewise)
+    resent: int | None = None
 
     @property
     def counted(self) -> bool:

@@ -15,7 +15,8 @@ def describe(figures: SignalFigures, signal: str, where: str,
              handed: int | None = None, spool_directory: str | None = None,
              resending: bool = False) -> str:
     """``"<signal> to <where>: N <unit> delivered, F failed[, H held in memory][,
-    S in the spool DIR (...)][, D dropped ...][, U not attempted ...]"``.
+    S in the spool DIR (...)][, D dropped ...][, R sent again ...][, U not attempted
+    ...]"``.
 
     Parameters
     ----------
@@ -44,6 +45,9 @@ def describe(figures: SignalFigures, signal: str, where: str,
     delivered, failed = figures.delivered, figures.failed or 0
     parts = [f"{counted(delivered, unit)} delivered", f"{failed} failed",
              *waiting(figures, spool_directory, resending)]
+    if figures.resent:
+        parts.append(f"{figures.resent} sent again after an attempt got no answer "
+                     "in time (the backend may have them twice)")
     if handed is not None:
         unreported = (handed - delivered - failed - figures.waiting
                       - (figures.dropped or 0))

@@ -91,8 +91,16 @@ class Stopped(NamedTuple):
     figures: ExportFigures
 
 
+class HandedOver(NamedTuple):
+    """The places in the scheduler's span dict of the spans the export process is
+    about to hand over, as runs ``(first, last)``, said before it does: should it die,
+    the next one is sent again the done spans it had not handed over, and none it had."""
+
+    runs: tuple[tuple[int, int], ...]
+
+
 #: What the export process says
-Answer = Ready | SetupFailed | Figures | Flushed | Stopped
+Answer = Ready | SetupFailed | Figures | Flushed | Stopped | HandedOver
 
 
 def encode_frame(obj: object) -> bytes:

@@ -8,7 +8,7 @@ slices of the plugin's tick budget.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Container, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -115,6 +115,9 @@ class Forwarded:
 
     #: spans of the extension's dict (in insertion order) forwarded so far
     n_known: int
+    #: spans of the dict when the forwarder started: those done then were never
+    #: forwarded (a new export process is not sent them either)
+    first: int = 0
     #: the number of workers last forwarded (-1: none yet)
     workers: int = -1
     #: task groups forwarded as running and not as done since (as many as the groups
@@ -189,7 +192,7 @@ class SpanForwarder:
         self.include_code = include_code
         self.sampler = sampler if sampler is not None else TaskSampler(NONE, 0)
         self.changes = Changes()
-        self.forwarded = Forwarded(n_known=len(spans))
+        self.forwarded = Forwarded(n_known=len(spans), first=len(spans))
         self.sweep = CountsSweep(min(COUNTS_INTERVAL, live_interval), clock)
 
     # -- what the hooks tell it (O(1) each) ----------------------------------------------
@@ -446,21 +449,24 @@ class SpanForwarder:
                 code_forwarded[span_id] = len(code)
                 out.append(events.span_code(span_id, tuple(islice(code, sent, None))))
 
-    def adopt(self, resend_from: int | None = None) -> Iterator[None]:
+    def adopt(self, handed_over: Container[int] | None = None) -> Iterator[None]:
         """Forward the spans that exist already and still run (a task group not
         done), with their ancestors, task groups and metrics so far: at start, and
         for a new export process. Pauses (yields) every ``SPANS_PER_STEP`` spans;
         spans created meanwhile are forwarded by the ticks.
 
-        ``resend_from``: for a new export process, the first position the one that
-        died did not say it had; the spans from there on are forwarded again done
-        or not (what was written to a dying process's pipe is lost with it). None
-        of them can have been handed over there: a span is handed over a grace period after
-        its last task, and the process reports what it has every half second.
+        ``handed_over``: for a new export process, the places of the spans the ones
+        before it said they handed over (an export process says them before it does:
+        :class:`~dask_otel_spans.protocol.wire.HandedOver`); the done spans forwarded
+        before and not there are forwarded again (what went to a process that died,
+        and it had not handed over, is lost with it), and none of those there: no
+        span is made twice.
         """
         upto = self.forwarded.n_known
         self.forwarded.for_a_new_copy()  # (the next tick tells it the workers)
-        positions: dict[str, int] = {}  # span id -> position, of the spans sent
+        first = self.forwarded.first
+        places: dict[str, int] = {}  # span id -> place, of the spans looked at
+        sent: set[str] = set()
         out: list[Message] = []
         for i, span in enumerate(islice(list(self.spans.values()), upto)):
             if i and i % SPANS_PER_STEP == 0:
@@ -468,26 +474,27 @@ class SpanForwarder:
                     self.sink.send(out)
                     out = []
                 yield
-            if span.id in positions:
+            places[span.id] = i
+            if span.id in sent:
                 continue
             if all(group_done(tg) for tg in list(span.groups)):
-                if resend_from is not None and i >= resend_from:
+                if handed_over is not None and i >= first and i not in handed_over:
                     # (alone: its done ancestors were in the dead process's hands)
-                    positions[span.id] = i
+                    sent.add(span.id)
                     self._adopted(span, i, out)
                 continue
             chain = []
             node: Span | None = span
-            while node is not None and node.id not in positions:
+            while node is not None and node.id not in sent:
                 chain.append(node)
                 node = node.parent
             for node in reversed(chain):
-                # (an ancestor's place is not known here: -1 does not count)
-                positions[node.id] = i if node is span else -1
-                self._adopted(node, positions[node.id], out)
+                # (an ancestor comes first in the dict: its place is known)
+                sent.add(node.id)
+                self._adopted(node, places.get(node.id, -1), out)
         if out:
             self.sink.send(out)
-        yield from self._carried_again(positions)
+        yield from self._carried_again(sent)
 
     def _carried_again(self, adopted: Collection[str]) -> Iterator[None]:
         """Forward again the contexts the client helper's blocks carried for the

@@ -416,18 +416,18 @@ class OTelSpansPlugin(SchedulerPlugin):
         try:
             if self._unregistered(scheduler):
                 return
-            resend_from = transport.restarted()
+            handed_over = transport.restarted()
             n_workers = len(scheduler.workers)
-            if resend_from is None and forwarder.idle(n_workers):
+            if handed_over is None and forwarder.idle(n_workers):
                 return  # (nothing came since the last tick: no clock read, no work)
         except Exception:
             self._log_failure("tick")
             return
         with self._guard("tick"):
-            if resend_from is not None:
+            if handed_over is not None:
                 # a new export process (the previous one died): it knows no span,
-                # and what went to the old one after its last report may be lost
-                self._work = forwarder.adopt(resend_from)
+                # and what the old one had not handed over is lost with it
+                self._work = forwarder.adopt(handed_over)
             else:
                 self._work = forwarder.tick_steps(n_workers)
         self._run_slice()

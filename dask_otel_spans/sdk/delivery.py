@@ -68,9 +68,20 @@ class Delivery:
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
+        #: the thread ended; it releases the spool (and the senders) as it ends,
+        #: when a send was still in flight at close
+        self._exit_lock = threading.Lock()
+        self._exited = False
+        self._release_at_exit = False
         #: requests the receiver acknowledged, and refused for good
         self.sent = 0
         self.refused = 0
+        #: per destination key, the batch (stamp, size) whose last attempt went out
+        #: and got no answer: the receiver may have taken it, and sending it again is
+        #: a resend
+        self._unanswered: dict[str, tuple[int, int]] = {}
+        #: per destination key, items sent again after an attempt that got no answer
+        self._resent: dict[str, int] = {}
 
     @property
     def signals(self) -> tuple[str, ...]:
@@ -155,7 +166,17 @@ class Delivery:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(min(timeout, 1.0))
-        self.spool.close()
+        with self._exit_lock:
+            # (a send still in flight: its batch is written with the others, and
+            # the folder is released once its answer is counted, not before: no
+            # other process takes over and sends again a batch acknowledged here)
+            in_flight = self._thread is not None and not self._exited
+            self._release_at_exit = in_flight
+            self.spool.close(release=not in_flight)
+        if not in_flight:
+            self._close_senders()
+
+    def _close_senders(self) -> None:
         for sender in self._senders.values():
             try:
                 sender.close()
@@ -175,11 +196,22 @@ class Delivery:
         figures = [self.spool.figures(k) for k in keys]
         return SignalFigures(delivered, failed,
                              **{name: sum(f[name] for f in figures)
-                                for name in ("held", "spooled", "dropped")})
+                                for name in ("held", "spooled", "dropped")},
+                             resent=sum(self._resent.get(k, 0) for k in keys))
 
     # -- the thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._send_until_stopped()
+        finally:
+            with self._exit_lock:
+                self._exited = True
+                if self._release_at_exit:
+                    self.spool.release()
+                    self._close_senders()
+
+    def _send_until_stopped(self) -> None:
         while not self._stopped.is_set():
             try:
                 self.spool.spill_due()
@@ -208,15 +240,24 @@ class Delivery:
         entry = self.spool.oldest(key)
         if entry is None or entry.payload is None:
             return False
+        sender = self._senders[key]
+        if self._unanswered.get(key) == (entry.stamp, entry.size):
+            # (at least once: the receiver may have it from the attempt before)
+            self._resent[key] = self._resent.get(key, 0) + entry.items
+            self._health[key].resend(sender.timeout)
         self._sending = True
         try:
-            return self._sent(key, entry, self._senders[key].send(entry.payload))
+            return self._sent(key, entry, sender.send(entry.payload))
         finally:
             self._sending = False
 
     def _sent(self, key: str, entry: Entry, reply: Reply) -> bool:
         """Count what came of sending ``entry``; True when it left the spool."""
         health = self._health[key]
+        if reply.unanswered:
+            self._unanswered[key] = (entry.stamp, entry.size)
+        else:  # (an answer came: a later attempt adds no copy of this one)
+            self._unanswered.pop(key, None)
         if reply.delivered:
             self.spool.done(entry)
             self.sent += 1

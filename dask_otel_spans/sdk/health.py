@@ -62,6 +62,8 @@ class ExportHealth:
         self.outages = 0
         self._dropped_in_outage = 0
         self._holding = False
+        #: whether this outage's first resend (:meth:`resend`) was said
+        self._resend_said = False
         self._lock = threading.Lock()
 
     def record(self, ok: bool, items: int, dropped: int | None = None,
@@ -75,6 +77,7 @@ class ExportHealth:
                 if not self.down:
                     return
                 self.down = False
+                self._resend_said = False
                 lost, self._dropped_in_outage = self._dropped_in_outage, 0
                 held = self._holding
             else:
@@ -120,6 +123,21 @@ class ExportHealth:
         as failed, not an outage (the exporter says it)."""
         with self._lock:
             self.failed += items
+
+    def resend(self, timeout: float) -> None:
+        """A held batch whose last attempt went out and got no answer
+        (within ``timeout`` seconds, or the connection was lost) is sent again: the
+        backend may get those items twice. Said once per outage."""
+        with self._lock:
+            if self._resend_said:
+                return
+            self._resend_said = True
+        logger.warning(
+            "dask_otel_spans: %s sent to %s got no answer within its %g s timeout (or "
+            "lost the connection first); sending them again: the backend may have "
+            "taken them already and get some twice (at least once, as every OTLP "
+            "exporter; ExportState.resent counts them; said once per outage)",
+            self._unit(), self.where, timeout)
 
     def refuse(self, items: int, reason: str) -> None:
         """A held batch of ``items`` was refused for good (not worth another try):

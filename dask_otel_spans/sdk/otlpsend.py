@@ -6,6 +6,7 @@ SDK's exporters (:func:`~dask_otel_spans.sdk.otlp.otlp_exporter_kwargs`)."""
 from __future__ import annotations
 
 import gzip
+import http.client
 import logging
 import ssl
 import urllib.error
@@ -49,6 +50,9 @@ GRPC_RETRYABLE = frozenset({
     "CANCELLED", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED", "OUT_OF_RANGE",
     "UNAVAILABLE", "DATA_LOSS",
 })
+#: gRPC status codes of a request that went out and got no answer: the deadline
+#: passed (the receiver may have taken it)
+GRPC_UNANSWERED = frozenset({"DEADLINE_EXCEEDED"})
 #: HTTP statuses worth another try (OTLP specification); a redirect (3xx), not
 #: followed, is held too (:class:`HttpRequestSender`)
 HTTP_RETRYABLE = frozenset({429, 502, 503, 504})
@@ -74,12 +78,17 @@ class Reply:
         None when it did not say
     reason:
         In words, for the log
+    unanswered:
+        Not delivered for want of an answer: the request went out, and the
+        exporter's timeout passed or the connection was lost before the answer came.
+        The receiver may have taken it: sending it again may give it twice.
     """
 
     delivered: bool
     retryable: bool = False
     retry_after: float | None = None
     reason: str = ""
+    unanswered: bool = False
 
 
 class RequestSender(Protocol):
@@ -136,7 +145,8 @@ class GrpcRequestSender:
             code = error.code() if hasattr(error, "code") else None
             name = getattr(code, "name", str(code))
             return Reply(False, name in GRPC_RETRYABLE, _retry_info(error),
-                          f"gRPC {name}: {_details(error)}")
+                          f"gRPC {name}: {_details(error)}",
+                          unanswered=name in GRPC_UNANSWERED)
         return Reply(True)
 
     def close(self) -> None:
@@ -227,8 +237,13 @@ class HttpRequestSender:
         except urllib.error.HTTPError as e:
             with e:
                 return self._refused(e.code, e.reason, e.headers)
-        except (urllib.error.URLError, OSError) as e:
+        except urllib.error.URLError as e:  # (before the request was sent)
             return Reply(False, True, None, f"{type(e).__name__}: {e}")
+        except (OSError, http.client.HTTPException) as e:
+            # (urllib wraps what fails while connecting and sending in URLError:
+            # this came after the request went out, waiting for the answer)
+            return Reply(False, True, None, f"{type(e).__name__}: {e}",
+                         unanswered=True)
 
     def _refused(self, code: int, reason: str, headers: Message) -> Reply:
         """The reply of a status other than 2xx."""

@@ -210,16 +210,24 @@ class Spool:
             self._own.write(destination.key + RECORD, destination.record())
             self._recorded.add(destination.key)
 
-    def close(self) -> None:
+    def close(self, release: bool = True) -> None:
         """Write what is held in memory to the directory (kept there for the next
-        process with it), release the folder; from now on a batch put is written at
-        once."""
+        process with it) and, with ``release``, release the folder
+        (:meth:`release`); from now on a batch put is written at once."""
         with self._lock:
             self._closed = True
             for queue in self._queues.values():
                 for entry in list(queue):
                     if entry.name is None:
                         self._write(entry)
+        if release:
+            self.release()
+
+    def release(self) -> None:
+        """Release the folder (removed when empty): from now on another process
+        may take over what it holds. (Not while a batch of it is in flight: were it
+        acknowledged, that process would send it again.)"""
+        with self._lock:
             if self._lock_file is None:
                 return
             own, top = self._own, self._top

@@ -10,8 +10,8 @@ Started by :class:`~dask_otel_spans.transport.supervisor.ChildSupervisor` as
   batches (lists) of the messages of :mod:`~dask_otel_spans.protocol.events`, and
   flushes. End of stdin: hand over the spans still open, finish, shut down, exit.
 - stdout: its answers, :data:`~dask_otel_spans.protocol.wire.Answer`: ``Ready`` or
-  ``SetupFailed``; ``Figures`` when they changed; ``Flushed`` for each flush;
-  ``Stopped``.
+  ``SetupFailed``; ``HandedOver`` before it hands spans over; ``Figures`` when they
+  changed; ``Flushed`` for each flush; ``Stopped``.
 
 Anything else the process prints goes to stderr, as do its log lines.
 """
@@ -41,6 +41,7 @@ from dask_otel_spans.protocol.wire import (
     Answer,
     Figures,
     Flushed,
+    HandedOver,
     Ready,
     SetupFailed,
     Stopped,
@@ -49,6 +50,7 @@ from dask_otel_spans.protocol.wire import (
     read_frame,
     write_frame,
 )
+from dask_otel_spans.transport.places import runs
 from dask_otel_spans.transport.providers import build_providers
 from dask_otel_spans.transport.spec import PipelineSpec
 
@@ -102,6 +104,18 @@ class _Outbox:
             write_frame(self._stream, message)
         except (OSError, ValueError):
             pass
+
+
+def _say_handed_over(outbox: _Outbox) -> Callable[[list[int]], None]:
+    """The session's ``before_hand_over``: say the places of the spans about to be
+    handed over (:class:`~dask_otel_spans.protocol.wire.HandedOver`) before they are.
+    Should this process die, the scheduler sends the next one the done spans it had
+    not handed over, and none it had."""
+
+    def say(places: list[int]) -> None:
+        outbox.send(HandedOver(runs(places)))
+
+    return say
 
 
 def settle_garbage_collector() -> None:
@@ -191,6 +205,7 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
         },
     ))
     session = ExportSession(pipeline, spec.config)
+    session.before_hand_over = _say_handed_over(outbox)
     session.start()
     settle_garbage_collector()
     stopped = threading.Event()

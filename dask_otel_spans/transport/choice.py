@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Container
 from typing import TYPE_CHECKING, Protocol
 
 from dask_otel_spans.otelenv import (
@@ -54,10 +55,11 @@ class Transport(Protocol):
     def send(self, messages: list[Message]) -> None:
         """Queue messages, in order; never blocks."""
 
-    def restarted(self) -> int | None:
+    def restarted(self) -> Container[int] | None:
         """When the export side started anew since the last call (it knows no
-        span): the first position in the scheduler's span dict it may lack (the
-        plugin forwards the running spans, and those from there on, again)."""
+        span): the places in the scheduler's span dict of the spans handed over so
+        far (the plugin forwards the running spans again, and the done ones that
+        are not there)."""
 
     def flush(self, timeout: float, exporters: bool = True) -> bool:
         """Wait until everything sent so far is applied and what is ready handed
@@ -88,12 +90,12 @@ class ChildTransport:
     def send(self, messages: list[Message]) -> None:
         self.sender.send(messages)
 
-    def restarted(self) -> int | None:
+    def restarted(self) -> Container[int] | None:
         supervisor = self.sender.supervisor
         if supervisor.launches == self._launches:
             return None
         self._launches = supervisor.launches
-        return supervisor.confirmed_position + 1
+        return supervisor.handed_over
 
     def flush(self, timeout: float, exporters: bool = True) -> bool:
         return self.sender.flush(timeout, exporters)

@@ -19,12 +19,14 @@ from dask_otel_spans.protocol.wire import (
     Destinations,
     Figures,
     Flushed,
+    HandedOver,
     Ready,
     SetupFailed,
     Stopped,
     read_frame,
     write_frame,
 )
+from dask_otel_spans.transport.places import Places
 from dask_otel_spans.transport.spec import PipelineSpec
 
 logger = logging.getLogger(__name__)
@@ -32,6 +34,9 @@ logger = logging.getLogger(__name__)
 #: Nice levels the export process runs below the scheduler: where they share a core,
 #: the scheduler's event loop goes first
 EXPORT_PROCESS_NICE = 10
+#: Seconds a new child's launch waits for the reader of the one that ended to read
+#: what it said to its end
+READER_JOIN_TIMEOUT = 5.0
 #: Counts of a child's figures that go on over a restart (:meth:`ChildSupervisor.total`)
 #: The module the export process runs (``python -m``)
 CHILD_MODULE = "dask_otel_spans.transport.child"
@@ -65,8 +70,8 @@ class ChildSupervisor:
     A new child knows nothing of the spans forwarded to the one before: what the
     dead one held (spans not handed over yet, metric sums since its last export) is
     lost, and its counts are kept apart (:meth:`total`). ``launches`` counts the
-    children: the plugin forwards the running spans again to a new one, from
-    ``confirmed_position`` on.
+    children: the plugin forwards the running spans again to a new one, and the
+    done ones not in ``handed_over``.
 
     Parameters
     ----------
@@ -104,9 +109,9 @@ class ChildSupervisor:
         self.child_figures = ExportFigures()
         #: what the child said when it was ready: where traces and metrics go, pid
         self.info: Destinations = {}
-        #: the highest place in the scheduler's span dict that an export process
-        #: said it had (``last_position``) before it died; -1: none
-        self.confirmed_position = -1
+        #: the places in the scheduler's span dict of the spans the export processes
+        #: said they hand over (:class:`~dask_otel_spans.protocol.wire.HandedOver`)
+        self.handed_over = Places()
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
         self._flushes: dict[int, Flush] = {}
@@ -183,13 +188,16 @@ class ChildSupervisor:
                 reason = f"exit code {proc.poll()}"
             self._end(proc, reader, timeout=1.0)
             raise ExportProcessError(reason, setup_failed=isinstance(first, SetupFailed))
-        self._proc, self._reader = proc, reader
-        self.launches += 1
+        previous, self._proc, self._reader = self._reader, proc, reader
+        if previous is not None:
+            # (what the child that ended said is read to its end first: a span it
+            # said it handed over is not forwarded again)
+            previous.join(READER_JOIN_TIMEOUT)
         for name in ExportFigures.CUMULATIVE:
             self._counts_of_dead[name] = self.total(name)
-        self.confirmed_position = max(self.confirmed_position,
-                                      self.child_figures.last_position)
         self.child_figures = ExportFigures()
+        # (last: the plugin reads a new launch, then the place to go on from)
+        self.launches += 1
         self._figures_pid = proc.pid
         self.info = first.destinations
         return self.info
@@ -294,6 +302,8 @@ class ChildSupervisor:
             case Ready() | SetupFailed():
                 answer.append(message)
                 ready.set()
+            case HandedOver(found):
+                self.handed_over.add_runs(found)
             case Figures(figures) | Stopped(figures):
                 if proc.pid == self._figures_pid:
                     self.child_figures = figures

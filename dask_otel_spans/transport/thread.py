@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Container
 from typing import TYPE_CHECKING
 
 from dask_otel_spans.export.pipeline import ExportPipeline
@@ -40,7 +41,7 @@ class ThreadTransport:
     def send(self, messages: list[Message]) -> None:
         self.session.send(messages)
 
-    def restarted(self) -> int | None:
+    def restarted(self) -> Container[int] | None:
         return None
 
     def flush(self, timeout: float, exporters: bool = True) -> bool:

@@ -96,7 +96,8 @@ def test_with_the_collector_up_delivered_spans_and_points_are_counted(
 def test_every_state_has_the_documented_fields():
     documented = {"traces_to", "metrics_to", "export_process", "open", "handed_over",
                   "traces_delivered", "traces_failed", "metrics_delivered",
-                  "metrics_failed", "flushed", "held", "spooled", "dropped", "spool"}
+                  "metrics_failed", "flushed", "held", "spooled", "dropped", "spool",
+                  "resent"}
     assert {f.name for f in dataclasses.fields(ExportState)} == documented
     assert all(f"{name}:" in ExportState.__doc__ or f"{name}," in ExportState.__doc__
                for name in documented)

@@ -86,3 +86,12 @@ def test_resend_does_not_suggest_itself_for_what_is_left():
 def test_one_item_delivered_is_said_in_the_singular():
     text = describe(SignalFigures(delivered=1, failed=0), "metrics", "the collector")
     assert text == "metrics to the collector: 1 metric point delivered, 0 failed"
+
+
+def test_items_sent_again_after_no_answer_are_said():
+    figures = SignalFigures(delivered=6, failed=0, held=0, spooled=0, dropped=0,
+                            resent=4)
+    text = describe(figures, "traces", "the collector")
+    assert text.endswith("4 sent again after an attempt got no answer in time (the "
+                         "backend may have them twice)")
+    assert settled(figures)  # (nothing is left: resending is not an outcome left over)

@@ -265,22 +265,47 @@ def test_adoption_forwards_running_spans_with_ancestors_groups_and_metrics(sink)
     )
 
 
-def test_adoption_for_a_new_process_forwards_again_the_done_spans_past_its_report(sink):
+def test_adoption_for_a_new_process_forwards_again_the_done_spans_not_handed_over(
+        sink):
     done = [Span((f"s{i}",), f"s{i}", None, HISTORY) for i in range(4)]
     for i, span in enumerate(done):
         span.groups.add(task_group(f"inc-{i}", span.id, running=0, memory=1))
     child = Span(("s3", "child"), "c", done[3], HISTORY)  # done too, its parent as well
     child.groups.add(task_group("inc-c", "c", running=0, memory=1))
     spans = {span.id: span for span in [*done, child]}
-    forwarder = SpanForwarder(spans, {}, sink)
-    for _ in forwarder.adopt(resend_from=3):
+    forwarder = forwarder_of(spans, sink)
+    forwarder.tick(1)  # (forwarded to the process that died)
+    sink.items.clear()
+    for _ in forwarder.adopt(handed_over={0, 2, 4}):
         pass
-    # the spans at places 3 and 4, alone, each with its place and its done group
+    # the spans at places 1 and 3, alone, each with its place and its done group
     assert [(item[1], item[5]) for item in sink.items if item[0] == "span"] == [
-        (("s3",), 3), (("s3", "c"), 4)
+        (("s1",), 1), (("s3",), 3)
     ]
     assert [item[:2] for item in sink.items if item[0] == "done"] == [
-        ("done", "s3"), ("done", "c")
+        ("done", "s1"), ("done", "s3")
+    ]
+
+
+def test_adoption_for_a_new_process_leaves_out_what_was_done_before_the_forwarder(
+        sink):
+    span = Span(("s",), "s", None, HISTORY)
+    span.groups.add(task_group("inc-1", "s", running=0, memory=1))
+    forwarder = SpanForwarder({"s": span}, {}, sink)
+    for _ in forwarder.adopt(handed_over=set()):
+        pass
+    assert sink.items == []
+
+
+def test_adopted_ancestors_carry_their_place(sink):
+    root = Span(("root",), "r", None, HISTORY)  # (no group of its own: done)
+    running = Span(("root", "running"), "a", root, HISTORY)
+    running.groups.add(task_group("inc-1", "a"))
+    forwarder = SpanForwarder({"r": root, "a": running}, {}, sink)
+    for _ in forwarder.adopt():
+        pass
+    assert [(item[1], item[5]) for item in sink.items if item[0] == "span"] == [
+        (("r",), 0), (("r", "a"), 1)
     ]
 
 

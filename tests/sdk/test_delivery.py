@@ -4,6 +4,8 @@ nothing held is lost or sent twice, retry hints are respected, figures are hones
 and what another destination's process left is left alone."""
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 from opentelemetry.sdk.metrics import MeterProvider
@@ -17,6 +19,7 @@ from dask_otel_spans.sdk.destination import destination_of
 from dask_otel_spans.sdk.health import ExportHealth
 from dask_otel_spans.sdk.otlpsend import request_sender
 from dask_otel_spans.sdk.providers import Providers, resolve_providers
+from dask_otel_spans.sdk.resend import resend
 from dask_otel_spans.sdk.sending import SendingMetricExporter
 from dask_otel_spans.sdk.spool import Spool
 
@@ -299,3 +302,61 @@ def test_what_is_held_for_another_destination_is_said_once_without_secrets(
             "there") in line
     assert "pass-word" not in caplog.text and "key-of-a" not in caplog.text
     assert "jane" not in line
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_batch_answered_after_the_timeout_is_sent_again_once_and_counted(
+        protocol, tmp_path, caplog):
+    # the receiver keeps the first request and answers it after the exporter's
+    # 0.3 s timeout; the second attempt is answered at once
+    receiver = receiver_of(protocol, late=1, delay=1.0)
+    # (each batch is one flush: no timed export splits them)
+    environ = {**environ_to(receiver, protocol, OTEL_EXPORTER_OTLP_TIMEOUT="0.3"),
+               "OTEL_BSP_SCHEDULE_DELAY": "60000", "OTEL_LOGS_EXPORTER": "none"}
+    providers = build(environ, tmp_path)
+    try:
+        end_spans(providers, 4)
+        assert providers.redelivery.drain(20)
+        end_spans(providers, 2)  # (answered in time: sent once)
+        assert providers.redelivery.drain(20)
+        copies = Counter(s["spanId"] for s in receiver.spans())
+        figures = providers.delivery()["traces"]
+    finally:
+        close(providers)
+        receiver.stop()
+    assert sorted(copies.values()) == [1, 1, 2, 2, 2, 2]
+    assert len(receiver.attempts) == 3
+    assert figures.resent == 4 and figures.delivered == 6
+    assert caplog.text.count("got no answer within its 0.3 s timeout") == 1
+
+
+def test_a_resend_is_said_once_per_outage(caplog):
+    health = ExportHealth("traces", "OTLP grpc to http://collector:4317")
+    health.outage()
+    health.resend(0.5)
+    health.resend(0.5)
+    health.record(True, 4)  # (recovered)
+    health.outage()
+    health.resend(0.5)
+    assert caplog.text.count("got no answer within its 0.5 s timeout") == 2
+
+
+def test_a_batch_in_flight_at_close_is_not_sent_again_from_its_spool(tmp_path):
+    # (answered after a second, within the exporter's timeout)
+    receiver = receiver_of("grpc", late=1, delay=1.0)
+    environ = {**environ_to(receiver, "grpc", OTEL_EXPORTER_OTLP_TIMEOUT="5"),
+               "OTEL_BSP_SCHEDULE_DELAY": "60000", "OTEL_LOGS_EXPORTER": "none"}
+    providers = build(environ, tmp_path)
+    try:
+        end_spans(providers, 3)
+        wait_for(lambda: len(receiver.attempts) == 1)  # (in flight)
+        providers.redelivery.close(0.0)  # (its batch written to the spool)
+        # another process finds the folder still taken until the answer came
+        assert not resend(str(tmp_path), environ, timeout=0.5).resent
+        wait_for(lambda: providers.delivery()["traces"].delivered == 3)
+        assert not resend(str(tmp_path), environ, timeout=0.5).resent
+    finally:
+        for provider in providers.owned:
+            provider.shutdown()
+        receiver.stop()
+    assert len(receiver.spans()) == 3

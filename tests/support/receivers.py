@@ -43,7 +43,13 @@ class _Service:
         self.refuse = refuse
 
     def Export(self, request, context):
-        if self.delayed:
+        if self.delayed and self.receiver._late():
+            # (taken, then answered past a shorter deadline: the exporter sees none)
+            with self.receiver._lock:
+                self.requests.append(request)
+            time.sleep(self.receiver.delay)
+            return self.response()
+        if self.delayed and not self.receiver.answers_late:
             time.sleep(self.receiver.delay)
         if self.refuse is not None and self.refuse():
             context.set_trailing_metadata(self.receiver.retry_metadata)
@@ -62,13 +68,18 @@ class OTLPReceiver:
     ``unavailable``: trace exports answered UNAVAILABLE first, with a ``RetryInfo``
     of ``retry_delay`` seconds (when given); ``attempts`` holds the monotonic time of
     every trace export. ``unavailable_metrics``: the same for metric exports
-    (``metric_attempts``).
+    (``metric_attempts``). ``late``: the first ``late`` trace exports are kept at
+    once and answered after ``delay`` seconds (the others at once).
     """
 
     def __init__(self, required_headers: dict[str, str] | None = None, port: int = 0,
                  delay: float = 0.0, credentials: Any = None, unavailable: int = 0,
-                 retry_delay: float | None = None, unavailable_metrics: int = 0):
+                 retry_delay: float | None = None, unavailable_metrics: int = 0,
+                 late: int = 0):
         self.required_headers = required_headers or {}
+        self.late = late
+        #: the first exports are late, the others answered at once
+        self.answers_late = late > 0
         self.unavailable = unavailable
         self.unavailable_metrics = unavailable_metrics
         self.metric_attempts: list[float] = []
@@ -122,6 +133,15 @@ class OTLPReceiver:
                 self.unavailable -= 1
                 return True
         return False
+
+    def _late(self) -> bool:
+        """Count a trace export; whether it is one of the first ``late``."""
+        with self._lock:
+            if self.late <= 0:
+                return False
+            self.late -= 1
+            self.attempts.append(time.monotonic())
+            return True
 
     def _refuse_metrics(self) -> bool:
         with self._lock:
@@ -201,11 +221,15 @@ class OTLPHttpReceiver:
     ``/v1/logs``; the first ``unavailable`` trace requests are answered 503 with
     ``Retry-After: retry_after`` (when given); ``attempts``: the monotonic time of
     every trace request; ``unavailable_metrics``, ``metric_attempts``: the same for
-    metric requests. ``port``: 0 for a free one (:meth:`start` again on the same port
-    after :meth:`stop`)."""
+    metric requests. ``late``: the first ``late`` trace requests are kept at once and
+    answered after ``delay`` seconds. ``port``: 0 for a free one (:meth:`start` again
+    on the same port after :meth:`stop`)."""
 
     def __init__(self, port: int = 0, unavailable: int = 0,
-                 retry_after: float | None = None, unavailable_metrics: int = 0):
+                 retry_after: float | None = None, unavailable_metrics: int = 0,
+                 late: int = 0, delay: float = 0.0):
+        self.late = late
+        self.delay = delay
         self.unavailable_metrics = unavailable_metrics
         self.metric_attempts: list[float] = []
         self.trace_requests: list[Any] = []
@@ -249,17 +273,12 @@ class OTLPHttpReceiver:
                     self.end_headers()
                     return
                 requests, request, response = kinds[self.path]
-                refuse = False
-                if self.path == "/v1/traces":
+                refuse, late = receiver._answer(self.path)
+                if not refuse:
                     with receiver._lock:
-                        receiver.attempts.append(time.monotonic())
-                        refuse = receiver.unavailable > 0
-                        receiver.unavailable -= refuse
-                elif self.path == "/v1/metrics":
-                    with receiver._lock:
-                        receiver.metric_attempts.append(time.monotonic())
-                        refuse = receiver.unavailable_metrics > 0
-                        receiver.unavailable_metrics -= refuse
+                        requests.append(request.FromString(body))
+                if late:  # (taken, then answered past a shorter timeout)
+                    time.sleep(receiver.delay)
                 if refuse:
                     self.send_response(503)
                     if receiver.retry_after is not None:
@@ -267,14 +286,15 @@ class OTLPHttpReceiver:
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
-                with receiver._lock:
-                    requests.append(request.FromString(body))
                 data = response().SerializeToString()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/x-protobuf")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # (a late answer: the client gave up waiting)
 
             def log_message(self, *args):
                 pass
@@ -284,6 +304,24 @@ class OTLPHttpReceiver:
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
         return self
+
+    def _answer(self, path: str) -> tuple[bool, bool]:
+        """Count a request to ``path``: whether it is refused (503), and whether it
+        is answered late."""
+        with self._lock:
+            if path == "/v1/traces":
+                self.attempts.append(time.monotonic())
+                refuse = self.unavailable > 0
+                self.unavailable -= refuse
+                late = not refuse and self.late > 0
+                self.late -= late
+                return refuse, late
+            if path == "/v1/metrics":
+                self.metric_attempts.append(time.monotonic())
+                refuse = self.unavailable_metrics > 0
+                self.unavailable_metrics -= refuse
+                return refuse, False
+        return False, False
 
     def stop(self) -> None:
         if self._server is not None:

@@ -36,8 +36,8 @@ from dask_otel_spans.transport.supervisor import EXPORT_PROCESS_NICE, ChildSuper
 async def install_process_plugin(c, output_dir, **settings) -> OTelSpansPlugin:
     """Register a plugin whose export process writes the embedded default's files."""
     plugin = OTelSpansPlugin(
-        export_process=True, environ={}, use_global_providers=False,
-        output_dir=str(output_dir), **{**FAST, **settings},
+        export_process=True, use_global_providers=False,
+        output_dir=str(output_dir), **{"environ": {}, **FAST, **settings},
     )
     await c.register_plugin(plugin)
     return plugin
@@ -207,6 +207,58 @@ async def test_killed_export_process_is_replaced(c, s, a, b, tmp_path, caplog):
     assert second != first
     assert caplog.text.count(f"export process (pid {first}) exited") == 1
     assert "starting a new export process (1 of at most 3" in caplog.text
+
+
+@gen_cluster(client=True, timeout=120)
+async def test_a_span_exported_just_before_the_export_process_died_is_not_exported_again(
+    c, s, a, b, tmp_path, caplog
+):
+    """The scheduler forwards to the next export process the spans past the place
+    the one that died said it had read: it said so before it could export them."""
+    caplog.set_level(logging.WARNING, logger="dask_otel_spans")
+    # (handed over and exported within milliseconds of its last task: well within
+    # the half second between two reports of the export process's figures)
+    plugin = await install_process_plugin(c, tmp_path, export_delay=0.0,
+                                          environ={"OTEL_BSP_SCHEDULE_DELAY": "1"})
+    first = child_pid(plugin)
+    with span("exported as it dies"):
+        await c.submit(inc, 2, key="d-1")
+    await async_wait_for(lambda: "exported as it dies" in exported_names(tmp_path),
+                         timeout=60)
+    os.kill(first, signal.SIGKILL)
+    await async_wait_for(lambda: f"export process (pid {first}) exited"
+                         in caplog.text)
+    with span("after"):  # (a write to a process gone: a new one starts)
+        await c.submit(inc, 3, key="a-1")
+    await async_wait_for(lambda: "after" in exported_names(tmp_path), timeout=60)
+    await plugin.flush()
+    exported = [sp["name"] for sp in exported_spans(tmp_path)]
+    await plugin.close()
+    assert exported.count("exported as it dies") == 1
+
+
+@gen_cluster(client=True, timeout=120)
+async def test_a_span_in_its_grace_period_when_the_export_process_died_is_exported_once(
+    c, s, a, b, tmp_path, caplog
+):
+    caplog.set_level(logging.WARNING, logger="dask_otel_spans")
+    plugin = await install_process_plugin(c, tmp_path, export_delay=3.0)
+    first = child_pid(plugin)
+    with span("in its grace period"):
+        await c.submit(inc, 2, key="g-1")
+    # (it has the span, and hands it over once its grace period is over)
+    await async_wait_for(lambda: plugin.export_figures().received >= 1)
+    os.kill(first, signal.SIGKILL)
+    await async_wait_for(lambda: f"export process (pid {first}) exited"
+                         in caplog.text)
+    with span("after"):  # (a write to a process gone: a new one starts)
+        await c.submit(inc, 3, key="a-1")
+    await async_wait_for(lambda: {"in its grace period", "after"}
+                         <= exported_names(tmp_path), timeout=60)
+    await plugin.flush()
+    exported = [sp["name"] for sp in exported_spans(tmp_path)]
+    await plugin.close()
+    assert exported.count("in its grace period") == 1
 
 
 @gen_cluster(client=True, timeout=120)
@@ -670,6 +722,30 @@ async def test_a_stopped_export_process_loses_nothing_within_the_budget(
     await plugin.close()
     assert set(stopped) <= exported_names(tmp_path)
     assert dropped == {}
+
+
+@gen_cluster(client=True, timeout=120)
+async def test_an_export_process_stopped_then_killed_as_it_exports_makes_each_span_once(
+    c, s, a, b, tmp_path, caplog
+):
+    caplog.set_level(logging.WARNING, logger="dask_otel_spans")
+    plugin = await install_process_plugin(c, tmp_path,
+                                          environ={"OTEL_BSP_SCHEDULE_DELAY": "1"})
+    first = child_pid(plugin)
+    stopped, running = run_while_stopped(c, plugin, 10)
+    await running
+    # killed once it went on and exported some of them, not all
+    await async_wait_for(lambda: exported_names(tmp_path) & set(stopped), timeout=60)
+    os.kill(first, signal.SIGKILL)
+    await async_wait_for(lambda: f"export process (pid {first}) exited"
+                         in caplog.text)
+    await export_one_span(c, plugin, "after")  # (a new export process)
+    await async_wait_for(lambda: {*stopped, "after"} <= exported_names(tmp_path),
+                         timeout=60)
+    await plugin.flush()
+    exported = [sp["name"] for sp in exported_spans(tmp_path)]
+    await plugin.close()
+    assert sorted(name for name in exported if name in stopped) == sorted(stopped)
 
 
 @gen_cluster(client=True, timeout=120)

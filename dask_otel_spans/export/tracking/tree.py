@@ -158,9 +158,12 @@ class SpanTree:
         #: spans added to the copy
         self.received = 0
         #: the highest place in the scheduler's span dict of a span added here
-        #: (after a restart, the scheduler forwards again the spans past the one
-        #: the export process that died reported)
         self.last_position = -1
+        #: span id -> its place in the scheduler's span dict, of the spans in
+        #: ``spans`` whose place came; the places of those handed over since the last
+        #: :meth:`take_handed_over` (the export process says them to the scheduler)
+        self.places: dict[str, int] = {}
+        self._handed_over: list[int] = []
         self.tags = _Tags(self)
 
     def add_span(self, ids: tuple[str, ...], name: Iterable[str], enqueued: float, offset: int,
@@ -170,6 +173,8 @@ class SpanTree:
         span_id = ids[-1]
         if position > self.last_position:
             self.last_position = int(position)
+        if position >= 0:
+            self.places[span_id] = int(position)
         if span_id in self.spans:
             return None
         parent = self.spans.get(ids[-2]) if len(ids) > 1 else None
@@ -289,6 +294,9 @@ class SpanTree:
             return
         del self.spans[span_id]
         self.chains.pop(span_id, None)
+        place = self.places.pop(span_id, None)
+        if place is not None:
+            self._handed_over.append(place)
         for child in span.children:
             # (no reference cycle is left: it goes when its parent forgets it)
             child._parent_span = None
@@ -298,6 +306,11 @@ class SpanTree:
         recent[span_id] = tuple(span.name)
         while len(recent) > RECENT_TAGS:
             recent.popitem(last=False)
+
+    def take_handed_over(self) -> list[int]:
+        """The places of the spans handed over since the last call."""
+        places, self._handed_over = self._handed_over, []
+        return places
 
     def chain_of(self, span: Span) -> tuple[str, ...]:
         """The ids of ``span`` and its ancestors, root first."""
