@@ -128,3 +128,11 @@ def test_the_scheduler_plugin_imports_no_export_side_and_no_sdk():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60).stdout
     assert out.strip() == "[]"
+
+
+def test_every_test_module_has_a_name_of_its_own():
+    # (pytest imports test modules by their basename, tests/ having no packages: two
+    # files of one name in two folders stop the second from being collected)
+    tests = Path(__file__).parent
+    names = [p.name for p in tests.rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
