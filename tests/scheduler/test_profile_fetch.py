@@ -99,6 +99,44 @@ async def test_other_spans_running_the_prefix_meanwhile_are_counted(c, s, a, b):
         assert prefix_span.attributes[names.PROFILE_SHARED_SPANS] == 1
 
 
+def burn_first(seconds: float) -> int:
+    return hot_loop(seconds)
+
+
+def burn_then(previous: int, seconds: float) -> int:
+    return previous + hot_loop(seconds)
+
+
+@gen_cluster(client=True, config=FAST_PROFILER)
+async def test_a_span_over_is_one_coroutine_for_all_its_prefixes(c, s, a, b):
+    memory = MemoryProviders()
+    await install(c, memory, **PROFILED)
+    # (burn_then waits for burn_first: the span is over once, when both are done)
+    with span("phases"):
+        first = c.submit(burn_first, 0.4)
+        await wait([c.submit(burn_then, first, 0.4), c.submit(hot_loop, 0.4)])
+    await memory.first("phases")
+    fetcher = plugin_of(s)._profiles
+    assert fetcher.coroutines == 1
+    assert fetcher.fetches == 3
+    for prefix in ("burn_first", "burn_then", "hot_loop"):
+        assert memory.prefix_span(prefix).attributes[names.PROFILE_SAMPLES] > 0
+
+
+@gen_cluster(client=True, nthreads=[("", 2)], config=FAST_PROFILER)
+async def test_a_running_span_is_one_coroutine_a_window_for_its_running_prefixes(
+        c, s, a):
+    memory = MemoryProviders()
+    await install(c, memory, **PROFILED, profile_window=0.3)
+    with span("long"):
+        await wait([c.submit(burn_first, 1.2), c.submit(hot_loop, 1.2)])
+    await memory.first("long")
+    fetcher = plugin_of(s)._profiles
+    assert fetcher.coroutines >= 2  # (windows, then the span over)
+    assert fetcher.fetches > fetcher.coroutines  # (both prefixes in a coroutine)
+    assert fetcher.fetches <= 2 * fetcher.coroutines
+
+
 #: the workers keep 5 cycles of 100 ms: half a second of history
 SHORT_HISTORY = {**FAST_PROFILER, "distributed.admin.low-level-log-length": 5}
 
