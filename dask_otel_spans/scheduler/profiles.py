@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import dask.config
@@ -47,20 +46,23 @@ def history_seconds() -> tuple[float, float]:
     return cycle, cycle * (length if isinstance(length, int) and length > 0 else 1000)
 
 
-@dataclass
 class _Watch:
     """What the fetcher knows of one dask span, from the messages: its groups seen
     running and not done (id -> prefix), the groups a read of the span found not
-    done while none ran, and per prefix the task time of its groups done, when it
-    was first seen running and the end of its last window fetched."""
+    done while none ran, and per prefix when it was first seen running, the task
+    time of its groups done and the end of its last window fetched."""
 
-    open: dict[object, str] = field(default_factory=dict)
-    waiting: set[object] = field(default_factory=set)
-    task_time: dict[str, float] = field(default_factory=dict)
-    first_seen: dict[str, float] = field(default_factory=dict)
-    fetched_until: dict[str, float] = field(default_factory=dict)
-    #: all its groups were done at the last ``profile.window`` tick
-    stale: bool = False
+    __slots__ = ("open", "waiting", "first_seen", "task_time", "fetched_until",
+                 "stale")
+
+    def __init__(self) -> None:
+        self.open: dict[object, str] = {}
+        self.waiting: set[object] | None = None
+        self.first_seen: dict[str, float] = {}
+        self.task_time: dict[str, float] = {}
+        self.fetched_until: dict[str, float] = {}
+        #: all its groups were done at the last ``profile.window`` tick
+        self.stale = False
 
 
 #: A prefix's interval to fetch: ``(prefix, start, stop)``
@@ -186,7 +188,8 @@ class ProfileFetcher:
                 return None
             watch = self._spans[span_id] = _Watch()
         watch.open.pop(group, None)
-        watch.waiting.discard(group)
+        if watch.waiting:
+            watch.waiting.discard(group)
         watch.task_time[prefix] = watch.task_time.get(prefix, 0.0) + duration
         if watch.open or watch.waiting:
             return None
