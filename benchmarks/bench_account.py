@@ -153,6 +153,7 @@ def one_run(with_plugin: bool, spans: int, per_span: int, strace: bool,
             stop_child: bool = False, pipe_size: int = 0,
             cache_sim: bool = False, branch_sim: bool = False,
             profiles: bool = False) -> dict[str, float]:
+    side = int(with_plugin)  # (the name of its py-spy file)
     if profiles:  # (the plugin on both sides, profiles on for the "plugin" side)
         os.environ[PROFILES_VARIABLE] = "true" if with_plugin else "false"
         with_plugin = True
@@ -185,13 +186,14 @@ def one_run(with_plugin: bool, spans: int, per_span: int, strace: bool,
         export0 = client.run_on_scheduler(bench_clock.export_figures)
         child0 = cluster.export_cpu()
         tracer = _strace(cluster.scheduler.pid) if strace else None
-        spy = (_py_spy(cluster.scheduler.pid, f"{profile}-{int(with_plugin)}.txt")
+        spy = (_py_spy(cluster.scheduler.pid, f"{profile}-{side}.txt")
                if profile else None)
         child_spy = None
         if profile and with_plugin:
             children = cluster.scheduler.children()
             if children:
-                child_spy = _py_spy(children[0].pid, f"{profile}-child.txt")
+                child_spy = _py_spy(children[0].pid, f"{profile}-child"
+                                    f"{'-' + str(side) if profiles else ''}.txt")
         if tracer is not None or spy is not None:
             time.sleep(1.0)  # (attached)
         if instructions:

@@ -73,9 +73,19 @@ async def test_a_prefix_with_less_task_time_than_min_seconds_is_not_profiled(
 
 
 @gen_cluster(client=True, config=FAST_PROFILER)
-async def test_profiles_are_off_by_default(c, s, a, b):
+async def test_profiles_are_on_by_default(c, s, a, b):
     memory = MemoryProviders()
-    await install(c, memory)
+    await install(c, memory, profile_min_seconds=0.2)
+    with span("burn"):
+        await wait(c.submit(hot_loop, 0.4))
+    await memory.first("burn")
+    assert memory.prefix_span("hot_loop").attributes[names.PROFILE_SAMPLES] > 0
+
+
+@gen_cluster(client=True, config=FAST_PROFILER)
+async def test_profile_false_turns_them_off(c, s, a, b):
+    memory = MemoryProviders()
+    await install(c, memory, profile_enabled=False, profile_min_seconds=0.2)
     with span("burn"):
         await wait(c.submit(hot_loop, 0.4))
     await memory.first("burn")
