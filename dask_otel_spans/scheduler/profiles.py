@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 import dask.config
@@ -220,6 +220,11 @@ class ProfileFetcher:
                                      final=True)
             if window is not None:
                 windows.append((prefix, *window))
+            elif prefix in watch.fetched_until:
+                # (all fetched by windows: an empty last one, after them, releases
+                # the span)
+                until = watch.fetched_until[prefix]
+                windows.append((prefix, until, until))
         if not windows:
             return None
         self._spawn(span_id, windows, final=True)
@@ -268,10 +273,15 @@ class ProfileFetcher:
                 self._log_once.failure("profile-window")
 
     def _window_span(self, span_id: str, watch: _Watch, now: float) -> None:
-        due = [p for p in set(watch.open.values())
+        running = set(watch.open.values())
+        due = [p for p in running
                if now - watch.fetched_until.get(p, watch.first_seen.get(p, now))
                >= self.window]
-        if not due and not watch.waiting:
+        # prefixes done while the span runs on: their window now (the workers'
+        # history would not wait for the span)
+        done = [p for p, t in watch.task_time.items() if p not in running
+                and (t >= self.min_seconds or p in watch.fetched_until)]
+        if not due and not done and not watch.waiting:
             return
         groups = self._groups(span_id)
         if groups is None:  # (the span is gone)
@@ -285,9 +295,8 @@ class ProfileFetcher:
             return
         by_prefix = _by_prefix(groups)
         windows = []
-        for prefix in due:
-            window = self._window_of(watch, prefix, by_prefix.get(prefix, []),
-                                     final=False)
+        for prefix, final in [*((p, False) for p in due), *((p, True) for p in done)]:
+            window = self._window_of(watch, prefix, by_prefix.get(prefix, []), final)
             if window is not None:
                 watch.fetched_until[prefix] = window[1]
                 windows.append((prefix, *window))
@@ -321,11 +330,7 @@ class ProfileFetcher:
         try:
             if after is not None:
                 await asyncio.wait([after], timeout=self.timeout)
-            if self._semaphore is None:
-                self._semaphore = asyncio.Semaphore(self.max_fetches)
-            try:
-                await asyncio.wait_for(self._semaphore.acquire(), self.timeout)
-            except asyncio.TimeoutError:
+            if not await self._turn():
                 for prefix, start, stop in windows:
                     self.skipped += 1
                     self._send(span_id, prefix, start, stop, [], [
@@ -334,21 +339,10 @@ class ProfileFetcher:
                     sent += 1
                 return
             try:
-                loop = asyncio.get_running_loop()
-                deadline = loop.time() + self.timeout
-                for prefix, start, stop in windows:
-                    missing: list[str] = []
-                    left = deadline - loop.time()
-                    if left > 0:
-                        trees = await self._ask(prefix, start, stop, missing, left)
-                    else:
-                        self.skipped += 1
-                        trees = []
-                        missing.append(f"{stop - start:.1f} s not asked for: the "
-                                       "span's other prefixes took profile.timeout")
-                    self._send(span_id, prefix, start, stop, trees, missing, final)
+                async for _ in self._each(span_id, windows, final):
                     sent += 1
             finally:
+                assert self._semaphore is not None
                 self._semaphore.release()
         except asyncio.CancelledError:
             raise
@@ -357,6 +351,36 @@ class ProfileFetcher:
             for prefix, start, stop in windows[sent:]:
                 self.sink.send([events.profile(span_id, prefix, start, stop, [], 0,
                                                "the request failed", final)])
+
+    async def _turn(self) -> bool:
+        """Wait for a turn among the requests, ``profile.timeout`` at most."""
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self.max_fetches)
+        try:
+            await asyncio.wait_for(self._semaphore.acquire(), self.timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    async def _each(self, span_id: str, windows: list[Window],
+                    final: bool) -> AsyncIterator[None]:
+        """Ask for each window, all within one ``profile.timeout``; send each."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        for prefix, start, stop in windows:
+            missing: list[str] = []
+            trees: list[dict[str, object]] = []
+            left = deadline - loop.time()
+            if stop <= start:  # (nothing left to ask for)
+                pass
+            elif left > 0:
+                trees = await self._ask(prefix, start, stop, missing, left)
+            else:
+                self.skipped += 1
+                missing.append(f"{stop - start:.1f} s not asked for: the span's "
+                               "other prefixes took profile.timeout")
+            self._send(span_id, prefix, start, stop, trees, missing, final)
+            yield
 
     def _send(self, span_id: str, prefix: str, start: float, stop: float,
               trees: list[dict[str, object]], missing: list[str], final: bool) -> None:

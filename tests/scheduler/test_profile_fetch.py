@@ -151,6 +151,26 @@ async def test_a_running_span_is_one_coroutine_a_window_for_its_running_prefixes
 SHORT_HISTORY = {**FAST_PROFILER, "distributed.admin.low-level-log-length": 5}
 
 
+#: the workers keep 15 cycles of 100 ms
+HISTORY_15 = {**FAST_PROFILER, "distributed.admin.low-level-log-length": 15}
+
+
+@gen_cluster(client=True, nthreads=[("", 1)], config=HISTORY_15)
+async def test_a_prefix_done_while_its_span_runs_on_is_fetched_before_it_ages_out(
+        c, s, a):
+    memory = MemoryProviders()
+    await install(c, memory, **PROFILED, profile_window=0.7)
+    # (burn_first is over before its first window, long before the span, and older
+    # than the workers' history by then)
+    with span("phases"):
+        first = c.submit(burn_first, 0.3)
+        await wait(c.submit(burn_then, first, 3.0))
+    await memory.first("phases")
+    attributes = memory.prefix_span("burn_first").attributes
+    assert attributes[names.PROFILE_SAMPLES] > 0
+    assert attributes[names.PROFILE_TOP][0].startswith("hot_loop (")
+
+
 @gen_cluster(client=True, nthreads=[("", 1)], config=SHORT_HISTORY)
 async def test_a_span_longer_than_the_history_says_what_it_could_not_get(c, s, a):
     memory = MemoryProviders()
