@@ -1,9 +1,9 @@
 """The workers' statistical profiles of a span's task prefixes, fetched as
-``Scheduler.get_profile(start=, stop=, key=prefix)`` gathers them: once a prefix of a
-span is done, and by windows while it runs; asynchronous and bounded, off the event
-loop's critical path. The forwarder's messages say when (:meth:`ProfileFetcher.tap`:
-a glance at each message's kind); the profiles go to the export side as ``profile``
-messages."""
+``Scheduler.get_profile(start=, stop=, key=prefix)`` gathers them: once the span is
+over, and by windows while it runs, one coroutine per span at a time; asynchronous
+and bounded, off the event loop's critical path. The forwarder's messages say when
+(:meth:`ProfileFetcher.tap`: a glance at each message's kind); the profiles go to the
+export side as ``profile`` messages."""
 from __future__ import annotations
 
 import asyncio
@@ -72,8 +72,8 @@ Window = tuple[str, float, float]
 class ProfileFetcher:
     """Fetch the profiles of a span's task prefixes with enough task time: when the
     span is over (none of its groups runs or waits), all its prefixes due in one
-    coroutine; while it runs, every ``profile.window``, its running prefixes due in
-    one coroutine.
+    coroutine; while it runs, every ``profile.window``, its running prefixes due and
+    those done meanwhile in one coroutine.
 
     Parameters
     ----------
@@ -263,8 +263,9 @@ class ProfileFetcher:
 
     def _windows(self) -> None:
         """Every ``profile.window``: of each span still running, a window of each
-        running prefix whose last window (or first sight) is that old, in one
-        coroutine per span. Reads the groups of those spans only."""
+        running prefix whose last window (or first sight) is that old and of each
+        prefix done meanwhile, in one coroutine per span. Reads the groups of
+        those spans only."""
         now = self.clock()
         for span_id, watch in list(self._spans.items()):
             try:
