@@ -183,12 +183,15 @@ async def test_a_span_longer_than_the_history_says_what_it_could_not_get(c, s, a
     assert attributes[names.PROFILE_TOP][0].startswith("hot_loop (")
 
 
-@gen_cluster(client=True, nthreads=[("", 1)], config=SHORT_HISTORY)
+@gen_cluster(client=True, nthreads=[("", 1)], config=HISTORY_15)
 async def test_a_running_span_fetched_by_windows_keeps_its_early_part(c, s, a):
     memory = MemoryProviders()
     await install(c, memory, **PROFILED, profile_window=0.2)
+    # (a window spans up to two ticks and is asked for a moment later, the hot loop
+    # in this process holding the GIL: well within the 1.5 s of history; the span
+    # is twice as long)
     with span("long"):
-        await wait(c.submit(hot_loop, 1.5))
+        await wait(c.submit(hot_loop, 3.0))
     await memory.first("long")
     attributes = memory.prefix_span("hot_loop").attributes
     assert plugin_of(s)._profiles.fetches >= 3
