@@ -60,6 +60,7 @@ from bench_scheduler import (  # noqa: E402
     nested_workload,
     small_workload,
     wait_until_plugin_idle,
+    wide_workload,
 )
 
 #: seconds after the results are in during which the CPU still counts, both sides:
@@ -141,12 +142,21 @@ def _py_spy(pid: int, path: str) -> subprocess.Popen:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+#: ``otel-spans.profile.enabled`` as the scheduler's environment says it (``--profiles``)
+PROFILES_VARIABLE = "DASK_OTEL_SPANS__PROFILE__ENABLED"
+
+
 def one_run(with_plugin: bool, spans: int, per_span: int, strace: bool,
             profile: str | None = None, workload: str = "small",
             instructions: str | None = None, inert: bool = False,
             time_scale: float = 1.0, pin: bool = False,
             stop_child: bool = False, pipe_size: int = 0,
-            cache_sim: bool = False, branch_sim: bool = False) -> dict[str, float]:
+            cache_sim: bool = False, branch_sim: bool = False,
+            profiles: bool = False) -> dict[str, float]:
+    side = int(with_plugin)  # (the name of its py-spy file)
+    if profiles:  # (the plugin on both sides, profiles on for the "plugin" side)
+        os.environ[PROFILES_VARIABLE] = "true" if with_plugin else "false"
+        with_plugin = True
     wrapper = (callgrind_wrapper(instructions, cache_sim, branch_sim) if instructions
                else None)
     if pin:  # the scheduler alone on CPU 0; everything else on the other CPUs
@@ -176,13 +186,14 @@ def one_run(with_plugin: bool, spans: int, per_span: int, strace: bool,
         export0 = client.run_on_scheduler(bench_clock.export_figures)
         child0 = cluster.export_cpu()
         tracer = _strace(cluster.scheduler.pid) if strace else None
-        spy = (_py_spy(cluster.scheduler.pid, f"{profile}-{int(with_plugin)}.txt")
+        spy = (_py_spy(cluster.scheduler.pid, f"{profile}-{side}.txt")
                if profile else None)
         child_spy = None
         if profile and with_plugin:
             children = cluster.scheduler.children()
             if children:
-                child_spy = _py_spy(children[0].pid, f"{profile}-child.txt")
+                child_spy = _py_spy(children[0].pid, f"{profile}-child"
+                                    f"{'-' + str(side) if profiles else ''}.txt")
         if tracer is not None or spy is not None:
             time.sleep(1.0)  # (attached)
         if instructions:
@@ -199,6 +210,8 @@ def one_run(with_plugin: bool, spans: int, per_span: int, strace: bool,
         t0 = time.perf_counter()
         if workload == "nested":  # (spans one-task leaves, in 10 x 10 x ... levels)
             n = nested_workload(client, 10, 10, max(1, spans // 100))
+        elif workload == "wide":  # (one span of ``spans`` one-task child spans)
+            n = wide_workload(client, spans)
         else:
             n = small_workload(client, spans, per_span)
         wall = time.perf_counter() - t0
@@ -292,9 +305,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=8)
     parser.add_argument("--spans", type=int, default=300)
     parser.add_argument("--per-span", type=int, default=2)
-    parser.add_argument("--workload", choices=("small", "nested"), default="small",
+    parser.add_argument("--workload", choices=("small", "nested", "wide"),
+                        default="small",
                         help="nested: one-task leaf spans three levels deep "
-                             "(bench_scheduler's nested), --spans leaves")
+                             "(bench_scheduler's nested), --spans leaves; wide: one "
+                             "span of --spans one-task child spans (one graph)")
+    parser.add_argument("--profiles", action="store_true",
+                        help="the plugin on both sides: the baseline with "
+                             "otel-spans.profile.enabled false, the other true")
     parser.add_argument("--strace", action="store_true")
     parser.add_argument("--instructions", metavar="PATH", nargs="?", const="callgrind",
                         default=None,
@@ -342,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
           + (f"; the plugin's ticks {time_scale:g} times rarer" if time_scale != 1
              else "")
           + ("; the plugin side is an inert plugin" if args.inert else "")
+          + ("; the plugin on both sides, profiles off (baseline) / on (plugin)"
+             if args.profiles else "")
           + ("; the scheduler pinned alone to CPU 0" if args.pin else "")
           + ("; the export process suspended during the workload" if args.stop_child
              else "")
@@ -355,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
                                              args.instructions, args.inert,
                                              time_scale, args.pin, args.stop_child,
                                              args.pipe_size, args.cache_sim,
-                                             args.branch_sim))
+                                             args.branch_sim, args.profiles))
         base, plugin = runs[False][-1], runs[True][-1]
         line = (f"  pair {i + 1}: tasks/s {plugin['tasks/s'] / base['tasks/s']:.3f}, "
                 f"process CPU {plugin['process'] / base['process']:.3f}")

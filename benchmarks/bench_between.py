@@ -6,6 +6,8 @@ another process that only counts.
     python benchmarks/bench_between.py --quick          # smoke run: 1 pair, 30 spans
     python benchmarks/bench_between.py --workload nested --spans 2000 --pairs 3
         # one-task leaf spans three levels deep: the export process as shipped
+    python benchmarks/bench_between.py --profiles --workload wide --pairs 8
+        # the plugin on both sides: profile.enabled true against false
 
 Each pair starts two clusters one after the other, baseline first in odd pairs and
 plugin first in even ones: a ``dask scheduler`` (with ``--preload dask_otel_spans``,
@@ -27,7 +29,12 @@ scheduler process's modules, the objects its garbage collector tracks and its th
 Reported per pair and as medians: plugin / baseline of tasks/s, of the scheduler's CPU
 per task and of the scheduler's and its children's CPU per task; and the export
 process's CPU as a fraction of the baseline scheduler's. ``--workload nested`` runs
-``nested`` instead (``--spans`` one-task leaf spans, 10 x 10 x ``spans // 100``).
+``nested`` instead (``--spans`` one-task leaf spans, 10 x 10 x ``spans // 100``),
+``--workload wide`` runs ``wide`` (one span of ``--spans`` one-task child spans, one
+graph). ``--profiles``: both sides run the plugin, the "baseline" with
+``otel-spans.profile.enabled: false``, the other with ``true``
+(``DASK_OTEL_SPANS__PROFILE__ENABLED``); the profile fetcher's coroutines and
+requests are reported.
 """
 from __future__ import annotations
 
@@ -51,6 +58,7 @@ from bench_scheduler import (  # noqa: E402
     futures_workload,
     nested_workload,
     small_workload,
+    wide_workload,
 )
 
 from dask_otel_spans import wait_for_export  # noqa: E402
@@ -72,7 +80,11 @@ def process_counts(dask_scheduler: Any = None) -> dict[str, Any]:
 
     modules = list(sys.modules)
     gc.collect()
+    plugin = dask_scheduler.plugins.get("otel-spans") if dask_scheduler else None
+    fetcher = getattr(plugin, "_profiles", None)
     return {
+        "profile_fetches": None if fetcher is None else (fetcher.coroutines,
+                                                         fetcher.fetches),
         "modules": len(modules),
         "by_prefix": {p: sum(m == p or m.startswith(p + ".") for m in modules)
                       for p in EXPORT_SIDE},
@@ -93,12 +105,20 @@ def _workload(client: Any, workload: str, spans: int) -> int:
     """Run ``workload`` of ``spans`` spans: the tasks it ran."""
     if workload == "nested":
         return nested_workload(client, 10, 10, max(1, spans // 100))
+    if workload == "wide":
+        return wide_workload(client, spans)
     return small_workload(client, spans, 2)
 
 
 def one_run(with_plugin: bool, spans: int, settle: float,
-            environ: dict[str, str], workload: str = "small") -> dict[str, Any]:
-    """One fresh cluster, with or without the plugin: its figures."""
+            environ: dict[str, str], workload: str = "small",
+            profiles: bool = False) -> dict[str, Any]:
+    """One fresh cluster, with or without the plugin (``profiles``: the plugin on
+    both sides, profiles on or off): its figures."""
+    if profiles:
+        environ = {**environ,
+                   "DASK_OTEL_SPANS__PROFILE__ENABLED": "true" if with_plugin else "false"}
+        with_plugin = True
     cluster = Cluster(False, workers=2, threads=2, clock=False, environ=environ,
                       preload="dask_otel_spans" if with_plugin else None)
     try:
@@ -143,7 +163,8 @@ def _pair_line(i: int, base: dict[str, Any], plugin: dict[str, Any]) -> None:
           f"{plugin['cpu/task'] / base['cpu/task']:.3f}, with children "
           f"{plugin['tree cpu/task'] / base['tree cpu/task']:.3f}; load average "
           f"{base['load']:.1f} / {plugin['load']:.1f}; dask spans handed over, OTel "
-          f"spans delivered, open: {plugin['delivered']}", flush=True)
+          f"spans delivered, open: {plugin['delivered']}; profile coroutines, "
+          f"requests: {plugin['profile_fetches']}", flush=True)
 
 
 def report(runs: dict[bool, list[dict[str, Any]]]) -> None:
@@ -216,7 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=8)
     parser.add_argument("--spans", type=int, default=300)
-    parser.add_argument("--workload", choices=("small", "nested"), default="small")
+    parser.add_argument("--workload", choices=("small", "nested", "wide"),
+                        default="small")
+    parser.add_argument("--profiles", action="store_true",
+                        help="the plugin on both sides: profiles on against off")
     parser.add_argument("--settle", type=float, default=SETTLE_S,
                         help="seconds after the results during which CPU counts")
     parser.add_argument("--quick", action="store_true",
@@ -231,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     # (the client's WARNING that a baseline scheduler runs no plugin, once a cluster)
     logging.getLogger("dask_otel_spans").setLevel(logging.ERROR)
     print(f"machine: {os.cpu_count()} cores; {args.workload}: {args.spans} spans; "
+          f"{'profiles on / off (the plugin on both sides); ' if args.profiles else ''}"
           f"{args.pairs} pairs of fresh clusters, alternating order; settle "
           f"{args.settle:g} s")
     receiver = ReceiverProcess()
@@ -240,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.pairs):
             for with_plugin in ((False, True) if i % 2 == 0 else (True, False)):
                 runs[with_plugin].append(one_run(with_plugin, args.spans, args.settle,
-                                                 environ, args.workload))
+                                                 environ, args.workload,
+                                                 args.profiles))
             _pair_line(i, runs[False][-1], runs[True][-1])
         report(runs)
         print(f"receiver: {json.dumps(receiver.counts())}")

@@ -7,7 +7,10 @@
    (``Worker.get_profile(start=, stop=, key=)``, distributed's own method, run on
    a history of 600 one-second cycles), its CPU time and the bytes of its answer as
    distributed's protocol encodes it, and the time to decode it (on the scheduler's
-   event loop, where the comm reads it, as for ``Client.profile``). The cycles are
+   event loop, where the comm reads it, as for ``Client.profile``); what
+   ``Scheduler.get_profile`` does next on the event loop (``profile.merge``, per
+   answer), and what the export process does with it instead (read and merged,
+   ``protocol/profiles.py``). The cycles are
    those a real worker recorded (an in-process ``LocalCluster``, sampling every
    10 ms) while a prefix ran pandas, numpy and pure-Python code, repeated to fill
    the window.
@@ -69,6 +72,8 @@ def serving(cycles: list[tuple[float, dict]], n: int, repeat: int) -> dict[str, 
     from distributed.protocol import dumps, loads
     from distributed.worker import Worker
 
+    from dask_otel_spans.protocol.profiles import ROOT, Node, merge_into, read_tree
+
     now = time.time()
     history = deque(((now - n + i, {"mixed_work": cycles[i % len(cycles)][1]})
                      for i in range(n)), maxlen=n)
@@ -89,6 +94,18 @@ def serving(cycles: list[tuple[float, dict]], n: int, repeat: int) -> dict[str, 
         t0 = time.thread_time()
         loads(frames)
         decode.append(time.thread_time() - t0)
+    decoded = loads(frames)["result"]
+    merge, read = [], []
+    for _ in range(repeat):
+        # what Scheduler.get_profile (and the dashboard's profile pages through it)
+        # does next on the event loop: profile.merge of the answers, per answer
+        t0 = time.thread_time()
+        profile.merge(decoded, decoded, decoded, decoded)
+        merge.append((time.thread_time() - t0) / 4)
+        # what the export process does with it (protocol/profiles.py)
+        t0 = time.thread_time()
+        merge_into(Node(ROOT), read_tree(decoded))
+        read.append(time.thread_time() - t0)
     nodes = 0
     todo = [result]
     while todo:
@@ -97,7 +114,8 @@ def serving(cycles: list[tuple[float, dict]], n: int, repeat: int) -> dict[str, 
         todo.extend(node["children"].values())
     return {"cpu_s": min(times), "median_cpu_s": statistics.median(times),
             "bytes": sum(len(f) for f in frames), "samples": result["count"],
-            "nodes": nodes, "decode_s": min(decode)}
+            "nodes": nodes, "decode_s": min(decode), "merge_s": min(merge),
+            "read_s": min(read)}
 
 
 def tap_cost(repeat: int) -> dict[str, float]:
@@ -137,7 +155,10 @@ def main() -> None:
               f"(best of {repeat}; median {r['median_cpu_s'] * 1e3:.1f} ms), "
               f"{r['bytes'] / 1e3:.1f} kB answer, {r['samples']} samples, "
               f"{r['nodes']} nodes; decoding it (the scheduler's event loop, as for "
-              f"Client.profile): {r['decode_s'] * 1e3:.1f} ms")
+              f"Client.profile): {r['decode_s'] * 1e3:.1f} ms; distributed's "
+              f"profile.merge (Scheduler.get_profile's next step on the event loop): "
+              f"{r['merge_s'] * 1e3:.1f} ms per answer; read and merged in the export "
+              f"process: {r['read_s'] * 1e3:.1f} ms")
     t = tap_cost(repeat)
     print(f"scheduler: tap {t['other'] * 1e9:.0f} ns per message of another kind, "
           f"{t['run'] * 1e9:.0f} ns per run message (best of {repeat})")

@@ -73,9 +73,19 @@ async def test_a_prefix_with_less_task_time_than_min_seconds_is_not_profiled(
 
 
 @gen_cluster(client=True, config=FAST_PROFILER)
-async def test_profiles_are_off_by_default(c, s, a, b):
+async def test_profiles_are_on_by_default(c, s, a, b):
     memory = MemoryProviders()
-    await install(c, memory)
+    await install(c, memory, profile_min_seconds=0.2)
+    with span("burn"):
+        await wait(c.submit(hot_loop, 0.4))
+    await memory.first("burn")
+    assert memory.prefix_span("hot_loop").attributes[names.PROFILE_SAMPLES] > 0
+
+
+@gen_cluster(client=True, config=FAST_PROFILER)
+async def test_profile_false_turns_them_off(c, s, a, b):
+    memory = MemoryProviders()
+    await install(c, memory, profile_enabled=False, profile_min_seconds=0.2)
     with span("burn"):
         await wait(c.submit(hot_loop, 0.4))
     await memory.first("burn")
@@ -99,8 +109,66 @@ async def test_other_spans_running_the_prefix_meanwhile_are_counted(c, s, a, b):
         assert prefix_span.attributes[names.PROFILE_SHARED_SPANS] == 1
 
 
+def burn_first(seconds: float) -> int:
+    return hot_loop(seconds)
+
+
+def burn_then(previous: int, seconds: float) -> int:
+    return previous + hot_loop(seconds)
+
+
+@gen_cluster(client=True, config=FAST_PROFILER)
+async def test_a_span_over_is_one_coroutine_for_all_its_prefixes(c, s, a, b):
+    memory = MemoryProviders()
+    await install(c, memory, **PROFILED)
+    # (burn_then waits for burn_first: the span is over once, when both are done)
+    with span("phases"):
+        first = c.submit(burn_first, 0.4)
+        await wait([c.submit(burn_then, first, 0.4), c.submit(hot_loop, 0.4)])
+    await memory.first("phases")
+    fetcher = plugin_of(s)._profiles
+    assert fetcher.coroutines == 1
+    assert fetcher.fetches == 3
+    for prefix in ("burn_first", "burn_then", "hot_loop"):
+        assert memory.prefix_span(prefix).attributes[names.PROFILE_SAMPLES] > 0
+
+
+@gen_cluster(client=True, nthreads=[("", 2)], config=FAST_PROFILER)
+async def test_a_running_span_is_one_coroutine_a_window_for_its_running_prefixes(
+        c, s, a):
+    memory = MemoryProviders()
+    await install(c, memory, **PROFILED, profile_window=0.3)
+    with span("long"):
+        await wait([c.submit(burn_first, 1.2), c.submit(hot_loop, 1.2)])
+    await memory.first("long")
+    fetcher = plugin_of(s)._profiles
+    assert fetcher.coroutines >= 2  # (windows, then the span over)
+    assert fetcher.fetches > fetcher.coroutines  # (both prefixes in a coroutine)
+    assert fetcher.fetches <= 2 * fetcher.coroutines
+
+
 #: the workers keep 5 cycles of 100 ms: half a second of history
 SHORT_HISTORY = {**FAST_PROFILER, "distributed.admin.low-level-log-length": 5}
+
+
+#: the workers keep 15 cycles of 100 ms
+HISTORY_15 = {**FAST_PROFILER, "distributed.admin.low-level-log-length": 15}
+
+
+@gen_cluster(client=True, nthreads=[("", 1)], config=HISTORY_15)
+async def test_a_prefix_done_while_its_span_runs_on_is_fetched_before_it_ages_out(
+        c, s, a):
+    memory = MemoryProviders()
+    await install(c, memory, **PROFILED, profile_window=0.7)
+    # (burn_first is over before its first window, long before the span, and older
+    # than the workers' history by then)
+    with span("phases"):
+        first = c.submit(burn_first, 0.3)
+        await wait(c.submit(burn_then, first, 3.0))
+    await memory.first("phases")
+    attributes = memory.prefix_span("burn_first").attributes
+    assert attributes[names.PROFILE_SAMPLES] > 0
+    assert attributes[names.PROFILE_TOP][0].startswith("hot_loop (")
 
 
 @gen_cluster(client=True, nthreads=[("", 1)], config=SHORT_HISTORY)
@@ -115,12 +183,15 @@ async def test_a_span_longer_than_the_history_says_what_it_could_not_get(c, s, a
     assert attributes[names.PROFILE_TOP][0].startswith("hot_loop (")
 
 
-@gen_cluster(client=True, nthreads=[("", 1)], config=SHORT_HISTORY)
+@gen_cluster(client=True, nthreads=[("", 1)], config=HISTORY_15)
 async def test_a_running_span_fetched_by_windows_keeps_its_early_part(c, s, a):
     memory = MemoryProviders()
     await install(c, memory, **PROFILED, profile_window=0.2)
+    # (a window spans up to two ticks and is asked for a moment later, the hot loop
+    # in this process holding the GIL: well within the 1.5 s of history; the span
+    # is twice as long)
     with span("long"):
-        await wait(c.submit(hot_loop, 1.5))
+        await wait(c.submit(hot_loop, 3.0))
     await memory.first("long")
     attributes = memory.prefix_span("hot_loop").attributes
     assert plugin_of(s)._profiles.fetches >= 3
