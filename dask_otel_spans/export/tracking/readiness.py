@@ -18,6 +18,7 @@ from dask_otel_spans.config import PluginConfig
 from dask_otel_spans.export.bounded import BoundedMemory
 from dask_otel_spans.export.ender import HandOver
 from dask_otel_spans.export.metrics import DaskInstruments, MetricCall
+from dask_otel_spans.export.tracking.recent import RecentSpans
 from dask_otel_spans.export.tracking.records import OpenSpan, carried_for_translation
 from dask_otel_spans.export.tracking.schedule import CheckSchedule
 from dask_otel_spans.export.tracking.verdicts import Verdicts
@@ -37,8 +38,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Ids remembered in the bounded id sets (spans handed over, against duplicates; ids
-#: carried by graphs before the tracker knew the span)
+#: Ids carried by graphs before the tracker knew the span, remembered at most (their
+#: close notice, which comes in most cases, forgets them)
 MAX_REMEMBERED = 10_000
 
 
@@ -58,6 +59,9 @@ class ReadinessTracker:
         The number of workers now (the grace period follows it)
     on_handed_over:
         Called with each handed over ``Span`` (the tree forgets it)
+    recent:
+        Where the spans handed over are remembered for a while (the tree reads
+        the tags of late heartbeats' spans there); default: a memory of its own
 
     Notes
     -----
@@ -78,6 +82,7 @@ class ReadinessTracker:
         *,
         n_workers: Callable[[], int] = lambda: 0,
         on_handed_over: Callable[[Span], None] | None = None,
+        recent: RecentSpans | None = None,
     ):
         self.spans = spans
         self.chain_of = chain_of
@@ -87,7 +92,8 @@ class ReadinessTracker:
         self._open: dict[str, OpenSpan] = {}
         #: handed over spans whose parent is still open: the ender holds their summary
         self._summarized: set[str] = set()
-        self._unseen_handed_over: BoundedMemory[str, None] = BoundedMemory(MAX_REMEMBERED)
+        #: the spans handed over lately (against a second hand-over of one)
+        self.recent = recent if recent is not None else RecentSpans()
         self._submitted_unknown: BoundedMemory[str, None] = BoundedMemory(MAX_REMEMBERED)
         self._schedule = CheckSchedule()
         self._metric_calls: list[MetricCall] = []
@@ -129,7 +135,7 @@ class ReadinessTracker:
 
     def add_span(self, span: Span, now: float | None = None) -> None:
         """A span of the tree, new or adopted."""
-        if span.id in self._unseen_handed_over:
+        if span.id in self.recent:
             return
         rec = self._open.get(span.id)
         parent = span.parent
@@ -202,6 +208,7 @@ class ReadinessTracker:
         """Check the open spans that changed or whose wait ran out, deepest first
         (children before their parents), and hand over those that are ready."""
         now = time() if now is None else now
+        self.recent.expire(now)
         schedule = self._schedule
         schedule.wake_due(now, self._open)
         if not schedule:
@@ -348,8 +355,11 @@ class ReadinessTracker:
             dask_id = ids[level]
             rec = self._open.get(dask_id)
             if rec is None:
-                if dask_id in self.spans or dask_id in self._unseen_handed_over:
-                    continue  # handed over already, or finished before the plugin
+                if dask_id in self.spans or dask_id in self.recent:
+                    # handed over lately, or finished before the plugin (a notice
+                    # later than :class:`RecentSpans` remembers would export its
+                    # span again: of a block whose graph carried no annotation)
+                    continue
                 rec = OpenSpan(dask_id, tags[: level + 1], ids[: level + 1])
                 self._open[dask_id] = rec
                 if self._submitted_unknown.pop(dask_id, False) is None:
@@ -476,9 +486,8 @@ class ReadinessTracker:
         del self._open[rec.id]
         self._schedule.graph_came(rec.id)
         keep_summary = False
-        if span is None:
-            self._unseen_handed_over.remember(rec.id)
-        else:
+        self.recent.add(rec.id, rec.tags, now, self.grace)
+        if span is not None:
             for child in span.children:
                 self._summarized.discard(child.id)
             parent = span.parent
@@ -493,7 +502,6 @@ class ReadinessTracker:
                     self._schedule.look_again(parent_rec)
                 if keep_summary:
                     self._summarized.add(span.id)
-            self._unseen_handed_over.remember(rec.id)
         self.handed_over += 1
         self._requests.append(HandOver(
             rec.tags, rec.ids, carried_for_translation(rec, self._open.get(rec.ids[0])),

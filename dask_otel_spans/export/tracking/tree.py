@@ -4,18 +4,18 @@ for the scheduler's (their state counts and figures as last forwarded).
 
 The copy holds the spans not handed over yet (and, for a parent still open, its handed-over
 children, which its snapshot lists) and the span metrics summed from the heartbeat
-deltas. A span leaves the copy when it is handed over: memory follows the open spans,
-not history.
+deltas. A span leaves the copy when it is handed over (the tracker remembers its tags a
+while, in :attr:`SpanTree.recent`): memory follows the open spans, not history.
 """
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from distributed.spans import Span
 
+from dask_otel_spans.export.tracking.recent import RecentSpans
 from dask_otel_spans.export.tracking.samples import PrefixTasks
 from dask_otel_spans.protocol.dask_private import (
     code_snippets,
@@ -28,9 +28,6 @@ if TYPE_CHECKING:
     from dask_otel_spans.protocol.snapshots import DoneFigures, GroupFields
 
 logger = logging.getLogger(__name__)
-
-#: Tags of handed over spans kept for heartbeat deltas that come after the hand-over
-RECENT_TAGS = 10_000
 
 #: The state counts of a group with a task running (shared: never changed in place)
 RUNNING = {"processing": 1}
@@ -152,8 +149,9 @@ class SpanTree:
         self.groups: dict[tuple[str, int], TreeGroup] = {}
         #: span id -> its chain of ids, root first (an ancestor may have left)
         self.chains: dict[str, tuple[str, ...]] = {}
-        #: tags of spans handed over lately, for heartbeat deltas that come late
-        self.recent_tags: OrderedDict[str, tuple[str, ...]] = OrderedDict()
+        #: the spans handed over lately (the readiness tracker remembers them
+        #: there), whose tags heartbeat deltas that come late read
+        self.recent = RecentSpans()
         self.n_workers = 0
         #: spans added to the copy
         self.received = 0
@@ -282,8 +280,8 @@ class SpanTree:
 
     def forget(self, span: Span) -> None:
         """An handed over span leaves the copy (its parent's list of children keeps it
-        while the parent is open); its tags stay a while for late deltas. (``span``
-        as the readiness tracker hands it back: a span of the copy.)"""
+        while the parent is open). (``span`` as the readiness tracker hands it back:
+        a span of the copy.)"""
         span_id = span.id
         if self.spans.get(span_id) is not span:
             return
@@ -294,10 +292,6 @@ class SpanTree:
             child._parent_span = None
         for tg in span.groups:
             self.groups.pop((span_id, tg.key), None)
-        recent = self.recent_tags
-        recent[span_id] = tuple(span.name)
-        while len(recent) > RECENT_TAGS:
-            recent.popitem(last=False)
 
     def chain_of(self, span: Span) -> tuple[str, ...]:
         """The ids of ``span`` and its ancestors, root first."""
@@ -316,7 +310,7 @@ class _Tags(Mapping):
         span = self._tree.spans.get(span_id)
         if span is not None:
             return tuple(span.name)
-        return self._tree.recent_tags[span_id]
+        return self._tree.recent.tags(span_id)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._tree.spans)
