@@ -1,0 +1,282 @@
+"""Memory by spans seen, between fresh clusters: what a long-lived cluster keeps per
+span, with the package and without it.
+
+    python benchmarks/bench_memory.py                  # scheduler: 10,000 spans, RSS every 1,000
+    python benchmarks/bench_memory.py --quick          # smoke run: 300 spans
+    python benchmarks/bench_memory.py --side worker    # worker: 100,000 tasks in 10,000 spans
+    python benchmarks/bench_memory.py --side worker --tasks-per-span 1   # a span per task
+
+Scheduler side: a fresh ``dask scheduler`` (``--preload dask_otel_spans``: the package
+as shipped, its export process, OTLP/gRPC to a receiver in another process that only
+counts; or without it) and two ``dask worker`` processes of 2 threads, one cluster after
+the other. The workload is ``--spans`` plain ``distributed.span`` blocks of 2 tasks,
+each a task group of its own (``bench_scheduler``'s ``small``), in chunks of
+``--every``; after each chunk, once every span was handed over and delivered
+(``wait_for_export``; the baseline waits as long), the resident set size of the
+scheduler process and of its export process. The slope is the least-squares fit of
+RSS against spans from ``--warm-up`` spans on, in KiB per span.
+
+Worker side: a fresh ``dask scheduler`` without the package and one ``dask worker``
+of 2 threads, with ``--preload dask_otel_spans`` (exporters off: the package's own
+memory, not an SDK's queue) or without; ``--tasks`` tiny tasks in spans of
+``--tasks-per-span`` (a task group each), in chunks of ``--every-tasks``; after each
+chunk the worker's RSS, and, with the package, how many task contexts it remembers.
+RSS of a Python process moves with the allocator: read the slopes, not single
+checkpoints.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+import uuid
+from typing import Any
+
+import psutil
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import dask  # noqa: E402
+from bench_between import ReceiverProcess, _otlp_environ  # noqa: E402
+from bench_scheduler import Cluster, small_workload  # noqa: E402
+from distributed import span as dask_span  # noqa: E402
+
+from dask_otel_spans import wait_for_export  # noqa: E402
+
+KIB = 1024
+#: exporters off on the worker side: the package's own memory
+NO_EXPORT = {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none",
+             "OTEL_LOGS_EXPORTER": "none"}
+
+
+def _rss(process: psutil.Process | None) -> int | None:
+    try:
+        return process.memory_info().rss if process is not None else None
+    except (OSError, psutil.Error):
+        return None
+
+
+def _export_process(cluster: Cluster) -> psutil.Process | None:
+    """The scheduler's export process (its child), when it has one."""
+    children = cluster.scheduler.children(recursive=True)
+    return children[0] if children else None
+
+
+def slope(points: list[tuple[int, int | None]], warm_up: int) -> float | None:
+    """Least-squares bytes per unit of ``(count, bytes)`` points from ``warm_up`` on."""
+    xs, ys = zip(*[(x, y) for x, y in points if x >= warm_up and y is not None]) or (
+        (), ())
+    if len(xs) < 2:
+        return None
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else None
+
+
+# -- the scheduler side ------------------------------------------------------------------
+
+
+def scheduler_run(with_plugin: bool, spans: int, every: int, environ: dict[str, str],
+                  wait: float) -> dict[str, Any]:
+    """One fresh cluster: RSS of the scheduler (and its export process) every
+    ``every`` spans."""
+    cluster = Cluster(False, workers=2, threads=2, clock=False, environ=environ,
+                      preload="dask_otel_spans" if with_plugin else None)
+    rows: list[dict[str, Any]] = []
+    try:
+        client = cluster.client
+        small_workload(client, 20, 2)  # (warm: imports, first graphs)
+        done = 0
+        while True:
+            if with_plugin:
+                state = wait_for_export(client, timeout=120)
+                handed = state.handed_over
+            else:
+                time.sleep(wait)  # (as long as the plugin side waits for idle spans)
+                handed = None
+            export = _export_process(cluster) if with_plugin else None
+            rows.append({"spans": done, "scheduler": _rss(cluster.scheduler),
+                         "export": _rss(export), "handed_over": handed,
+                         "load": os.getloadavg()[0]})
+            print(f"    {done:>6} spans: scheduler {rows[-1]['scheduler'] / 2**20:7.1f} "
+                  f"MiB" + (f", export process {rows[-1]['export'] / 2**20:7.1f} MiB, "
+                            f"{handed} dask spans handed over" if with_plugin else ""),
+                  flush=True)
+            if done >= spans:
+                break
+            n = min(every, spans - done)
+            small_workload(client, n, 2)
+            done += n
+    finally:
+        cluster.close()
+    return {"with_plugin": with_plugin, "rows": rows}
+
+
+def report_scheduler(runs: list[dict[str, Any]], warm_up: int) -> None:
+    for run in runs:
+        label = "with the plugin" if run["with_plugin"] else "no plugin"
+        rows = run["rows"]
+        for key in ("scheduler", "export"):
+            points = [(r["spans"], r[key]) for r in rows]
+            if all(y is None for _, y in points):
+                continue
+            fit = slope(points, warm_up)
+            first = next(r for r in rows if r["spans"] >= warm_up)
+            grown = (rows[-1][key] - first[key]) / max(1, rows[-1]["spans"] - first["spans"])
+            where = "scheduler" if key == "scheduler" else "its export process"
+            print(f"  {label}, {where}: {rows[0][key] / 2**20:.1f} MiB at start, "
+                  f"{rows[-1][key] / 2**20:.1f} MiB after {rows[-1]['spans']} spans; "
+                  f"past {warm_up}: {fit / KIB if fit is not None else float('nan'):.3f} "
+                  f"KiB per span (fit), {grown / KIB:.3f} (end points)")
+
+
+# -- the worker side ---------------------------------------------------------------------
+
+
+def _inc(x: int) -> int:
+    return x + 1
+
+
+def _contexts_remembered(dask_worker: Any) -> int | None:
+    """run on the worker: the task contexts the worker plugin remembers."""
+    for plugin in dask_worker.plugins.values():
+        contexts = getattr(plugin, "contexts", None)
+        if contexts is not None:
+            return len(contexts)
+    return None
+
+
+def worker_run(with_plugin: bool, tasks: int, per_span: int, every: int) -> dict[str, Any]:
+    """One fresh cluster of one worker: its RSS every ``every`` tasks."""
+    cluster = Cluster(False, workers=0, threads=2, clock=False, environ=NO_EXPORT)
+    worker = None
+    rows: list[dict[str, Any]] = []
+    try:
+        import subprocess
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        env.update(NO_EXPORT, PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), HERE,
+                                                          *sys.path]))
+        cmd = [sys.executable, "-m", "dask", "worker", "--scheduler-file",
+               cluster._file(), "--nthreads", "2", "--no-dashboard", "--no-nanny"]
+        if with_plugin:
+            cmd += ["--preload", "dask_otel_spans"]
+        worker = subprocess.Popen(cmd, env=env, cwd=HERE, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        client = cluster.client
+        client.wait_for_workers(1, timeout=60)
+        process = psutil.Process(worker.pid)
+        done = spans = 0
+        while True:
+            client.run(lambda: __import__("gc").collect())
+            remembered = next(iter(client.run(_contexts_remembered).values()))
+            rows.append({"tasks": done, "spans": spans, "rss": _rss(process),
+                         "contexts": remembered})
+            print(f"    {done:>7} tasks, {spans:>6} spans: worker "
+                  f"{rows[-1]['rss'] / 2**20:7.1f} MiB"
+                  + (f", {remembered} task contexts remembered" if with_plugin else ""),
+                  flush=True)
+            if done >= tasks:
+                break
+            chunk = min(every, tasks - done)
+            futures = []
+            for _ in range(0, chunk, per_span):
+                with dask_span("worker-bench", f"step-{spans}"):
+                    name = f"w{spans}-{uuid.uuid4().hex}"
+                    futures += client.compute([
+                        dask.delayed(_inc)(j, dask_key_name=(name, j))
+                        for j in range(per_span)])
+                spans += 1
+            client.gather(futures)
+            del futures
+            done += chunk
+    finally:
+        if worker is not None:
+            worker.terminate()
+            worker.wait(30)
+        cluster.close()
+    return {"with_plugin": with_plugin, "rows": rows}
+
+
+def report_worker(runs: list[dict[str, Any]], warm_up: int) -> None:
+    base = {False: None, True: None}
+    for run in runs:
+        label = "with the plugin" if run["with_plugin"] else "no plugin"
+        rows = run["rows"]
+        per_task = slope([(r["tasks"], r["rss"]) for r in rows], warm_up)
+        base[run["with_plugin"]] = per_task
+        last = rows[-1]
+        spans_per_task = last["spans"] / max(1, last["tasks"])
+        print(f"  worker, {label}: {rows[0]['rss'] / 2**20:.1f} MiB at start, "
+              f"{last['rss'] / 2**20:.1f} MiB after {last['tasks']} tasks "
+              f"({last['spans']} spans); past {warm_up} tasks: "
+              f"{per_task if per_task is not None else float('nan'):.1f} bytes per task, "
+              f"{(per_task or 0) / max(spans_per_task, 1e-9):.1f} bytes per span (fit)"
+              + (f"; task contexts remembered at the end: {last['contexts']}"
+                 if run["with_plugin"] else ""))
+    if base[True] is not None and base[False] is not None:
+        print(f"  the plugin's own: {base[True] - base[False]:+.1f} bytes per task "
+              f"(with less without)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--side", choices=("scheduler", "worker"), default="scheduler")
+    parser.add_argument("--spans", type=int, default=10_000)
+    parser.add_argument("--every", type=int, default=1000)
+    parser.add_argument("--warm-up", type=int, default=None,
+                        help="fit from this many spans (tasks on the worker side) on; "
+                             "default: 2,000 spans / 20,000 tasks")
+    parser.add_argument("--tasks", type=int, default=100_000)
+    parser.add_argument("--tasks-per-span", type=int, default=10)
+    parser.add_argument("--every-tasks", type=int, default=10_000)
+    parser.add_argument("--wait", type=float, default=7.0,
+                        help="baseline: seconds after each chunk (the plugin side waits "
+                             "for its idle spans, 5 s)")
+    parser.add_argument("--plugin-only", action="store_true",
+                        help="only the cluster with the package")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: 300 spans in chunks of 100 (3,000 tasks)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.spans, args.every, args.wait = 300, 100, 1.0
+        args.tasks, args.every_tasks = 3000, 1000
+    logging.getLogger("dask_otel_spans").setLevel(logging.ERROR)
+    modes = (True,) if args.plugin_only else (False, True)
+    print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; "
+          f"side: {args.side}")
+    runs = []
+    if args.side == "scheduler":
+        warm_up = args.warm_up if args.warm_up is not None else min(2000, args.spans // 3)
+        receiver = ReceiverProcess()
+        try:
+            environ = _otlp_environ(receiver.port)
+            for with_plugin in modes:
+                print(f"  {'with the plugin' if with_plugin else 'no plugin'}: "
+                      f"{args.spans} spans of 2 tasks, RSS every {args.every}", flush=True)
+                runs.append(scheduler_run(with_plugin, args.spans, args.every, environ,
+                                          args.wait))
+            print(f"receiver: {json.dumps(receiver.counts())}")
+        finally:
+            receiver.stop()
+        report_scheduler(runs, warm_up)
+    else:
+        warm_up = args.warm_up if args.warm_up is not None else min(20_000,
+                                                                      args.tasks // 3)
+        for with_plugin in modes:
+            print(f"  {'with the plugin' if with_plugin else 'no plugin'}: {args.tasks} "
+                  f"tasks, {args.tasks_per_span} per span, RSS every {args.every_tasks}",
+                  flush=True)
+            runs.append(worker_run(with_plugin, args.tasks, args.tasks_per_span,
+                                   args.every_tasks))
+        report_worker(runs, warm_up)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
