@@ -109,16 +109,10 @@ def forgetting_at_once(monkeypatch):
     monkeypatch.setattr(recent, "REMEMBER_GRACE_PERIODS", 0)
 
 
-@pytest.fixture
-def session() -> Iterator[ExportSession]:
-    tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(SimpleSpanProcessor(_Discard()))
-    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+def session_of(tracer_provider: TracerProvider,
+               meter_provider: MeterProvider) -> Iterator[ExportSession]:
     config = PluginConfig.from_dask_config(idle_timeout=0, export_delay=0)
-    pipeline = ExportPipeline.build(
-        Providers(tracer_provider, meter_provider,
-                  owned=[tracer_provider, meter_provider],
-                  built=[tracer_provider, meter_provider]), config)
+    pipeline = ExportPipeline.build(Providers(tracer_provider, meter_provider), config)
     session = ExportSession(pipeline, config, [])
     session.start()
     session.send([events.worker_count(2)])
@@ -126,13 +120,51 @@ def session() -> Iterator[ExportSession]:
     session.stop(5)
 
 
+@pytest.fixture
+def session() -> Iterator[ExportSession]:
+    """A session whose providers export to nowhere."""
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(_Discard()))
+    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    yield from session_of(tracer_provider, meter_provider)
+    tracer_provider.shutdown()
+    meter_provider.shutdown()
+
+
+@pytest.fixture
+def memory_session(memory) -> Iterator[ExportSession]:
+    """A session whose providers export to ``memory``."""
+    yield from session_of(memory.tracer_provider, memory.meter_provider)
+
+
+def child_messages(i: int, at: float, root: str, group: int) -> list[events.Message]:
+    """What the forwarder sends for a ``distributed.span("request")`` block of two
+    tasks below a block of ``root`` still open (a service's span around its
+    requests)."""
+    child = str(uuid.uuid4())
+    prefix = "".join(["rea", "d"])
+    return [
+        events.span_added((root, child), ("service", "".join(["requ", "est"])), at, 2,
+                          i + 1),
+        events.graph_submitted(at, CLIENT, [child], None, [], []),
+        events.group_running(child, group, prefix),
+        events.span_deltas({("execute", child, prefix, "thread-cpu", "seconds"): 0.25}),
+        events.group_done(child, group, (prefix, at, at + 0.001, 56, 1e-4, 2, 1, 0.0,
+                                         0.0)),
+    ]
+
+
 class Replay:
     """Steps sent to a session, and the session waited for until each is handed over
-    and ended."""
+    and ended; with ``root``, each step is a child of that open span."""
 
-    def __init__(self, session: ExportSession):
+    def __init__(self, session: ExportSession, root: str | None = None):
         self.session = session
+        self.root = root
         self.steps = 0
+        #: dask spans each step hands over
+        self.per_step = 1 if root else 2
+        self.before = 0
 
     def run(self, steps: int, batch: int = 50) -> None:
         session = self.session
@@ -141,18 +173,28 @@ class Replay:
             at = time.time() - 10
             messages: list[events.Message] = []
             for _ in range(batch):
-                messages += step_messages(self.steps, at, 1_000_000 + self.steps)
+                group = 1_000_000 + self.steps
+                messages += (child_messages(self.steps, at, self.root, group)
+                             if self.root else step_messages(self.steps, at, group))
                 self.steps += 1
             session.send(messages)
             assert session.flush(30, exporters=False)
+        expected = self.before + self.per_step * self.steps
         deadline = time.monotonic() + 30
-        while (session.tracker.handed_over < 2 * self.steps
-               and time.monotonic() < deadline):
+        while session.tracker.handed_over < expected and time.monotonic() < deadline:
             session.thread.flush(30)
             session.run_pass()
         assert session.flush(30)
-        assert session.tracker.handed_over == 2 * self.steps
-        assert session.pipeline.ender.ended_count == 2 * self.steps
+        assert session.tracker.handed_over == expected
+        assert session.pipeline.ender.ended_count == expected
+
+
+def open_root(session: ExportSession) -> str:
+    """A root span with a group that runs (open until it is done)."""
+    root = str(uuid.uuid4())
+    session.send([events.span_added((root,), ("service",), time.time() - 10, 2, 0),
+                  events.group_running(root, 1, "listen")])
+    return root
 
 
 def test_the_session_keeps_nothing_per_span_once_spans_are_handed_over(
@@ -167,6 +209,36 @@ def test_the_session_keeps_nothing_per_span_once_spans_are_handed_over(
     assert session.tracker.open_count == 0
     assert (after - before) / MEASURED < MAX_BYTES_PER_SPAN, (
         f"the session holds {after - before} bytes more after {MEASURED} more spans")
+
+
+def test_an_open_parent_keeps_nothing_per_child_handed_over(session,
+                                                            forgetting_at_once):
+    replay = Replay(session, open_root(session))
+    replay.run(WARM_UP)
+    gc.collect()
+    before = held_bytes(session)
+    replay.run(MEASURED)
+    gc.collect()
+    after = held_bytes(session)
+    assert session.tracker.open_count == 1
+    assert (after - before) / MEASURED < MAX_BYTES_PER_SPAN, (
+        f"the session holds {after - before} bytes more after {MEASURED} more children")
+
+
+def test_a_parent_ends_with_the_totals_of_its_children_handed_over_before_it(
+        memory_session, memory):
+    root = open_root(memory_session)
+    replay = Replay(memory_session, root)
+    replay.run(30, batch=10)
+    at = time.time() - 5
+    memory_session.send([events.group_done(root, 1, ("listen", at, at + 1, 0, 0.5, 1, 0,
+                                                     0.0, 0.0))])
+    replay.before, replay.steps = replay.steps + 1, 0
+    replay.run(0)
+    (parent,) = [s for s in memory.dask_spans() if s.name == "service"]
+    assert parent.attributes["dask.span.task_count"] == 1 + 30 * 2
+    assert parent.attributes["dask.span.erred_count"] == 30
+    assert parent.attributes["dask.metrics.thread-cpu.seconds"] == pytest.approx(7.5)
 
 
 def test_a_handed_over_span_is_remembered_for_its_time_then_forgotten():

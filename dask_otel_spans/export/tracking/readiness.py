@@ -90,8 +90,6 @@ class ReadinessTracker:
         self.n_workers = n_workers
         self.on_handed_over = on_handed_over
         self._open: dict[str, OpenSpan] = {}
-        #: handed over spans whose parent is still open: the ender holds their summary
-        self._summarized: set[str] = set()
         #: the spans handed over lately (against a second hand-over of one)
         self.recent = recent if recent is not None else RecentSpans()
         self._submitted_unknown: BoundedMemory[str, None] = BoundedMemory(MAX_REMEMBERED)
@@ -471,9 +469,9 @@ class ReadinessTracker:
         finished = rec.finished_at
         if span is not None:
             try:
-                snapshot = snapshot_span(
-                    span, self._summarized, with_code=self.config.include_code
-                )
+                # (its handed-over descendants are no longer among its children:
+                # the ender holds their summary)
+                snapshot = snapshot_span(span, with_code=self.config.include_code)
                 if rec.done_since is None:
                     finished = verdicts.finished_at(rec)
             except Exception:
@@ -488,20 +486,17 @@ class ReadinessTracker:
         keep_summary = False
         self.recent.add(rec.id, rec.tags, now, self.grace)
         if span is not None:
-            for child in span.children:
-                self._summarized.discard(child.id)
             parent = span.parent
             parent_rec = self._open.get(parent.id) if parent is not None else None
             if parent_rec is not None:
                 keep_summary = snapshot is not None
                 parent_rec.open_children.discard(span.id)
+                parent_rec.children_handed_over += 1
                 parent_rec.children_finished_at = max(
                     parent_rec.children_finished_at, finished
                 )
                 if parent_rec.done_since is None:
                     self._schedule.look_again(parent_rec)
-                if keep_summary:
-                    self._summarized.add(span.id)
         self.handed_over += 1
         self._requests.append(HandOver(
             rec.tags, rec.ids, carried_for_translation(rec, self._open.get(rec.ids[0])),

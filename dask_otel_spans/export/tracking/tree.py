@@ -2,10 +2,12 @@
 messages, as real ``distributed.spans.Span`` objects with task groups that stand in
 for the scheduler's (their state counts and figures as last forwarded).
 
-The copy holds the spans not handed over yet (and, for a parent still open, its handed-over
-children, which its snapshot lists) and the span metrics summed from the heartbeat
-deltas. A span leaves the copy when it is handed over (the tracker remembers its tags a
-while, in :attr:`SpanTree.recent`): memory follows the open spans, not history.
+The copy holds the spans not handed over yet and the span metrics summed from the
+heartbeat deltas. A span leaves the copy when it is handed over (the tracker remembers
+its tags a while, in :attr:`SpanTree.recent`), and its parent's children with it: an
+open parent keeps the task counts of its handed-over descendants as one sum (the ender
+keeps their figures as one summary). Memory follows the open spans, not history: a
+parent open for a week with a million children handed over holds one sum.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from distributed.spans import Span
 
+from dask_otel_spans.export.tracking.progress import TaskCounts, added, task_counts
 from dask_otel_spans.export.tracking.recent import RecentSpans
 from dask_otel_spans.export.tracking.samples import PrefixTasks
 from dask_otel_spans.protocol.dask_private import (
@@ -105,10 +108,13 @@ class TreeSpan(Span):
     forgets handed over spans, which a weak reference would then lose while a child
     is open) until the parent is forgotten."""
 
-    __slots__ = ("_parent_span", "task_samples")
+    __slots__ = ("_parent_span", "task_samples", "handed_over_counts")
     _parent_span: Span | None
     #: prefix -> the tasks of its own groups that get task spans
     task_samples: dict[str, PrefixTasks]
+    #: the task counts of its descendants handed over (and so no longer among its
+    #: children), summed; None when none was
+    handed_over_counts: TaskCounts | None
     #: its groups are the copy's stand-ins for the scheduler's ``TaskGroup``
     #: (with the fields that ``Span``'s properties read), its children and
     #: descendants spans of the copy (:meth:`SpanTree.add_span`)
@@ -175,6 +181,7 @@ class SpanTree:
         span = TreeSpan(tuple(name), span_id, parent, history)
         span._parent_span = parent
         span.task_samples = {}
+        span.handed_over_counts = None
         span.enqueued = enqueued
         set_nthreads_offset(span, offset)
         if parent is not None:
@@ -279,13 +286,16 @@ class SpanTree:
                 cumulative_metrics(span)[own_key] += value
 
     def forget(self, span: Span) -> None:
-        """An handed over span leaves the copy (its parent's list of children keeps it
-        while the parent is open). (``span`` as the readiness tracker hands it back:
-        a span of the copy.)"""
+        """An handed over span leaves the copy, and its parent's children: an open
+        parent adds its task counts to those of its handed-over descendants.
+        (``span`` as the readiness tracker hands it back: a span of the copy.)"""
         span_id = span.id
         if self.spans.get(span_id) is not span:
             return
         del self.spans[span_id]
+        parent = span.parent
+        if isinstance(parent, TreeSpan) and self.spans.get(parent.id) is parent:
+            _detach(parent, span)
         self.chains.pop(span_id, None)
         for child in span.children:
             # (no reference cycle is left: it goes when its parent forgets it)
@@ -296,6 +306,20 @@ class SpanTree:
     def chain_of(self, span: Span) -> tuple[str, ...]:
         """The ids of ``span`` and its ancestors, root first."""
         return self.chains.get(span.id) or (span.id,)
+
+
+def _detach(parent: TreeSpan, child: TreeSpan) -> None:
+    """Take a handed-over ``child`` out of ``parent``'s children, its task counts
+    (its tree's, and its own handed-over descendants') into ``parent``'s sum."""
+    children = parent.children
+    # (the oldest first, most often: they are handed over in about the order made)
+    for i, other in enumerate(children):
+        if other is child:
+            del children[i]
+            break
+    counts = task_counts(child)
+    before = parent.handed_over_counts
+    parent.handed_over_counts = counts if before is None else added(before, counts)
 
 
 class _Tags(Mapping):
