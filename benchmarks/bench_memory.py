@@ -27,11 +27,14 @@ checkpoints.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from typing import Any
@@ -44,6 +47,7 @@ sys.path.insert(0, HERE)
 import dask  # noqa: E402
 from bench_between import ReceiverProcess, _otlp_environ  # noqa: E402
 from bench_scheduler import Cluster, small_workload  # noqa: E402
+from distributed import Client  # noqa: E402
 from distributed import span as dask_span  # noqa: E402
 
 from dask_otel_spans import wait_for_export  # noqa: E402
@@ -153,54 +157,66 @@ def _contexts_remembered(dask_worker: Any) -> int | None:
 
 def worker_run(with_plugin: bool, tasks: int, per_span: int, every: int) -> dict[str, Any]:
     """One fresh cluster of one worker: its RSS every ``every`` tasks."""
-    cluster = Cluster(False, workers=0, threads=2, clock=False, environ=NO_EXPORT)
-    worker = None
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.update(NO_EXPORT, PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), HERE,
+                                                      *sys.path]))
     rows: list[dict[str, Any]] = []
-    try:
-        import subprocess
-
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-        env.update(NO_EXPORT, PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), HERE,
-                                                          *sys.path]))
-        cmd = [sys.executable, "-m", "dask", "worker", "--scheduler-file",
-               cluster._file(), "--nthreads", "2", "--no-dashboard", "--no-nanny"]
+    with tempfile.TemporaryDirectory() as tmp:
+        file = os.path.join(tmp, "scheduler.json")
+        worker_cmd = [sys.executable, "-m", "dask", "worker", "--scheduler-file", file,
+                      "--nthreads", "2", "--no-dashboard", "--no-nanny"]
         if with_plugin:
-            cmd += ["--preload", "dask_otel_spans"]
-        worker = subprocess.Popen(cmd, env=env, cwd=HERE, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL)
-        client = cluster.client
-        client.wait_for_workers(1, timeout=60)
-        process = psutil.Process(worker.pid)
-        done = spans = 0
-        while True:
-            client.run(lambda: __import__("gc").collect())
-            remembered = next(iter(client.run(_contexts_remembered).values()))
-            rows.append({"tasks": done, "spans": spans, "rss": _rss(process),
-                         "contexts": remembered})
-            print(f"    {done:>7} tasks, {spans:>6} spans: worker "
-                  f"{rows[-1]['rss'] / 2**20:7.1f} MiB"
-                  + (f", {remembered} task contexts remembered" if with_plugin else ""),
-                  flush=True)
-            if done >= tasks:
-                break
-            chunk = min(every, tasks - done)
-            futures = []
-            for _ in range(0, chunk, per_span):
-                with dask_span("worker-bench", f"step-{spans}"):
-                    name = f"w{spans}-{uuid.uuid4().hex}"
-                    futures += client.compute([
-                        dask.delayed(_inc)(j, dask_key_name=(name, j))
-                        for j in range(per_span)])
-                spans += 1
-            client.gather(futures)
-            del futures
-            done += chunk
-    finally:
-        if worker is not None:
-            worker.terminate()
-            worker.wait(30)
-        cluster.close()
+            worker_cmd += ["--preload", "dask_otel_spans"]
+        procs = [subprocess.Popen(
+            [sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port",
+             "0", "--no-dashboard", "--scheduler-file", file],
+            env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+        procs.append(subprocess.Popen(worker_cmd, env=env, cwd=tmp,
+                                      stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL))
+        try:
+            client = Client(scheduler_file=file, timeout=60)
+            client.wait_for_workers(1, timeout=60)
+            process = psutil.Process(procs[1].pid)
+            _worker_chunks(client, process, with_plugin, tasks, per_span, every, rows)
+            client.close()
+        finally:
+            for p in reversed(procs):
+                p.terminate()
+                try:
+                    p.wait(30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
     return {"with_plugin": with_plugin, "rows": rows}
+
+
+def _worker_chunks(client: Client, process: psutil.Process, with_plugin: bool,
+                   tasks: int, per_span: int, every: int,
+                   rows: list[dict[str, Any]]) -> None:
+    done = spans = 0
+    while True:
+        client.run(gc.collect)
+        remembered = next(iter(client.run(_contexts_remembered).values()))
+        rows.append({"tasks": done, "spans": spans, "rss": _rss(process),
+                     "contexts": remembered})
+        print(f"    {done:>7} tasks, {spans:>6} spans: worker "
+              f"{rows[-1]['rss'] / 2**20:7.1f} MiB"
+              + (f", {remembered} task contexts remembered" if with_plugin else ""),
+              flush=True)
+        if done >= tasks:
+            return
+        chunk = min(every, tasks - done)
+        futures = []
+        for _ in range(0, chunk, per_span):
+            with dask_span("worker-bench", f"step-{spans}"):
+                name = f"w{spans}-{uuid.uuid4().hex}"
+                futures += client.compute([
+                    dask.delayed(_inc)(j, dask_key_name=(name, j))
+                    for j in range(per_span)])
+            spans += 1
+        client.gather(futures)
+        del futures
+        done += chunk
 
 
 def report_worker(runs: list[dict[str, Any]], warm_up: int) -> None:
