@@ -256,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
                              "for its idle spans, 5 s)")
     parser.add_argument("--plugin-only", action="store_true",
                         help="only the cluster with the package")
+    parser.add_argument("--baseline-only", action="store_true",
+                        help="only the cluster without the package")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 300 spans in chunks of 100 (3,000 tasks)")
     args = parser.parse_args(argv)
@@ -263,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         args.spans, args.every, args.wait = 300, 100, 1.0
         args.tasks, args.every_tasks = 3000, 1000
     logging.getLogger("dask_otel_spans").setLevel(logging.ERROR)
-    modes = (True,) if args.plugin_only else (False, True)
+    modes = (True,) if args.plugin_only else (False,) if args.baseline_only else (
+        False, True)
     print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; "
           f"side: {args.side}")
     runs = []
