@@ -85,12 +85,25 @@ def slope(points: list[tuple[int, int | None]], warm_up: int) -> float | None:
 # -- the scheduler side ------------------------------------------------------------------
 
 
+def _export_traced(dask_scheduler: Any) -> int | None:
+    """run_on_scheduler: the export process's Python allocations alive, as it last
+    reported them (``PYTHONTRACEMALLOC=1``), or None."""
+    for plugin in dask_scheduler.plugins.values():
+        figures = getattr(plugin, "export_figures", None)
+        if figures is not None:
+            return figures().flat().get("traced_bytes")
+    return None
+
+
 def scheduler_run(with_plugin: bool, spans: int, every: int, environ: dict[str, str],
-                  wait: float) -> dict[str, Any]:
+                  wait: float, traced: bool = False) -> dict[str, Any]:
     """One fresh cluster: RSS of the scheduler (and its export process) every
-    ``every`` spans."""
+    ``every`` spans; with ``traced``, the export process's Python allocations too."""
+    preload = None
+    if with_plugin:  # (bench_traced_child: its export process traced, not itself)
+        preload = "bench_traced_child" if traced else "dask_otel_spans"
     cluster = Cluster(False, workers=2, threads=2, clock=False, environ=environ,
-                      preload="dask_otel_spans" if with_plugin else None)
+                      preload=preload)
     rows: list[dict[str, Any]] = []
     try:
         client = cluster.client
@@ -106,11 +119,15 @@ def scheduler_run(with_plugin: bool, spans: int, every: int, environ: dict[str, 
             export = _export_process(cluster) if with_plugin else None
             rows.append({"spans": done, "scheduler": _rss(cluster.scheduler),
                          "export": _rss(export), "handed_over": handed,
+                         "traced": (client.run_on_scheduler(_export_traced)
+                                    if with_plugin and traced else None),
                          "load": os.getloadavg()[0]})
             print(f"    {done:>6} spans: scheduler {rows[-1]['scheduler'] / 2**20:7.1f} "
                   f"MiB" + (f", export process {rows[-1]['export'] / 2**20:7.1f} MiB, "
-                            f"{handed} dask spans handed over" if with_plugin else ""),
-                  flush=True)
+                            f"{handed} dask spans handed over" if with_plugin else "")
+                  + (f", export process's Python allocations "
+                     f"{rows[-1]['traced'] / 2**20:7.2f} MiB" if rows[-1]["traced"]
+                     else ""), flush=True)
             if done >= spans:
                 break
             n = min(every, spans - done)
@@ -125,14 +142,15 @@ def report_scheduler(runs: list[dict[str, Any]], warm_up: int) -> None:
     for run in runs:
         label = "with the plugin" if run["with_plugin"] else "no plugin"
         rows = run["rows"]
-        for key in ("scheduler", "export"):
+        for key in ("scheduler", "export", "traced"):
             points = [(r["spans"], r[key]) for r in rows]
             if all(y is None for _, y in points):
                 continue
             fit = slope(points, warm_up)
             first = next(r for r in rows if r["spans"] >= warm_up)
             grown = (rows[-1][key] - first[key]) / max(1, rows[-1]["spans"] - first["spans"])
-            where = "scheduler" if key == "scheduler" else "its export process"
+            where = {"scheduler": "scheduler", "export": "its export process",
+                     "traced": "its export process's Python allocations"}[key]
             print(f"  {label}, {where}: {rows[0][key] / 2**20:.1f} MiB at start, "
                   f"{rows[-1][key] / 2**20:.1f} MiB after {rows[-1]['spans']} spans; "
                   f"past {warm_up}: {fit / KIB if fit is not None else float('nan'):.3f} "
@@ -258,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="only the cluster with the package")
     parser.add_argument("--baseline-only", action="store_true",
                         help="only the cluster without the package")
+    parser.add_argument("--traced", action="store_true",
+                        help="the export process's Python allocations too (its "
+                             "PYTHONTRACEMALLOC=1: slower, more memory)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 300 spans in chunks of 100 (3,000 tasks)")
     args = parser.parse_args(argv)
@@ -279,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {'with the plugin' if with_plugin else 'no plugin'}: "
                       f"{args.spans} spans of 2 tasks, RSS every {args.every}", flush=True)
                 runs.append(scheduler_run(with_plugin, args.spans, args.every, environ,
-                                          args.wait))
+                                          args.wait, args.traced))
             print(f"receiver: {json.dumps(receiver.counts())}")
         finally:
             receiver.stop()
