@@ -96,14 +96,15 @@ def _export_traced(dask_scheduler: Any) -> int | None:
 
 
 def scheduler_run(with_plugin: bool, spans: int, every: int, environ: dict[str, str],
-                  wait: float, traced: bool = False) -> dict[str, Any]:
+                  wait: float, traced: bool = False,
+                  tree: str | None = None) -> dict[str, Any]:
     """One fresh cluster: RSS of the scheduler (and its export process) every
     ``every`` spans; with ``traced``, the export process's Python allocations too."""
     preload = None
     if with_plugin:  # (bench_traced_child: its export process traced, not itself)
         preload = "bench_traced_child" if traced else "dask_otel_spans"
     cluster = Cluster(False, workers=2, threads=2, clock=False, environ=environ,
-                      preload=preload)
+                      preload=preload, plugin_tree=tree)
     rows: list[dict[str, Any]] = []
     try:
         client = cluster.client
@@ -279,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traced", action="store_true",
                         help="the export process's Python allocations too (its "
                              "PYTHONTRACEMALLOC=1: slower, more memory)")
+    parser.add_argument("--tree", default=None, metavar="TREE",
+                        help="the package of this source tree (e.g. a worktree of an "
+                             "earlier commit) in the scheduler and its export process")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 300 spans in chunks of 100 (3,000 tasks)")
     args = parser.parse_args(argv)
@@ -300,7 +304,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {'with the plugin' if with_plugin else 'no plugin'}: "
                       f"{args.spans} spans of 2 tasks, RSS every {args.every}", flush=True)
                 runs.append(scheduler_run(with_plugin, args.spans, args.every, environ,
-                                          args.wait, args.traced))
+                                          args.wait, args.traced,
+                                          os.path.abspath(args.tree) if args.tree
+                                          else None))
             print(f"receiver: {json.dumps(receiver.counts())}")
         finally:
             receiver.stop()
