@@ -226,7 +226,8 @@ class ReadinessTracker:
                 ready_at = now + grace
             if ready_at is not None and ready_at <= now:
                 try:
-                    self._hand_over(rec, now, complete=True, verdicts=verdicts)
+                    self._hand_over(rec, now, complete=True, verdicts=verdicts,
+                                    grace=grace)
                 except Exception:
                     self._log_failure("hand-over")
             elif ready_at is not None:
@@ -236,6 +237,7 @@ class ReadinessTracker:
         """Hand over every open span, complete or not (the scheduler is closing)."""
         now = time() if now is None else now
         verdicts = Verdicts(self._open)
+        grace = self.grace
         for rec in sorted(self._open.values(), key=_minus_depth):
             if self._open.get(rec.id) is not rec:
                 continue
@@ -247,7 +249,8 @@ class ReadinessTracker:
                 if rec.closed_at is None:
                     rec.close_reason = names.CLOSE_REASON_SHUTDOWN
             try:
-                self._hand_over(rec, now, complete=complete, verdicts=verdicts)
+                self._hand_over(rec, now, complete=complete, verdicts=verdicts,
+                                grace=grace)
             except Exception:
                 self._log_failure("hand-over")
 
@@ -461,7 +464,7 @@ class ReadinessTracker:
     # -- emission --------------------------------------------------------------------
 
     def _hand_over(self, rec: OpenSpan, now: float, *, complete: bool,
-              verdicts: Verdicts) -> None:
+              verdicts: Verdicts, grace: float) -> None:
         """Copy the span, queue its request, forget the record; its parent learns
         when its tree finished and is looked at again."""
         span = rec.span
@@ -484,7 +487,7 @@ class ReadinessTracker:
         del self._open[rec.id]
         self._schedule.graph_came(rec.id)
         keep_summary = False
-        self.recent.add(rec.id, rec.tags, now, self.grace)
+        self.recent.add(rec.id, rec.tags, now, grace)
         if span is not None:
             parent = span.parent
             parent_rec = self._open.get(parent.id) if parent is not None else None

@@ -4,7 +4,7 @@ after it); then it is forgotten. What the export side keeps follows the spans op
 and the recent ones, never every span it saw."""
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 
 #: Seconds a handed-over span is remembered at least: a busy scheduler delays
 #: heartbeats by seconds, so deltas may come after a span's grace period
@@ -28,11 +28,13 @@ class RecentSpans:
         Spans remembered at most
     """
 
-    __slots__ = ("_spans", "max_spans")
+    __slots__ = ("_tags", "_order", "max_spans")
 
     def __init__(self, max_spans: int = MAX_REMEMBERED):
-        #: span id -> (tags, when it is forgotten), in the order handed over
-        self._spans: OrderedDict[str, tuple[tuple[str, ...], float]] = OrderedDict()
+        #: span id -> tags
+        self._tags: dict[str, tuple[str, ...]] = {}
+        #: (when it is forgotten, span id), in the order handed over
+        self._order: deque[tuple[float, str]] = deque()
         self.max_spans = max(1, max_spans)
 
     @staticmethod
@@ -41,32 +43,30 @@ class RecentSpans:
         return max(REMEMBER_SECONDS, REMEMBER_GRACE_PERIODS * grace)
 
     def __contains__(self, span_id: object) -> bool:
-        return span_id in self._spans
+        return span_id in self._tags
 
     def __len__(self) -> int:
-        return len(self._spans)
+        return len(self._tags)
 
     def tags(self, span_id: str) -> tuple[str, ...]:
         """The tags of a span handed over lately; KeyError for another."""
-        return self._spans[span_id][0]
+        return self._tags[span_id]
 
     def add(self, span_id: str, tags: tuple[str, ...], now: float,
             grace: float) -> None:
-        """Remember a span handed over at ``now`` (forgetting those whose time is
-        up: O(1) per span, amortized)."""
-        spans = self._spans
-        spans[span_id] = (tags, now + self.seconds(grace))
-        spans.move_to_end(span_id)
+        """Remember a span handed over at ``now`` (one remembered already keeps its
+        time), forgetting those whose time is up: O(1) per span, amortized."""
+        if span_id not in self._tags:
+            self._tags[span_id] = tags
+            self._order.append((now + self.seconds(grace), span_id))
         self.expire(now)
-        while len(spans) > self.max_spans:
-            spans.popitem(last=False)
+        order, remembered = self._order, self._tags
+        while len(order) > self.max_spans:
+            del remembered[order.popleft()[1]]
 
     def expire(self, now: float) -> None:
         """Forget the spans whose time is up (the oldest first: they are in the
         order they were handed over)."""
-        spans = self._spans
-        while spans:
-            span_id, (_, until) = next(iter(spans.items()))
-            if until > now:
-                return
-            del spans[span_id]
+        order, remembered = self._order, self._tags
+        while order and order[0][0] <= now:
+            del remembered[order.popleft()[1]]

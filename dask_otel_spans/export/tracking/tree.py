@@ -34,6 +34,10 @@ logger = logging.getLogger(__name__)
 
 #: The state counts of a group with a task running (shared: never changed in place)
 RUNNING = {"processing": 1}
+#: Handed-over children an open parent holds before it sums their task counts (it
+#: sums them when asked, or past this many: most parents never are asked, and a
+#: parent's memory stays bounded)
+SUM_AFTER = 64
 
 
 class Prefix:
@@ -108,13 +112,14 @@ class TreeSpan(Span):
     forgets handed over spans, which a weak reference would then lose while a child
     is open) until the parent is forgotten."""
 
-    __slots__ = ("_parent_span", "task_samples", "handed_over_counts")
+    __slots__ = ("_parent_span", "task_samples", "_gone", "_gone_counts")
     _parent_span: Span | None
     #: prefix -> the tasks of its own groups that get task spans
     task_samples: dict[str, PrefixTasks]
-    #: the task counts of its descendants handed over (and so no longer among its
-    #: children), summed; None when none was
-    handed_over_counts: TaskCounts | None
+    #: children handed over (no longer among its children) whose task counts are not
+    #: summed yet, and the sum of the others'
+    _gone: list[TreeSpan]
+    _gone_counts: TaskCounts | None
     #: its groups are the copy's stand-ins for the scheduler's ``TaskGroup``
     #: (with the fields that ``Span``'s properties read), its children and
     #: descendants spans of the copy (:meth:`SpanTree.add_span`)
@@ -127,6 +132,22 @@ class TreeSpan(Span):
     @property
     def parent(self) -> Span | None:
         return self._parent_span
+
+    @property
+    def handed_over_counts(self) -> TaskCounts | None:
+        """The task counts of its descendants handed over (and so no longer among its
+        children), summed; None when none was."""
+        if self._gone:
+            self._sum_gone()
+        return self._gone_counts
+
+    def _sum_gone(self) -> None:
+        gone, self._gone = self._gone, []
+        total = self._gone_counts
+        for child in gone:
+            counts = task_counts(child)
+            total = counts if total is None else added(total, counts)
+        self._gone_counts = total
 
 
 class SpanTree:
@@ -181,7 +202,8 @@ class SpanTree:
         span = TreeSpan(tuple(name), span_id, parent, history)
         span._parent_span = parent
         span.task_samples = {}
-        span.handed_over_counts = None
+        span._gone = []
+        span._gone_counts = None
         span.enqueued = enqueued
         set_nthreads_offset(span, offset)
         if parent is not None:
@@ -309,17 +331,19 @@ class SpanTree:
 
 
 def _detach(parent: TreeSpan, child: TreeSpan) -> None:
-    """Take a handed-over ``child`` out of ``parent``'s children, its task counts
-    (its tree's, and its own handed-over descendants') into ``parent``'s sum."""
+    """Take a handed-over ``child`` out of ``parent``'s children, to be summed into
+    its parent's handed-over task counts (its tree's, and its own handed-over
+    descendants')."""
     children = parent.children
     # (the oldest first, most often: they are handed over in about the order made)
     for i, other in enumerate(children):
         if other is child:
             del children[i]
             break
-    counts = task_counts(child)
-    before = parent.handed_over_counts
-    parent.handed_over_counts = counts if before is None else added(before, counts)
+    child._parent_span = None  # (no reference cycle while it waits to be summed)
+    parent._gone.append(child)
+    if len(parent._gone) >= SUM_AFTER:
+        parent._sum_gone()
 
 
 class _Tags(Mapping):
