@@ -5,6 +5,7 @@ span, with the package and without it.
     python benchmarks/bench_memory.py --quick          # smoke run: 300 spans
     python benchmarks/bench_memory.py --side worker    # worker: 100,000 tasks in 10,000 spans
     python benchmarks/bench_memory.py --side worker --tasks-per-span 1   # a span per task
+    python benchmarks/bench_memory.py --side export    # an export process alone, fed blocks
 
 Scheduler side: a fresh ``dask scheduler`` (``--preload dask_otel_spans``: the package
 as shipped, its export process, OTLP/gRPC to a receiver in another process that only
@@ -21,6 +22,12 @@ of 2 threads, with ``--preload dask_otel_spans`` (exporters off: the package's o
 memory, not an SDK's queue) or without; ``--tasks`` tiny tasks in spans of
 ``--tasks-per-span`` (a task group each), in chunks of ``--every-tasks``; after each
 chunk the worker's RSS, and, with the package, how many task contexts it remembers.
+Export side alone: a real export process (started as the plugin starts it, OTLP/gRPC
+to the counting receiver), fed ``--spans`` blocks as the forwarder sends them for
+``small`` (made up here: no scheduler, no workers) at ``--rate`` blocks a second; its
+RSS every ``--every`` blocks, once they were handed over. What a real cluster's stream
+adds to the export process shows as the difference to the scheduler side's figure.
+
 RSS of a Python process moves with the allocator: read the slopes, not single
 checkpoints.
 """
@@ -137,6 +144,81 @@ def scheduler_run(with_plugin: bool, spans: int, every: int, environ: dict[str, 
     finally:
         cluster.close()
     return {"with_plugin": with_plugin, "rows": rows}
+
+
+# -- the export process alone -----------------------------------------------------------
+
+
+def _block_messages(i: int, at: float) -> list[Any]:
+    """The messages of block ``i`` of ``small``, done at ``at``: a root span, its
+    child with a task group of 2 tasks of a prefix of its own, a graph, a
+    heartbeat's deltas."""
+    from dask_otel_spans.protocol import events
+
+    root, leaf = str(uuid.uuid4()), str(uuid.uuid4())
+    prefix, group = f"s{i}", 1_000_000 + i
+    return [
+        events.span_added((root,), ("small",), at, 2, 2 * i),
+        events.span_added((root, leaf), ("small", f"step-{i}"), at, 2, 2 * i + 1),
+        events.graph_submitted(at, "Client-bench", [leaf], None, [], []),
+        events.group_running(leaf, group, prefix),
+        events.group_counts([(leaf, group, 2, 0, 2, 0)]),
+        events.span_deltas({("execute", leaf, prefix, activity, "seconds"): 1e-4
+                            for activity in ("thread-cpu", "thread-noncpu",
+                                             "executor", "other")}),
+        events.worker_deltas({("get-data", "serialize", "seconds"): 1e-4}),
+        events.group_done(leaf, group, (prefix, at, at + 0.001, 56, 1e-4, 2, 0, 0.0,
+                                        0.0)),
+    ]
+
+
+def export_run(spans: int, every: int, rate: float, environ: dict[str, str]
+               ) -> dict[str, Any]:
+    """A real export process fed ``spans`` blocks at ``rate`` a second: its RSS every
+    ``every`` blocks."""
+    from dask_otel_spans.config import PluginConfig
+    from dask_otel_spans.protocol import events
+    from dask_otel_spans.transport.choice import ChildTransport
+    from dask_otel_spans.transport.sender import ChildSender
+    from dask_otel_spans.transport.spec import PipelineSpec
+    from dask_otel_spans.transport.supervisor import ChildSupervisor
+
+    # (done seconds before they are sent: handed over at the next pass)
+    config = PluginConfig.from_dask_config(idle_timeout=0, export_delay=0)
+    supervisor = ChildSupervisor(PipelineSpec(config, environ=environ), nice=10,
+                                 cpu_policy="idle")
+    supervisor.launch()
+    sender = ChildSender(supervisor)
+    sender.start()
+    transport = ChildTransport(sender)
+    transport.send([events.worker_count(2)])
+    child = supervisor.live_child()
+    process = psutil.Process(child.pid) if child is not None else None
+    rows: list[dict[str, Any]] = []
+    done, batch = 0, 50
+    try:
+        while True:
+            transport.flush(60)
+            rows.append({"spans": done, "export": _rss(process), "scheduler": None,
+                         "traced": None})
+            print(f"    {done:>6} spans: export process "
+                  f"{rows[-1]['export'] / 2**20:7.1f} MiB, "
+                  f"{transport.figures().flat().get('handed_over')} dask spans handed "
+                  f"over", flush=True)
+            if done >= spans:
+                break
+            upto = min(spans, done + every)
+            while done < upto:
+                at = time.time() - 10
+                messages: list[Any] = []
+                for _ in range(min(batch, upto - done)):
+                    messages += _block_messages(done, at)
+                    done += 1
+                transport.send(messages)
+                time.sleep(batch / rate)
+    finally:
+        transport.stop(10)
+    return {"with_plugin": True, "rows": rows}
 
 
 def report_scheduler(runs: list[dict[str, Any]], warm_up: int) -> None:
@@ -261,7 +343,10 @@ def report_worker(runs: list[dict[str, Any]], warm_up: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--side", choices=("scheduler", "worker"), default="scheduler")
+    parser.add_argument("--side", choices=("scheduler", "worker", "export"),
+                        default="scheduler")
+    parser.add_argument("--rate", type=float, default=20.0,
+                        help="--side export: blocks sent a second")
     parser.add_argument("--spans", type=int, default=10_000)
     parser.add_argument("--every", type=int, default=1000)
     parser.add_argument("--warm-up", type=int, default=None,
@@ -295,7 +380,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; "
           f"side: {args.side}")
     runs = []
-    if args.side == "scheduler":
+    if args.side == "export":
+        warm_up = args.warm_up if args.warm_up is not None else min(2000, args.spans // 3)
+        receiver = ReceiverProcess()
+        try:
+            print(f"  an export process alone: {args.spans} blocks at {args.rate:g} a "
+                  f"second, RSS every {args.every}", flush=True)
+            runs.append(export_run(args.spans, args.every, args.rate,
+                                   _otlp_environ(receiver.port)))
+        finally:
+            receiver.stop()
+        report_scheduler(runs, warm_up)
+    elif args.side == "scheduler":
         warm_up = args.warm_up if args.warm_up is not None else min(2000, args.spans // 3)
         receiver = ReceiverProcess()
         try:
