@@ -104,9 +104,10 @@ class SpanEnder(ThreadWorker):
 
     Notes
     -----
-    Subtree summaries of spans whose parent is still open are kept in ``summaries``
-    until the parent is ended, so that a parent never walks its ended children
-    again; memory follows the open spans.
+    The subtree summaries of spans handed over while their parent is open are added
+    up in ``summaries``, one summary per open parent, until the parent is ended: a
+    parent never walks its ended children again, and memory follows the open spans,
+    not their children.
     """
 
     def __init__(
@@ -138,6 +139,7 @@ class SpanEnder(ThreadWorker):
         self.prefix_spans = prefix_spans
         self.code_max_length = code_max_length
         self.record_exceptions = record_exceptions
+        #: span id -> the summary of its descendants handed over before it
         self.summaries: dict[str, SpanSummary] = {}
         #: dask spans ended (translated into OTel spans and ended in the tracer
         #: provider)
@@ -214,13 +216,18 @@ class SpanEnder(ThreadWorker):
             )
             if not request.complete:
                 fields.attributes[names.SPAN_INCOMPLETE] = True
+            # (a span whose copy failed: what its descendants left goes with it)
+            self.summaries.pop(request.ids[-1], None)
             return self._linked(fields, request), 0.0
         summary = subtree_summary(snap, self.summaries)
         for child in snap.children:
             if isinstance(child, str):
                 self.summaries.pop(child, None)
-        if request.keep_summary:
-            self.summaries[snap.id] = summary
+        below = self.summaries.pop(snap.id, None)
+        if below is not None:  # (its descendants handed over before it)
+            summary.add(below)
+        if request.keep_summary and len(request.ids) > 1:
+            self._keep_for_parent(request.ids[-2], summary)
         fields = span_fields(
             snap, ids, summary, now=request.now, complete=request.complete,
             close_reason=request.close_reason, prefix_spans=self.prefix_spans,
@@ -232,6 +239,14 @@ class SpanEnder(ThreadWorker):
         # (the idle metric attribute: a number, as span_fields sets it)
         return (self._linked(fields, request),
                 float(fields.attributes.get(_IDLE_ATTRIBUTE, 0.0)))  # type: ignore[arg-type]
+
+    def _keep_for_parent(self, parent_id: str, summary: SpanSummary) -> None:
+        """Add the summary of a span handed over while its parent is open to what the
+        parent's handed-over descendants sum to (one summary per open parent)."""
+        kept = self.summaries.get(parent_id)
+        if kept is None:
+            kept = self.summaries[parent_id] = SpanSummary()
+        kept.add(summary)
 
     @staticmethod
     def _linked(fields: SpanFields, request: HandOver) -> SpanFields:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
 
@@ -58,6 +59,9 @@ def unit_family(unit: object) -> tuple[str, str]:
 #: Metric updates that may wait for the metrics thread; past it they are dropped
 #: and counted
 MAX_QUEUE_SIZE = 10_000
+#: Exemplar contexts remembered (one per running span and prefix that reported
+#: lately; one of an older span is made again when asked for)
+MAX_EXEMPLAR_CONTEXTS = 1024
 #: Seconds between two hand-overs of the per-series sums to the OTel SDK (and at
 #: every flush and at close): one SDK call per series that changed, however many
 #: workers and heartbeats fed it; well below the metric export interval
@@ -93,18 +97,23 @@ class _Series:
 
 
 class _Recent(Generic[V]):
-    """Values by key, at most ``maxsize`` (then forgotten all at once: a value is
-    made again when asked for), so that steady-state adds allocate nothing."""
+    """Values by key, at most ``maxsize`` (then the oldest is forgotten: a value is
+    made again when asked for), so that steady-state adds allocate nothing and its
+    memory stays level once full."""
 
     def __init__(self, maxsize: int = 4096):
-        self.maxsize = maxsize
-        self._data: dict[Hashable, V] = {}
+        self.maxsize = max(1, maxsize)
+        self._data: OrderedDict[Hashable, V] = OrderedDict()
         self.get = self._data.get
 
+    def __len__(self) -> int:
+        return len(self._data)
+
     def put(self, key: Hashable, value: V) -> None:
-        if len(self._data) >= self.maxsize:
-            self._data.clear()
-        self._data[key] = value
+        data = self._data
+        data[key] = value
+        if len(data) > self.maxsize:
+            data.popitem(last=False)
 
 
 class DaskInstruments:
@@ -145,8 +154,8 @@ class DaskInstruments:
         )
         self._cache: _Recent[_Series] = _Recent()
         #: exemplar contexts by (span id, prefix): a running span's heartbeats reuse
-        #: its context
-        self._contexts: _Recent[Context] = _Recent()
+        #: its context (the spans that reported lately: one entry per span)
+        self._contexts: _Recent[Context] = _Recent(MAX_EXEMPLAR_CONTEXTS)
         #: (instrument, span name) -> the series of the instruments whose one
         #: attribute is the span name (duration, active spans)
         self._by_name: dict[tuple[int, str], _Series] = {}

@@ -41,8 +41,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Traces of spans remembered for the exemplars of their metric points (the spans
-#: that reported lately: heartbeats name the spans that ran since the last one)
+#: Traces of open spans remembered at most for the exemplars of their metric points
+#: (heartbeats name the spans that ran since the last one); a span's goes when it is
+#: handed over
 MAX_TRACES = 10_000
 
 
@@ -86,6 +87,7 @@ class ExportSession:
             self.tree.spans, self.tree.chain_of, config,
             n_workers=lambda: self.tree.n_workers, on_handed_over=self.tree.forget,
             held_until=self.profiles.held_until,
+            recent=self.tree.recent,
         )
         #: says which blocks' tasks dask counted in another span
         self.collisions = CollisionWarnings()
@@ -93,7 +95,7 @@ class ExportSession:
         #: when export takes a noticeable share of the process's CPU
         self.share_watch: ExportShareWatch | None = None
         self._next_pass = time.monotonic()
-        #: span id -> (trace id, span id, flags), for exemplars (the latest spans)
+        #: span id -> (trace id, span id, flags), for exemplars (of open spans)
         self._traces: BoundedMemory[str, tuple[int, int, int]] = BoundedMemory(MAX_TRACES)
         self._log_once = OnceLogger(logger)
         #: messages that were not of the protocol (skipped)
@@ -237,6 +239,9 @@ class ExportSession:
         if calls and pump is not None:
             pump.submit_many(calls)
         if requests:
+            traces = self._traces
+            for request in requests:
+                traces.pop(request.ids[-1], None)
             try:
                 self.live.ended(requests)
             except Exception:

@@ -24,6 +24,10 @@ _PARSED_CACHE_SIZE = 4096
 #: Longest tracestate kept in that cache (bounds it to ~4 MiB; longer ones, rare and
 #: possibly hostile, are parsed each time)
 _MAX_CACHED_TRACESTATE = 1024
+#: Ids worked out of dask span ids remembered (of the spans seen lately: a span's
+#: ids are asked for while it runs and at its end; an older one's are worked out
+#: again, in a few microseconds)
+_IDS_CACHE_SIZE = 1024
 
 
 #: masks of the variant bits within the low 64 bits of a UUID
@@ -38,7 +42,7 @@ def _id_bits(dask_id: str) -> int:
     return _id_bits_uncached(dask_id)
 
 
-@functools.lru_cache(maxsize=_PARSED_CACHE_SIZE)
+@functools.lru_cache(maxsize=_IDS_CACHE_SIZE)
 def _id_bits_of_str(dask_id: str) -> int:
     return _id_bits_uncached(dask_id)
 
@@ -61,7 +65,7 @@ def otel_trace_id(dask_span_id: str) -> int:
     return _id_bits(dask_span_id) or 1
 
 
-@functools.lru_cache(maxsize=_PARSED_CACHE_SIZE)
+@functools.lru_cache(maxsize=_IDS_CACHE_SIZE)
 def prefix_span_id(dask_span_id: str, prefix: str) -> int:
     """Deterministic OTel span id of the child span of a task prefix: the low 64 bits
     of ``uuid5(<dask span id as a UUID>, prefix)``, computed without building UUIDs

@@ -52,6 +52,9 @@ if TYPE_CHECKING:
 
 #: Spans, keys or task groups handled between two pauses (~1 µs each)
 SPANS_PER_STEP = 256
+#: Spans whose code snippets forwarded are counted at most (``include-code``): the
+#: oldest is forgotten past it (snippets sent again change nothing there)
+MAX_CODE_COUNTED = 1000
 
 
 class Sink(Protocol):
@@ -123,7 +126,8 @@ class Forwarded:
     #: task groups forwarded as running and not as done since (as many as the groups
     #: running now), not told again while they run: their tasks by state as sent
     running: dict[TaskGroup, Counts] = field(default_factory=dict)
-    #: span id -> code snippets forwarded (``include-code``)
+    #: span id -> code snippets forwarded (``include-code``), of the spans whose
+    #: graphs came lately (:data:`MAX_CODE_COUNTED`)
     code: dict[str, int] = field(default_factory=dict)
     #: spans forwarded (adopted ones too)
     spans: int = 0
@@ -444,10 +448,12 @@ class SpanForwarder:
             code = code_snippets(span) if span is not None else None
             if not code:
                 continue
-            sent = code_forwarded.get(span_id, 0)
+            sent = code_forwarded.pop(span_id, 0)
+            code_forwarded[span_id] = len(code)  # (the latest last)
             if len(code) > sent:
-                code_forwarded[span_id] = len(code)
                 out.append(events.span_code(span_id, tuple(islice(code, sent, None))))
+            while len(code_forwarded) > MAX_CODE_COUNTED:
+                del code_forwarded[next(iter(code_forwarded))]
 
     def adopt(self, handed_over: Container[int] | None = None) -> Iterator[None]:
         """Forward the spans that exist already and still run (a task group not

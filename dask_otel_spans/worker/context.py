@@ -24,8 +24,9 @@ from dask_otel_spans.protocol.propagation import (
 
 logger = logging.getLogger(__name__)
 
-#: Contexts remembered (one per dask span and prefix that ran lately)
-MAX_CONTEXTS = 4096
+#: Contexts remembered (one per dask span and prefix that ran lately on this worker;
+#: one of an older span is worked out again when its task comes)
+MAX_CONTEXTS = 1024
 
 #: A caller carrier's items, sorted: its part of a context's cache key
 CallerKey: TypeAlias = tuple[tuple[str, str], ...]

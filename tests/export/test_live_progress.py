@@ -127,6 +127,23 @@ def test_task_counts_sum_the_tree_settled_groups_tasks_and_count_running_groups(
     assert isinstance(tree.spans["r"], Span)
 
 
+def test_an_open_parent_counts_the_tasks_of_its_children_handed_over():
+    tree = SpanTree([(0.0, 4)])
+    tree.add_span(("r",), ("wf",), 1.0, 0)
+    tree.group("r", 1, "load")
+    for n in range(3):
+        tree.add_span(("r", f"c{n}"), ("wf", "part"), 1.0, 0)
+        tree.group(f"c{n}", 2 + n, "fit", ("fit", 1.0, 2.0, 10, 1.0, 7, 1))
+        tree.add_deltas({("execute", f"c{n}", "fit", "thread-cpu", "seconds"): 1.5})
+    before = task_counts(tree.spans["r"])
+    for n in range(2):
+        tree.forget(tree.spans[f"c{n}"])
+    assert [child.id for child in tree.spans["r"].children] == ["c2"]
+    assert task_counts(tree.spans["r"]) == before == TaskCounts(
+        done=3 * 6, erred=3, groups_running=1, groups_done=3, activity_seconds=4.5,
+        total=3 * 7)
+
+
 @pytest.fixture
 def running_tree() -> SpanTree:
     """``wf`` with a settled group (5 tasks, 1 erred) and, in ``part`` below it, a

@@ -17,6 +17,7 @@ from dask_otel_spans.protocol.events import (
     NOTICE,
     Dispatcher,
 )
+from dask_otel_spans.scheduler import forwarder as forwarder_module
 from dask_otel_spans.scheduler.forwarder import SpanForwarder
 
 
@@ -511,6 +512,22 @@ def test_code_is_forwarded_once_per_snippet_with_include_code(tree, sink):
     assert [item for item in sink.items if item[0] == "code"] == [
         ("code", "c", (("snippet-1",),)), ("code", "c", (("snippet-2",),)),
     ]
+
+
+def test_the_code_counted_is_of_the_latest_spans_only(tree, sink, monkeypatch):
+    monkeypatch.setattr(forwarder_module, "MAX_CODE_COUNTED", 2)
+    tasks = {}
+    for n in range(5):
+        span = tree[f"s{n}"] = Span((f"step-{n}",), f"s{n}", None, HISTORY)
+        code_snippets(span)[(f"snippet-{n}",)] = None
+        tasks[f"inc-{n}"] = Task(task_group(f"inc-{n}", f"s{n}"))
+    forwarder = forwarder_of(tree, sink, tasks, include_code=True)
+    for n in range(5):
+        forwarder.graph_submitted(None, [f"inc-{n}"], annotations(None, None))
+    forwarder.tick(2)
+    assert [item[1] for item in sink.items if item[0] == "code"] == [
+        f"s{n}" for n in range(5)]
+    assert list(forwarder.forwarded.code) == ["s3", "s4"]
 
 
 def test_every_message_the_forwarder_sends_is_of_the_protocol(tree, sink):

@@ -79,11 +79,15 @@ def _group_tasks(tg: TreeGroup) -> tuple[int, int, int, int, int]:
 
 def task_counts(span: TreeSpan) -> TaskCounts:
     """The :class:`TaskCounts` of ``span`` (a span of the span tree copy) and its
-    descendants."""
+    descendants (those handed over as the copy summed them)."""
     sums = [0, 0, 0, 0, 0]  # (total, done, erred, running, waiting)
     groups_running = settled = 0
     seconds = nbytes = 0.0
+    handed_over: list[TaskCounts] = []
     for node in span.traverse_spans():
+        gone = getattr(node, "handed_over_counts", None)
+        if gone is not None:
+            handed_over.append(gone)
         for tg in node.groups:
             if "processing" in tg.states:
                 groups_running += 1
@@ -98,8 +102,16 @@ def task_counts(span: TreeSpan) -> TaskCounts:
             elif unit == "bytes":
                 nbytes += value
     total, done, erred, running, waiting = sums
-    return TaskCounts(done, erred, groups_running, settled, seconds, nbytes, total,
-                      running, waiting)
+    out = TaskCounts(done, erred, groups_running, settled, seconds, nbytes, total,
+                     running, waiting)
+    for gone in handed_over:
+        out = added(out, gone)
+    return out
+
+
+def added(counts: TaskCounts, more: TaskCounts) -> TaskCounts:
+    """The sum of two :class:`TaskCounts`, field by field."""
+    return TaskCounts._make(a + b for a, b in zip(counts, more, strict=True))
 
 
 class Progress(NamedTuple):

@@ -19,6 +19,7 @@ from dask_otel_spans.export.bounded import BoundedMemory
 from dask_otel_spans.export.ender import HandOver
 from dask_otel_spans.export.metrics import DaskInstruments, MetricCall
 from dask_otel_spans.export.tracking.notices import NoticeGate
+from dask_otel_spans.export.tracking.recent import RecentSpans
 from dask_otel_spans.export.tracking.records import (
     OpenSpan,
     carried_for_translation,
@@ -41,8 +42,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Ids remembered in the bounded id sets (spans handed over, against duplicates; ids
-#: carried by graphs before the tracker knew the span)
+#: Ids carried by graphs before the tracker knew the span, remembered at most (their
+#: close notice, which comes in most cases, forgets them)
 MAX_REMEMBERED = 10_000
 
 
@@ -65,6 +66,9 @@ class ReadinessTracker:
     held_until:
         Until when a span otherwise ready waits (for its profiles), None when it
         does not; :meth:`look_again` when that wait is over early
+    recent:
+        Where the spans handed over are remembered for a while (the tree reads
+        the tags of late heartbeats' spans there); default: a memory of its own
 
     Notes
     -----
@@ -86,6 +90,7 @@ class ReadinessTracker:
         n_workers: Callable[[], int] = lambda: 0,
         on_handed_over: Callable[[Span], None] | None = None,
         held_until: Callable[[str], float | None] = lambda span_id: None,
+        recent: RecentSpans | None = None,
     ):
         self.spans = spans
         self.chain_of = chain_of
@@ -94,9 +99,8 @@ class ReadinessTracker:
         self.on_handed_over = on_handed_over
         self.held_until = held_until
         self._open: dict[str, OpenSpan] = {}
-        #: handed over spans whose parent is still open: the ender holds their summary
-        self._summarized: set[str] = set()
-        self._unseen_handed_over: BoundedMemory[str, None] = BoundedMemory(MAX_REMEMBERED)
+        #: the spans handed over lately (against a second hand-over of one)
+        self.recent = recent if recent is not None else RecentSpans()
         self._submitted_unknown: BoundedMemory[str, None] = BoundedMemory(MAX_REMEMBERED)
         self._schedule = CheckSchedule()
         self._metric_calls: list[MetricCall] = []
@@ -140,7 +144,7 @@ class ReadinessTracker:
 
     def add_span(self, span: Span, now: float | None = None) -> None:
         """A span of the tree, new or adopted."""
-        if span.id in self._unseen_handed_over:
+        if span.id in self.recent:
             return
         rec = self._open.get(span.id)
         parent = span.parent
@@ -239,6 +243,7 @@ class ReadinessTracker:
         """Check the open spans that changed or whose wait ran out, deepest first
         (children before their parents), and hand over those that are ready."""
         now = time() if now is None else now
+        self.recent.expire(now)
         schedule = self._schedule
         schedule.wake_due(now, self._open)
         if not schedule:
@@ -260,7 +265,8 @@ class ReadinessTracker:
                 ready_at = max(ready_at, self.held_until(rec.id) or ready_at)
             if ready_at is not None and ready_at <= now:
                 try:
-                    self._hand_over(rec, now, complete=True, verdicts=verdicts)
+                    self._hand_over(rec, now, complete=True, verdicts=verdicts,
+                                    grace=grace)
                 except Exception:
                     self._log_failure("hand-over")
             elif ready_at is not None:
@@ -270,6 +276,7 @@ class ReadinessTracker:
         """Hand over every open span, complete or not (the scheduler is closing)."""
         now = time() if now is None else now
         verdicts = Verdicts(self._open)
+        grace = self.grace
         for rec in sorted(self._open.values(), key=_minus_depth):
             if self._open.get(rec.id) is not rec:
                 continue
@@ -281,7 +288,8 @@ class ReadinessTracker:
                 if rec.closed_at is None:
                     rec.close_reason = names.CLOSE_REASON_SHUTDOWN
             try:
-                self._hand_over(rec, now, complete=complete, verdicts=verdicts)
+                self._hand_over(rec, now, complete=complete, verdicts=verdicts,
+                                grace=grace)
             except Exception:
                 self._log_failure("hand-over")
 
@@ -410,8 +418,11 @@ class ReadinessTracker:
             self.notices.closed_again(client)
             return None
         if rec is None:
-            if ids[-1] in self.spans or ids[-1] in self._unseen_handed_over:
-                return None  # handed over already, or finished before the plugin
+            if ids[-1] in self.spans or ids[-1] in self.recent:
+                # handed over lately, or finished before the plugin (a notice later
+                # than :class:`RecentSpans` remembers would export its span again:
+                # of a block whose graph carried no annotation)
+                return None
             if not self.notices.may_open(client, ids[-1], now):
                 return None
             rec = self._open[ids[-1]] = OpenSpan(ids[-1], tags, ids)
@@ -502,7 +513,7 @@ class ReadinessTracker:
     # -- emission --------------------------------------------------------------------
 
     def _hand_over(self, rec: OpenSpan, now: float, *, complete: bool,
-              verdicts: Verdicts) -> None:
+              verdicts: Verdicts, grace: float) -> None:
         """Copy the span, queue its request, forget the record; its parent learns
         when its tree finished and is looked at again."""
         span = rec.span
@@ -510,9 +521,9 @@ class ReadinessTracker:
         finished = rec.finished_at
         if span is not None:
             try:
-                snapshot = snapshot_span(
-                    span, self._summarized, with_code=self.config.include_code
-                )
+                # (its handed-over descendants are no longer among its children:
+                # the ender holds their summary)
+                snapshot = snapshot_span(span, with_code=self.config.include_code)
                 if rec.done_since is None:
                     finished = verdicts.finished_at(rec)
             except Exception:
@@ -526,24 +537,19 @@ class ReadinessTracker:
         self.notices.handed_over(rec.id)
         self._schedule.graph_came(rec.id)
         keep_summary = False
-        if span is None:
-            self._unseen_handed_over.remember(rec.id)
-        else:
-            for child in span.children:
-                self._summarized.discard(child.id)
+        self.recent.add(rec.id, rec.tags, now, grace)
+        if span is not None:
             parent = span.parent
             parent_rec = self._open.get(parent.id) if parent is not None else None
             if parent_rec is not None:
                 keep_summary = snapshot is not None
                 parent_rec.open_children.discard(span.id)
+                parent_rec.children_handed_over += 1
                 parent_rec.children_finished_at = max(
                     parent_rec.children_finished_at, finished
                 )
                 if parent_rec.done_since is None:
                     self._schedule.look_again(parent_rec)
-                if keep_summary:
-                    self._summarized.add(span.id)
-            self._unseen_handed_over.remember(rec.id)
         self.handed_over += 1
         self._requests.append(HandOver(
             rec.tags, rec.ids, carried_for_translation(rec, self._open.get(rec.ids[0])),

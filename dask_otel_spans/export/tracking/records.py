@@ -64,8 +64,8 @@ class OpenSpan:
         "close_reason",
         "last_activity", "done_since", "finished_at", "clients", "client_gone",
         "enter", "exit", "counted", "depth", "submitted", "awaiting_graph",
-        "open_children", "children_finished_at", "wake_at", "unfinished_group",
-        "unfinished_child",
+        "open_children", "children_finished_at", "children_handed_over", "wake_at",
+        "unfinished_group", "unfinished_child",
     )
 
     def __init__(self, dask_id: str, tags: tuple[str, ...], ids: tuple[str, ...]):
@@ -103,8 +103,10 @@ class OpenSpan:
         self.awaiting_graph = False
         #: children not handed over yet (a check looks at the open children only)
         self.open_children: set[str] = set()
-        #: when the last task of the handed-over children finished
+        #: when the last task of the handed-over children finished, and how many
+        #: were (they are no longer among its span's children)
         self.children_finished_at = 0.0
+        self.children_handed_over = 0
         #: when a pass looks at it again, unless something changes first
         self.wake_at: float | None = None
         #: a TaskGroup found not done by the last check: looked at first

@@ -2,20 +2,23 @@
 messages, as real ``distributed.spans.Span`` objects with task groups that stand in
 for the scheduler's (their state counts and figures as last forwarded).
 
-The copy holds the spans not handed over yet (and, for a parent still open, its handed-over
-children, which its snapshot lists) and the span metrics summed from the heartbeat
-deltas. A span leaves the copy when it is handed over: memory follows the open spans,
-not history.
+The copy holds the spans not handed over yet and the span metrics summed from the
+heartbeat deltas. A span leaves the copy when it is handed over (the tracker remembers
+its tags a while, in :attr:`SpanTree.recent`), and its parent's children with it: an
+open parent keeps the task counts of its handed-over descendants as one sum (the ender
+keeps their figures as one summary). Memory follows the open spans, not history: a
+parent open for a week with a million children handed over holds one sum.
 """
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from distributed.spans import Span
 
+from dask_otel_spans.export.tracking.progress import TaskCounts, added, task_counts
+from dask_otel_spans.export.tracking.recent import RecentSpans
 from dask_otel_spans.export.tracking.samples import PrefixTasks
 from dask_otel_spans.protocol.dask_private import (
     code_snippets,
@@ -29,11 +32,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Tags of handed over spans kept for heartbeat deltas that come after the hand-over
-RECENT_TAGS = 10_000
-
 #: The state counts of a group with a task running (shared: never changed in place)
 RUNNING = {"processing": 1}
+#: Handed-over children an open parent holds before it sums their task counts (it
+#: sums them when asked, or past this many: most parents never are asked, and a
+#: parent's memory stays bounded)
+SUM_AFTER = 64
 
 
 class Prefix:
@@ -108,10 +112,14 @@ class TreeSpan(Span):
     forgets handed over spans, which a weak reference would then lose while a child
     is open) until the parent is forgotten."""
 
-    __slots__ = ("_parent_span", "task_samples")
+    __slots__ = ("_parent_span", "task_samples", "_gone", "_gone_counts")
     _parent_span: Span | None
     #: prefix -> the tasks of its own groups that get task spans
     task_samples: dict[str, PrefixTasks]
+    #: children handed over (no longer among its children) whose task counts are not
+    #: summed yet, and the sum of the others'
+    _gone: list[TreeSpan]
+    _gone_counts: TaskCounts | None
     #: its groups are the copy's stand-ins for the scheduler's ``TaskGroup``
     #: (with the fields that ``Span``'s properties read), its children and
     #: descendants spans of the copy (:meth:`SpanTree.add_span`)
@@ -124,6 +132,22 @@ class TreeSpan(Span):
     @property
     def parent(self) -> Span | None:
         return self._parent_span
+
+    @property
+    def handed_over_counts(self) -> TaskCounts | None:
+        """The task counts of its descendants handed over (and so no longer among its
+        children), summed; None when none was."""
+        if self._gone:
+            self._sum_gone()
+        return self._gone_counts
+
+    def _sum_gone(self) -> None:
+        gone, self._gone = self._gone, []
+        total = self._gone_counts
+        for child in gone:
+            counts = task_counts(child)
+            total = counts if total is None else added(total, counts)
+        self._gone_counts = total
 
 
 class SpanTree:
@@ -152,8 +176,9 @@ class SpanTree:
         self.groups: dict[tuple[str, int], TreeGroup] = {}
         #: span id -> its chain of ids, root first (an ancestor may have left)
         self.chains: dict[str, tuple[str, ...]] = {}
-        #: tags of spans handed over lately, for heartbeat deltas that come late
-        self.recent_tags: OrderedDict[str, tuple[str, ...]] = OrderedDict()
+        #: the spans handed over lately (the readiness tracker remembers them
+        #: there), whose tags heartbeat deltas that come late read
+        self.recent = RecentSpans()
         self.n_workers = 0
         #: spans added to the copy
         self.received = 0
@@ -182,6 +207,8 @@ class SpanTree:
         span = TreeSpan(tuple(name), span_id, parent, history)
         span._parent_span = parent
         span.task_samples = {}
+        span._gone = []
+        span._gone_counts = None
         span.enqueued = enqueued
         set_nthreads_offset(span, offset)
         if parent is not None:
@@ -286,13 +313,16 @@ class SpanTree:
                 cumulative_metrics(span)[own_key] += value
 
     def forget(self, span: Span) -> None:
-        """An handed over span leaves the copy (its parent's list of children keeps it
-        while the parent is open); its tags stay a while for late deltas. (``span``
-        as the readiness tracker hands it back: a span of the copy.)"""
+        """An handed over span leaves the copy, and its parent's children: an open
+        parent adds its task counts to those of its handed-over descendants.
+        (``span`` as the readiness tracker hands it back: a span of the copy.)"""
         span_id = span.id
         if self.spans.get(span_id) is not span:
             return
         del self.spans[span_id]
+        parent = span.parent
+        if isinstance(parent, TreeSpan) and self.spans.get(parent.id) is parent:
+            _detach(parent, span)
         self.chains.pop(span_id, None)
         place = self.places.pop(span_id, None)
         if place is not None:
@@ -302,10 +332,6 @@ class SpanTree:
             child._parent_span = None
         for tg in span.groups:
             self.groups.pop((span_id, tg.key), None)
-        recent = self.recent_tags
-        recent[span_id] = tuple(span.name)
-        while len(recent) > RECENT_TAGS:
-            recent.popitem(last=False)
 
     def take_handed_over(self) -> list[int]:
         """The places of the spans handed over since the last call."""
@@ -315,6 +341,22 @@ class SpanTree:
     def chain_of(self, span: Span) -> tuple[str, ...]:
         """The ids of ``span`` and its ancestors, root first."""
         return self.chains.get(span.id) or (span.id,)
+
+
+def _detach(parent: TreeSpan, child: TreeSpan) -> None:
+    """Take a handed-over ``child`` out of ``parent``'s children, to be summed into
+    its parent's handed-over task counts (its tree's, and its own handed-over
+    descendants')."""
+    children = parent.children
+    # (the oldest first, most often: they are handed over in about the order made)
+    for i, other in enumerate(children):
+        if other is child:
+            del children[i]
+            break
+    child._parent_span = None  # (no reference cycle while it waits to be summed)
+    parent._gone.append(child)
+    if len(parent._gone) >= SUM_AFTER:
+        parent._sum_gone()
 
 
 class _Tags(Mapping):
@@ -329,7 +371,7 @@ class _Tags(Mapping):
         span = self._tree.spans.get(span_id)
         if span is not None:
             return tuple(span.name)
-        return self._tree.recent_tags[span_id]
+        return self._tree.recent.tags(span_id)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._tree.spans)

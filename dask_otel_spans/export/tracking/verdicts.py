@@ -55,7 +55,8 @@ class Verdicts:
         return out
 
     def _is_done(self, rec: OpenSpan) -> bool:
-        if not rec.span.groups and not rec.span.children:  # type: ignore[union-attr]
+        if (not rec.span.groups and not rec.span.children  # type: ignore[union-attr]
+                and not rec.children_handed_over):
             # distributed makes a span with its first task group (or as the parent
             # of one that has it): this one's group is on its way
             return False
