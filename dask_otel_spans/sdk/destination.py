@@ -8,7 +8,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from dask_otel_spans import otlpendpoint
 from dask_otel_spans.otelenv import OTLP_PROTOCOLS, otlp_protocol, signal_setting
@@ -19,16 +19,29 @@ from dask_otel_spans.otlpendpoint import without_userinfo as without_userinfo
 from dask_otel_spans.protocol.figures import SIGNALS
 from dask_otel_spans.sdk.otlp import parse_headers
 
+#: PBKDF2-HMAC-SHA256 iterations of :func:`credentials_digest`: a digest stored in a
+#: spool file costs whoever guesses a password offline as much per guess (about
+#: 50 ms here), once per process and set of credentials for the package
+DIGEST_ITERATIONS = 100_000
+
 
 def credentials_digest(headers: Mapping[str, str] | None, userinfo: str = "") -> str:
     """An identity of a destination's credentials (header names and values, the
-    URL's user info): a SHA-256 digest, the same for the same credentials in any
-    order, from which none can be read back."""
-    digest = hashlib.sha256(b"dask-otel-spans credentials\0")
-    for name, value in sorted((k.lower(), v) for k, v in (headers or {}).items()):
-        digest.update(f"{name}\0{value}\0".encode())
-    digest.update(f"userinfo\0{userinfo}".encode())
-    return digest.hexdigest()[:32]
+    URL's user info): a slow salted digest (PBKDF2-HMAC-SHA256,
+    :data:`DIGEST_ITERATIONS`), the same for the same credentials in any order, from
+    which none can be read back and against which a guess costs what a password
+    hash's does."""
+    material = "".join(
+        f"{name}\0{value}\0"
+        for name, value in sorted((k.lower(), v) for k, v in (headers or {}).items()))
+    return _slow_digest(f"{material}userinfo\0{userinfo}")
+
+
+@lru_cache(maxsize=16)
+def _slow_digest(material: str) -> str:
+    return hashlib.pbkdf2_hmac("sha256", material.encode(),
+                               b"dask-otel-spans credentials", DIGEST_ITERATIONS,
+                               dklen=16).hex()
 
 
 #: The longest endpoint a destination record may name (a record is read back from disk)

@@ -33,6 +33,22 @@ def test_the_credentials_digest_ignores_header_order_and_name_case():
             == credentials_digest({"B": "2", "a": "1"}, "u:p"))
 
 
+def test_the_credentials_digest_is_a_slow_salted_one():
+    # (a spool file's digest is readable by its owner: a guess at a weak password
+    # must cost what a password hash's does, not one SHA-256)
+    import hashlib
+
+    from dask_otel_spans.sdk.destination import DIGEST_ITERATIONS
+
+    material = "api-key\0hunter2\0userinfo\0"
+    assert DIGEST_ITERATIONS >= 100_000
+    assert credentials_digest({"api-key": "hunter2"}) == hashlib.pbkdf2_hmac(
+        "sha256", material.encode(), b"dask-otel-spans credentials", DIGEST_ITERATIONS,
+        dklen=16).hex()
+    assert credentials_digest({"api-key": "hunter2"}) != hashlib.sha256(
+        b"dask-otel-spans credentials\0" + material.encode()).hexdigest()[:32]
+
+
 @pytest.mark.parametrize("change", [
     {"OTEL_EXPORTER_OTLP_HEADERS": f"api-key={SECRET}x,x-team=blue"},
     {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://ann:other@collector:4318"},
