@@ -23,7 +23,7 @@ from pathlib import Path
 
 import distributed.core
 import pytest
-from support.jaeger_build import BUILD_WAIT, jaeger_built, start_jaeger_build
+from support.jaeger_build import BUILD_WAIT, jaeger_built, jaeger_path, start_jaeger_build
 from support.providers import MemoryProviders
 from support.receivers import OTLPReceiver
 
@@ -51,6 +51,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     jaeger = {item.path for item in items if item.get_closest_marker("jaeger")}
     # (stable: order kept within)
     items.sort(key=lambda item: (item.path not in slow, item.path in jaeger))
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    """Said at the top of a run on a machine without the Jaeger binary: the tests
+    marked ``jaeger`` build it first, and the run seems to stall while they wait."""
+    if config.option.collectonly or jaeger_built():
+        return None
+    return (f"jaeger: not built yet; the tests marked jaeger build it once from the Go "
+            f"module proxy and wait for it (8-13 min on 2 cores; its log: "
+            f"{Path(jaeger_path()).parent / 'build.log'})")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
