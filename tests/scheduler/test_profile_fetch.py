@@ -151,11 +151,12 @@ async def test_a_running_span_is_one_coroutine_a_window_for_its_running_prefixes
 SHORT_HISTORY = {**FAST_PROFILER, "distributed.admin.low-level-log-length": 5}
 
 
-#: the workers keep 15 cycles of 100 ms
-HISTORY_15 = {**FAST_PROFILER, "distributed.admin.low-level-log-length": 15}
+#: the workers keep 40 cycles of 100 ms: 4 s of history (a margin for a window's
+#: fetch delayed on a loaded machine; the spans below are longer)
+HISTORY_40 = {**FAST_PROFILER, "distributed.admin.low-level-log-length": 40}
 
 
-@gen_cluster(client=True, nthreads=[("", 1)], config=HISTORY_15)
+@gen_cluster(client=True, nthreads=[("", 1)], config=HISTORY_40)
 async def test_a_prefix_done_while_its_span_runs_on_is_fetched_before_it_ages_out(
         c, s, a):
     memory = MemoryProviders()
@@ -164,7 +165,7 @@ async def test_a_prefix_done_while_its_span_runs_on_is_fetched_before_it_ages_ou
     # than the workers' history by then)
     with span("phases"):
         first = c.submit(burn_first, 0.3)
-        await wait(c.submit(burn_then, first, 3.0))
+        await wait(c.submit(burn_then, first, 5.0))
     await memory.first("phases")
     attributes = memory.prefix_span("burn_first").attributes
     assert attributes[names.PROFILE_SAMPLES] > 0
@@ -176,22 +177,22 @@ async def test_a_span_longer_than_the_history_says_what_it_could_not_get(c, s, a
     memory = MemoryProviders()
     await install(c, memory, **PROFILED)
     with span("long"):
-        await wait(c.submit(hot_loop, 1.5))
+        await wait(c.submit(hot_loop, 2.5))
     await memory.first("long")
     attributes = memory.prefix_span("hot_loop").attributes
     assert "no longer in the workers' history" in attributes[names.PROFILE_MISSING]
     assert attributes[names.PROFILE_TOP][0].startswith("hot_loop (")
 
 
-@gen_cluster(client=True, nthreads=[("", 1)], config=HISTORY_15)
+@gen_cluster(client=True, nthreads=[("", 1)], config=HISTORY_40)
 async def test_a_running_span_fetched_by_windows_keeps_its_early_part(c, s, a):
     memory = MemoryProviders()
     await install(c, memory, **PROFILED, profile_window=0.2)
     # (a window spans up to two ticks and is asked for a moment later, the hot loop
-    # in this process holding the GIL: well within the 1.5 s of history; the span
-    # is twice as long)
+    # in this process holding the GIL: well within the 4 s of history; the span is
+    # longer)
     with span("long"):
-        await wait(c.submit(hot_loop, 3.0))
+        await wait(c.submit(hot_loop, 5.0))
     await memory.first("long")
     attributes = memory.prefix_span("hot_loop").attributes
     assert plugin_of(s)._profiles.fetches >= 3
