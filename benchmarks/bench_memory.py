@@ -6,6 +6,7 @@ span, with the package and without it.
     python benchmarks/bench_memory.py --side worker    # worker: 100,000 tasks in 10,000 spans
     python benchmarks/bench_memory.py --side worker --tasks-per-span 1   # a span per task
     python benchmarks/bench_memory.py --side export    # an export process alone, fed blocks
+    python benchmarks/bench_memory.py --plugin-only --spans 2000 --memray DIR  # memray
 
 Scheduler side: a fresh ``dask scheduler`` (``--preload dask_otel_spans``: the package
 as shipped, its export process, OTLP/gRPC to a receiver in another process that only
@@ -368,6 +369,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tree", default=None, metavar="TREE",
                         help="the package of this source tree (e.g. a worktree of an "
                              "earlier commit) in the scheduler and its export process")
+    parser.add_argument("--memray", default=None, metavar="DIR",
+                        help="the export process under memray (native stacks, "
+                             "aggregated), its capture written to DIR when it ends; "
+                             "read with benchmarks/memray_live.py")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 300 spans in chunks of 100 (3,000 tasks)")
     args = parser.parse_args(argv)
@@ -375,6 +380,10 @@ def main(argv: list[str] | None = None) -> int:
         args.spans, args.every, args.wait = 300, 100, 1.0
         args.tasks, args.every_tasks = 3000, 1000
     logging.getLogger("dask_otel_spans").setLevel(logging.ERROR)
+    if args.memray:  # (its sitecustomize on the path the clusters' processes inherit)
+        os.makedirs(args.memray, exist_ok=True)
+        os.environ["DASK_OTEL_SPANS_BENCH_MEMRAY"] = os.path.abspath(args.memray)
+        sys.path.insert(0, os.path.join(HERE, "memray_child"))
     modes = (True,) if args.plugin_only else (False,) if args.baseline_only else (
         False, True)
     print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; "
