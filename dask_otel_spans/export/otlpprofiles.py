@@ -31,7 +31,7 @@ def linked_profiles(fields: SpanFields,
         if profile is not None and profile.tree.total:
             out.append(LinkedProfile(
                 profile.tree, fields.ids.trace_id, prefix.span_id, prefix.start_ns,
-                prefix.end_ns, {names.TASK_PREFIX: key, names.SPAN_NAME: fields.name}))
+                prefix.end_ns, {names.TASK_PREFIX: key}))
     return out
 
 

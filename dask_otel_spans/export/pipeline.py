@@ -29,6 +29,20 @@ from dask_otel_spans.sdk.providers import (
 logger = logging.getLogger(__name__)
 
 
+def _profile_sender(environ: Mapping[str, str],
+                    tracer_provider: object) -> ProfileSender | None:
+    """``profile.otlp``'s sender, with the traces' resource; None (one ERROR line)
+    when the profiles' endpoint cannot be used: the rest exports all the same."""
+    try:
+        sender = request_sender(environ, "profiles")
+    except (ValueError, OSError) as e:
+        logger.error("dask_otel_spans: profile.otlp: cannot send profiles (%s: %s); "
+                     "they are not sent", type(e).__name__, e)
+        return None
+    resource = getattr(getattr(tracer_provider, "resource", None), "attributes", None)
+    return ProfileSender(sender, dict(resource or {}))
+
+
 @dataclass
 class ExportPipeline:
     """The threads that turn span snapshots and heartbeat deltas into OTel data.
@@ -64,10 +78,8 @@ class ExportPipeline:
         tracer_provider = providers.tracer_provider
         profile_sender = None
         if config.profile_enabled and config.profile_otlp:
-            profile_sender = ProfileSender(
-                request_sender(os.environ if environ is None else environ, "profiles"),
-                dict(getattr(getattr(tracer_provider, "resource", None), "attributes",
-                             None) or {}))
+            profile_sender = _profile_sender(os.environ if environ is None else environ,
+                                             tracer_provider)
         ender = SpanEnder(
             # the package's own providers: spans built directly; a user's: the API
             span_writer(tracer_provider, owned=tracer_provider in providers.built),
