@@ -60,13 +60,16 @@ class ProfileSender(ThreadWorker):
         self.failed = 0
 
     def send(self, fields: SpanFields, profiles: Mapping[str, PrefixProfile]) -> None:
-        """Queue the request of a dask span's profiles (none: nothing)."""
+        """Queue a dask span's profiles (none: nothing); encoded and sent on the
+        sender's thread (a request of ``profile.max-stacks`` stacks takes tens of
+        milliseconds to encode: not on the ender's)."""
         linked = linked_profiles(fields, profiles)
         if linked:
-            self.thread.put(profiles_request(
-                linked, self.resource, (names.INSTRUMENTATION_SCOPE, names.VERSION)))
+            self.thread.put(linked)
 
-    def _send(self, payload: bytes) -> None:
+    def _send(self, linked: list[LinkedProfile]) -> None:
+        payload = profiles_request(linked, self.resource,
+                                   (names.INSTRUMENTATION_SCOPE, names.VERSION))
         reply = self.sender.send(payload)
         if reply.delivered:
             self.delivered += 1
