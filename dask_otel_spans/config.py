@@ -296,6 +296,7 @@ SETTINGS: tuple[Setting, ...] = (
             "a whole number, 1 or more"),
     Setting("profile.window", "profile_window", _interval,
             "a positive duration (seconds, or e.g. '30s', '5 minutes')"),
+    Setting("profile.otlp", "profile_otlp", _flag, "true or false"),
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
 _BY_FIELD = {s.field: s for s in SETTINGS}
@@ -308,7 +309,7 @@ _FloatKey: TypeAlias = Literal["export-delay", "idle-timeout", "lazy-timeout",
                                "profile.min-seconds", "profile.timeout",
                                "profile.window"]
 _BoolKey: TypeAlias = Literal["prefix-spans", "record-exceptions", "include-code",
-                              "live.pending-spans", "profile.enabled"]
+                              "live.pending-spans", "profile.enabled", "profile.otlp"]
 _IntKey: TypeAlias = Literal["max-task-spans", "max-code-length",
                              "metrics.max-span-names", "forward-budget",
                              "spool.max-memory", "spool.max-disk",
@@ -420,6 +421,7 @@ class PluginConfig:
     profile_timeout: float
     profile_max_stacks: int
     profile_window: float
+    profile_otlp: bool
 
     @classmethod
     def from_dask_config(cls, **overrides: object) -> PluginConfig:

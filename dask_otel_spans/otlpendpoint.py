@@ -11,7 +11,9 @@ from urllib.parse import unquote, urlsplit
 #: What stands for a password (or a lone user name) wherever an endpoint is said
 MASK = "***"
 #: signal -> the path the generic endpoint gets for ``http/protobuf``
-SIGNAL_PATHS = {"TRACES": "v1/traces", "METRICS": "v1/metrics", "LOGS": "v1/logs"}
+SIGNAL_PATHS = {"TRACES": "v1/traces", "METRICS": "v1/metrics", "LOGS": "v1/logs",
+                # (the profiles signal, development status: the Collector's path)
+                "PROFILES": "v1development/profiles"}
 #: The OTLP specification's (and the SDK exporters') endpoints when none is set
 DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from opentelemetry._logs import LoggerProvider
     from opentelemetry.trace import SpanContext
 
+    from dask_otel_spans.export.otlpprofiles import ProfileSender
     from dask_otel_spans.export.task_spans import TaskEvent, TaskSpanFields
     from dask_otel_spans.protocol.snapshots import SpanSnapshot
 
@@ -97,6 +98,9 @@ class SpanEnder(ThreadWorker):
     profiles_dir:
         Where the embedded default writes (``profile.enabled``): each dask span's
         profiles go below it (:func:`~dask_otel_spans.export.profiles.write_profiles`)
+    profile_sender:
+        Where each dask span's profiles go as an OTLP profiles request
+        (``profile.otlp``); None: not sent
     logger_provider:
         Where erred tasks' exceptions go as log events named ``exception``, in
         their task span's context (``OTEL_SEMCONV_EXCEPTION_SIGNAL_OPT_IN`` ``logs``
@@ -121,6 +125,7 @@ class SpanEnder(ThreadWorker):
         exception_events: bool = True,
         logger_provider: LoggerProvider | None = None,
         profiles_dir: str | None = None,
+        profile_sender: ProfileSender | None = None,
     ):
         self.exception_events = exception_events
         self._exception_logger = (
@@ -148,6 +153,7 @@ class SpanEnder(ThreadWorker):
         self.otel_spans = 0
         self.writer = writer
         self.profiles_dir = profiles_dir
+        self.profile_sender = profile_sender
         self._log_once = OnceLogger(logger)
         #: profile files written
         self.profile_files = 0
@@ -171,6 +177,8 @@ class SpanEnder(ThreadWorker):
         self.export(fields)
         if request.profiles and self.profiles_dir is not None:
             self._write_profiles(fields, request.profiles)
+        if request.profiles and self.profile_sender is not None:
+            self.profile_sender.send(fields, request.profiles)
         self.ended_count += 1
         if self.pump is not None:
             ids = fields.ids

@@ -4,9 +4,10 @@ process."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from dask_otel_spans import names
@@ -14,16 +15,32 @@ from dask_otel_spans.config import PluginConfig
 from dask_otel_spans.export.caps import SeriesCap, SpanNameCap
 from dask_otel_spans.export.ender import SpanEnder
 from dask_otel_spans.export.metrics import DaskInstruments, MetricsPump
+from dask_otel_spans.export.otlpprofiles import ProfileSender
 from dask_otel_spans.export.writers import span_writer
 from dask_otel_spans.protocol.figures import ExportFigures
 from dask_otel_spans.protocol.outcome import describe, settled
 from dask_otel_spans.sdk.health import rate_limit_sdk_logs
+from dask_otel_spans.sdk.otlpsend import request_sender
 from dask_otel_spans.sdk.providers import (
     Providers,
     flush_provider,
 )
 
 logger = logging.getLogger(__name__)
+
+
+def _profile_sender(environ: Mapping[str, str],
+                    tracer_provider: object) -> ProfileSender | None:
+    """``profile.otlp``'s sender, with the traces' resource; None (one ERROR line)
+    when the profiles' endpoint cannot be used: the rest exports all the same."""
+    try:
+        sender = request_sender(environ, "profiles")
+    except (ValueError, OSError) as e:
+        logger.error("dask_otel_spans: profile.otlp: cannot send profiles (%s: %s); "
+                     "they are not sent", type(e).__name__, e)
+        return None
+    resource = getattr(getattr(tracer_provider, "resource", None), "attributes", None)
+    return ProfileSender(sender, dict(resource or {}))
 
 
 @dataclass
@@ -38,11 +55,16 @@ class ExportPipeline:
     instruments: DaskInstruments | None = None
     pump: MetricsPump | None = None
     _undo_log_limit: Callable[[], None] | None = field(default=None, repr=False)
+    #: sends the prefix profiles over OTLP (``profile.otlp``); None: not sent
+    profile_sender: ProfileSender | None = None
 
     @classmethod
-    def build(cls, providers: Providers, config: PluginConfig) -> ExportPipeline:
+    def build(cls, providers: Providers, config: PluginConfig,
+              environ: Mapping[str, str] | None = None) -> ExportPipeline:
         """Start the metrics thread (when there is a meter provider) and the
-        ender thread over ``providers``."""
+        ender thread over ``providers`` (and the profiles' sender with
+        ``profile.otlp``, to the OTLP endpoint of ``environ``, else of
+        ``os.environ``)."""
         instruments = pump = None
         if providers.meter_provider is not None:
             meter = providers.meter_provider.get_meter(names.INSTRUMENTATION_SCOPE, names.VERSION)
@@ -54,6 +76,10 @@ class ExportPipeline:
             )
             pump = MetricsPump(instruments)
         tracer_provider = providers.tracer_provider
+        profile_sender = None
+        if config.profile_enabled and config.profile_otlp:
+            profile_sender = _profile_sender(os.environ if environ is None else environ,
+                                             tracer_provider)
         ender = SpanEnder(
             # the package's own providers: spans built directly; a user's: the API
             span_writer(tracer_provider, owned=tracer_provider in providers.built),
@@ -66,6 +92,7 @@ class ExportPipeline:
             logger_provider=(providers.logger_provider if providers.exceptions.logs
                              else None),
             profiles_dir=providers.files_dir if config.profile_enabled else None,
+            profile_sender=profile_sender,
         )
         # threads (and the SDK log filter) start once everything is built: a failure
         # above leaves nothing behind
@@ -73,7 +100,10 @@ class ExportPipeline:
         if pump is not None:
             pump.start()
         ender.start()
-        return cls(providers, ender, instruments, pump, undo_log_limit)
+        if profile_sender is not None:
+            profile_sender.start()
+        return cls(providers, ender, instruments, pump, undo_log_limit,
+                   profile_sender=profile_sender)
 
     def flush(self, timeout: float) -> bool:
         """Wait until everything queued so far reached the providers, then flush
@@ -83,7 +113,7 @@ class ExportPipeline:
         deadline = time.monotonic() + timeout
         ok = True
         # the ender feeds the pump: flush it first
-        for worker in (self.ender, self.pump):
+        for worker in (self.ender, self.profile_sender, self.pump):
             if worker is not None:
                 ok = worker.flush(max(0.0, deadline - time.monotonic())) and ok
         for provider in self.providers.all:
@@ -104,6 +134,8 @@ class ExportPipeline:
     def stop_threads(self, timeout: float) -> None:
         """Handle what is queued, then end the ender and metrics threads."""
         self.ender.stop(timeout)
+        if self.profile_sender is not None:
+            self.profile_sender.stop(timeout)
         if self.pump is not None:
             self.pump.stop(timeout)
 

@@ -44,6 +44,7 @@ GRPC_METHODS = {
     "traces": "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
     "metrics": "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
     "logs": "/opentelemetry.proto.collector.logs.v1.LogsService/Export",
+    "profiles": "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export",
 }
 #: gRPC status codes worth another try (OTLP specification)
 GRPC_RETRYABLE = frozenset({
@@ -284,7 +285,7 @@ def retry_after(value: str | None) -> float | None:
 
 
 def request_sender(environ: Mapping[str, str], signal: str) -> RequestSender:
-    """The sender of ``signal``'s (``traces``, ``metrics``, ``logs``) encoded
+    """The sender of ``signal``'s (``traces``, ``metrics``, ``logs``, ``profiles``) encoded
     requests to the OTLP endpoint ``environ`` configures."""
     upper = signal.upper()
     protocol = otlp_protocol(environ, upper)

@@ -189,7 +189,7 @@ def serve(inbox: IO[bytes], outbox: _Outbox) -> int:
     """Build the session from the first frame, then feed it until ``inbox`` ends."""
     try:
         spec: PipelineSpec = read_frame(inbox)
-        pipeline = ExportPipeline.build(build_providers(spec), spec.config)
+        pipeline = ExportPipeline.build(build_providers(spec), spec.config, spec.environ)
     except EOFError:
         return 0
     except Exception as e:

@@ -66,7 +66,7 @@ def thread_transport(spec: PipelineSpec, *, tracer_provider: TracerProvider | No
             spec, tracer_provider=tracer_provider, meter_provider=meter_provider,
             use_global=use_global,
         )
-        pipeline = ExportPipeline.build(providers, spec.config)
+        pipeline = ExportPipeline.build(providers, spec.config, spec.environ)
     except Exception as e:
         logger.error("dask_otel_spans: cannot set up exporters (%s: %s); the plugin "
                      "stays idle: nothing is exported", type(e).__name__, e)

@@ -66,10 +66,12 @@ class Jaeger:
         Variables added to its environment (what the config reads with ``${env:...}``).
     prometheus_exporter
         Whether the config has an ``exporters.prometheus`` to move.
+    args
+        More command-line arguments (``--feature-gates=...``).
     """
 
     def __init__(self, config: Path, log: Path, env: dict[str, str] | None = None,
-                 prometheus_exporter: bool = False):
+                 prometheus_exporter: bool = False, args: tuple[str, ...] = ()):
         self.grpc_port, self.http_port = free_port(), free_port()
         self.query_port, self.query_grpc_port = free_port(), free_port()
         self.metrics_port = free_port() if prometheus_exporter else None
@@ -83,7 +85,8 @@ class Jaeger:
             sets["exporters.prometheus.endpoint"] = f"127.0.0.1:{self.metrics_port}"
         self.log = log
         self._command = [jaeger_binary(), f"--config={config}",
-                         *(f"--set={key}={value}" for key, value in sets.items())]
+                         *(f"--set={key}={value}" for key, value in sets.items()),
+                         *args]
         self._env = {**os.environ, **(env or {})}
         self.start()
 
