@@ -228,7 +228,9 @@ async def test_each_dask_span_gets_a_speedscope_file_beside_the_traces_by_its_id
     frames = doc["shared"]["frames"]
     heaviest = max(zip(profile["samples"], profile["weights"], strict=True),
                    key=lambda e: e[1])[0]
-    assert frames[heaviest[-1]]["name"] == "hot_loop"
+    # (its leaf: hot_loop, alone or beside a sibling leaf it cannot be told from,
+    # as distributed 2024.1's task wrapper has one: 'hot_loop | meter')
+    assert "hot_loop" in frames[heaviest[-1]]["name"].split(" | ")
 
 
 class CountingExtensions(dict):
