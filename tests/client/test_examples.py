@@ -38,8 +38,10 @@ def example_run(name: str, *args: str, cwd) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def remote(tmp_path_factory):
     receiver = OTLPReceiver().start()
-    procs = DaskProcesses(otlp_grpc_env(receiver), cwd=str(tmp_path_factory.mktemp("s")),
-                          workers=2)
+    # (a grace period of 2 s: the examples check what heartbeats bring, custom
+    # activities among them; 0.2 s lost some to a heartbeat late on a loaded machine)
+    procs = DaskProcesses({**otlp_grpc_env(receiver), "DASK_OTEL_SPANS__EXPORT_DELAY": "2s"},
+                          cwd=str(tmp_path_factory.mktemp("s")), workers=2)
     with Client(procs.address, timeout=60) as client:
         client.wait_for_workers(2, timeout=60)
     yield procs, receiver
