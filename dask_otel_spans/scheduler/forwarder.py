@@ -18,14 +18,11 @@ from distributed.metrics import time
 from dask_otel_spans import names
 from dask_otel_spans.protocol import events
 from dask_otel_spans.protocol.dask_facts import group_done
-from dask_otel_spans.protocol.dask_private import (
-    code_snippets,
-    cumulative_metrics,
-    nthreads_offset,
-)
+from dask_otel_spans.protocol.dask_private import code_snippets
 from dask_otel_spans.protocol.events import Message
 from dask_otel_spans.protocol.snapshots import done_figures
 from dask_otel_spans.protocol.tasks import NONE
+from dask_otel_spans.scheduler.adoption import adopt_spans
 from dask_otel_spans.scheduler.counts import (
     COUNTS_INTERVAL,
     Counts,
@@ -40,6 +37,8 @@ from dask_otel_spans.scheduler.graphs import (
     large,
 )
 from dask_otel_spans.scheduler.sampler import TaskSampler
+from dask_otel_spans.scheduler.span_message import chain_ids as chain_ids  # (public here)
+from dask_otel_spans.scheduler.span_message import span_message
 
 if TYPE_CHECKING:
     from dask.typing import Key
@@ -63,22 +62,6 @@ class Sink(Protocol):
 
     def send(self, messages: list[Message]) -> None:
         """Queue ``messages`` in order; never blocks."""
-
-
-def chain_ids(span: Span) -> tuple[str, ...]:
-    """The ids of ``span`` and its ancestors, root first."""
-    ids = []
-    node: Span | None = span
-    while node is not None:
-        ids.append(node.id)
-        node = node.parent
-    return tuple(reversed(ids))
-
-
-def span_message(span: Span, position: int) -> Message:
-    """The message of a span at ``position`` in the extension's dict."""
-    return events.span_added(chain_ids(span), tuple(span.name), span.enqueued,
-                             nthreads_offset(span), position)
 
 
 class QueuedGraph(NamedTuple):
@@ -378,7 +361,7 @@ class SpanForwarder:
                                      graph.default_id)
         ids = [s for s in span_ids if type(s) is str]
         if self.include_code:
-            self._code_of(ids, out)
+            self.code_messages(ids, out)
         out.append(events.graph_submitted(
             graph.time, graph.client, ids, distinct_chains(graph.otel), sorted(collisions),
             [(span_id, headers) for (span_id, _), headers in links.items()]))
@@ -440,8 +423,9 @@ class SpanForwarder:
         self.sampler.forget()
         self._send(out)
 
-    def _code_of(self, span_ids: list[str], out: list[Message]) -> None:
-        """The code snippets of these spans not forwarded yet (``include-code``)."""
+    def code_messages(self, span_ids: list[str], out: list[Message]) -> None:
+        """Append to ``out`` the code snippets of these spans not forwarded yet
+        (``include-code``; adoption too)."""
         code_forwarded = self.forwarded.code
         for span_id in span_ids:
             span = self.spans.get(span_id)
@@ -456,88 +440,7 @@ class SpanForwarder:
                 del code_forwarded[next(iter(code_forwarded))]
 
     def adopt(self, handed_over: Container[int] | None = None) -> Iterator[None]:
-        """Forward the spans that exist already and still run (a task group not
-        done), with their ancestors, task groups and metrics so far: at start, and
-        for a new export process. Pauses (yields) every ``SPANS_PER_STEP`` spans;
-        spans created meanwhile are forwarded by the ticks.
-
-        ``handed_over``: for a new export process, the places of the spans the ones
-        before it said they handed over (an export process says them before it does:
-        :class:`~dask_otel_spans.protocol.wire.HandedOver`); the done spans forwarded
-        before and not there are forwarded again (what went to a process that died,
-        and it had not handed over, is lost with it), and none of those there: no
-        span is made twice.
-        """
-        upto = self.forwarded.n_known
-        self.forwarded.for_a_new_copy()  # (the next tick tells it the workers)
-        first = self.forwarded.first
-        places: dict[str, int] = {}  # span id -> place, of the spans looked at
-        sent: set[str] = set()
-        out: list[Message] = []
-        for i, span in enumerate(islice(list(self.spans.values()), upto)):
-            if i and i % SPANS_PER_STEP == 0:
-                if out:
-                    self.sink.send(out)
-                    out = []
-                yield
-            places[span.id] = i
-            if span.id in sent:
-                continue
-            if all(group_done(tg) for tg in list(span.groups)):
-                if handed_over is not None and i >= first and i not in handed_over:
-                    # (alone: its done ancestors were in the dead process's hands)
-                    sent.add(span.id)
-                    self._adopted(span, i, out)
-                continue
-            chain = []
-            node: Span | None = span
-            while node is not None and node.id not in sent:
-                chain.append(node)
-                node = node.parent
-            for node in reversed(chain):
-                # (an ancestor comes first in the dict: its place is known)
-                sent.add(node.id)
-                self._adopted(node, places.get(node.id, -1), out)
-        if out:
-            self.sink.send(out)
-        yield from self._carried_again(sent)
-
-    def _carried_again(self, adopted: Collection[str]) -> Iterator[None]:
-        """Forward again the contexts the client helper's blocks carried for the
-        adopted spans (the ``otel`` chains of the tasks the scheduler still holds): a
-        new export process gives the spans of a tree the ids the one before gave
-        them (the root's trace). Reads the tasks in steps."""
-        chains: dict[int, object] = {}
-        if not adopted:
-            return
-        for i, ts in enumerate(list(self.tasks.values()), 1):
-            if i % SPANS_PER_STEP == 0:
-                yield
-            annotations = ts.annotations
-            chain = annotations.get(names.ANNOTATION_KEY) if annotations else None
-            if type(chain) is dict and id(chain) not in chains and any(
-                    dask_id in adopted for dask_id in chain):
-                chains[id(chain)] = chain
-        if chains:
-            self.sink.send([events.carried_again(list(chains.values()))])
-
-    def _adopted(self, span: Span, position: int, out: list[Message]) -> None:
-        """The messages of an adopted span: itself, its groups, its metrics."""
-        out.append(span_message(span, position))
-        self.forwarded.spans += 1
-        counts: list[Entry] = []
-        for tg in list(span.groups):
-            if group_done(tg):
-                out.append(events.group_done(
-                    span.id, id(tg),
-                    done_figures(tg, self.sampler.take_erred_window(tg))))
-            else:  # (the ticks need not send it again)
-                out.append(events.group_running(span.id, id(tg), str(tg.prefix.name)))
-                note_counts(self.forwarded.running, tg, counts)
-        if counts:
-            out.append(events.group_counts(counts))
-        metrics = cumulative_metrics(span)
-        if metrics:
-            out.append(events.span_metrics(span.id, dict(metrics)))
-        if self.include_code:
-            self._code_of([span.id], out)
+        """Forward the spans that exist already and still run, at start and for a
+        new export process (:func:`~dask_otel_spans.scheduler.adoption.adopt_spans`).
+        Pauses (yields) every ``SPANS_PER_STEP`` spans."""
+        return adopt_spans(self, handed_over, SPANS_PER_STEP)

@@ -15,9 +15,9 @@ from distributed.metrics import time
 
 from dask_otel_spans import names
 from dask_otel_spans.config import PluginConfig
-from dask_otel_spans.export.bounded import BoundedMemory
 from dask_otel_spans.export.ender import HandOver
 from dask_otel_spans.export.metrics import DaskInstruments, MetricCall
+from dask_otel_spans.export.tracking.absorption import CarriedContexts
 from dask_otel_spans.export.tracking.notices import NoticeGate
 from dask_otel_spans.export.tracking.recent import RecentSpans
 from dask_otel_spans.export.tracking.records import (
@@ -33,7 +33,6 @@ from dask_otel_spans.protocol.dask_facts import (
     grace_period,
     group_done,
 )
-from dask_otel_spans.protocol.propagation import carried_headers
 from dask_otel_spans.protocol.snapshots import snapshot_span
 
 if TYPE_CHECKING:
@@ -41,10 +40,6 @@ if TYPE_CHECKING:
     from distributed.spans import Span
 
 logger = logging.getLogger(__name__)
-
-#: Ids carried by graphs before the tracker knew the span, remembered at most (their
-#: close notice, which comes in most cases, forgets them)
-MAX_REMEMBERED = 10_000
 
 
 class ReadinessTracker:
@@ -101,11 +96,13 @@ class ReadinessTracker:
         self._open: dict[str, OpenSpan] = {}
         #: the spans handed over lately (against a second hand-over of one)
         self.recent = recent if recent is not None else RecentSpans()
-        self._submitted_unknown: BoundedMemory[str, None] = BoundedMemory(MAX_REMEMBERED)
         self._schedule = CheckSchedule()
         self._metric_calls: list[MetricCall] = []
         self._requests: list[HandOver] = []
         self._log_once = OnceLogger(logger)
+        #: the contexts graphs carried, applied to the open spans
+        self._carried = CarriedContexts(self._open, spans, self._schedule.look_again,
+                                        self._log_once)
         #: close notices read, their times checked, what they open bounded
         self.notices = NoticeGate()
         #: spans handed over for export so far
@@ -185,7 +182,7 @@ class ReadinessTracker:
         contexts its annotation carried apply to them, and the spans its bare
         submissions landed in link to their callers (``(span id, W3C headers)``)."""
         if chains:
-            self._absorb_chains(chains)
+            self._carried.absorb_chains(chains)
         for span_id, headers in links:
             rec = self._open.get(span_id)
             if rec is not None:
@@ -194,21 +191,8 @@ class ReadinessTracker:
 
     def carried_again(self, chains: object) -> None:
         """The contexts graphs carried for spans adopted from the scheduler (a new
-        export process): taken as a graph's (:func:`merge_carried`), without what a
-        graph's coming says (activity; a block that waits for its close notice: a
-        notice that went to the export process before is not sent again)."""
-        if not isinstance(chains, (list, tuple)):
-            self._log_bad_annotation(chains)
-            return
-        for chain in chains:
-            carried = carried_headers(chain)
-            if carried is None:
-                self._log_bad_annotation(chain)
-                continue
-            for dask_id in carried:
-                rec = self._open.get(dask_id)
-                if rec is not None:
-                    merge_carried(rec, carried, self._open)
+        export process): :meth:`CarriedContexts.carried_again`."""
+        self._carried.carried_again(chains)
 
     def close_notice(self, now: float, msg: object) -> None:
         """The client helper's block exited (one notice, or a batch of them; as it
@@ -295,67 +279,6 @@ class ReadinessTracker:
 
     # -- events, in detail -----------------------------------------------------------
 
-    def _absorb_chains(self, chains: object) -> None:
-        """Apply the W3C contexts of an annotation's chains (each {dask id:
-        headers}) to the open spans."""
-        if isinstance(chains, Mapping):
-            chains = list(chains.values())
-        if not isinstance(chains, (list, tuple)):
-            self._log_bad_annotation(chains)
-            return
-        # spans given their contexts by an earlier chain: the chains below a span
-        # all carry the same contexts for it and its ancestors
-        absorbed: set[str] = set()
-        for chain in chains:
-            if type(chain) is dict and self._chain_known(chain, absorbed):
-                continue
-            carried = carried_headers(chain)
-            if carried is None:
-                self._log_bad_annotation(chain)
-                continue
-            for dask_id in carried:
-                if dask_id in absorbed or type(dask_id) is not str:
-                    continue
-                absorbed.add(dask_id)
-                self._absorb(dask_id, carried)
-
-    def _absorb(self, dask_id: str, carried: dict[str, object]) -> None:
-        """A graph carried the contexts ``carried`` of the chain of ``dask_id``."""
-        rec = self._open.get(dask_id)
-        if rec is not None:
-            merge_carried(rec, carried, self._open)
-            rec.helper = True
-            rec.submitted = True
-            if rec.span is None:
-                # its tasks went to another span's group: its wait for a graph is
-                # over
-                self._schedule.look_again(rec)
-        elif dask_id not in self.spans:
-            self._submitted_unknown.remember(dask_id)
-
-    def _chain_known(self, chain: dict[str, object], absorbed: set[str]) -> bool:
-        """Whether every span of a carried ``chain`` not absorbed yet is open with
-        its own context from its close notice (which carried this very chain):
-        then only the graph's coming is news."""
-        known = []
-        for dask_id in chain:
-            if dask_id in absorbed:
-                continue
-            rec = self._open.get(dask_id)
-            if rec is None or not rec.helper or dask_id not in rec.carried:
-                return False
-            own = rec.carried[dask_id]
-            carrier = chain[dask_id]
-            if carrier is not own and carrier != own:
-                return False  # (another context for it: a link)
-            known.append(rec)
-        for rec in known:
-            absorbed.add(rec.id)
-            rec.submitted = True
-            if rec.span is None:
-                self._schedule.look_again(rec)
-        return True
-
     def _mark_active(self, span_ids: Iterable[str], now: float,
                      client: str | None) -> None:
         """These spans (of new or changed tasks), and their ancestors, saw activity:
@@ -426,7 +349,7 @@ class ReadinessTracker:
             if not self.notices.may_open(client, ids[-1], now):
                 return None
             rec = self._open[ids[-1]] = OpenSpan(ids[-1], tags, ids)
-            if self._submitted_unknown.pop(ids[-1], False) is None:
+            if self._carried.submitted_before(ids[-1]):
                 rec.submitted = True
         return rec
 
@@ -564,12 +487,6 @@ class ReadinessTracker:
 
     def _log_failure(self, where: str) -> None:
         self._log_once.failure(where)
-
-    def _log_bad_annotation(self, value: object) -> None:
-        self._log_once(
-            "bad-annotation", "ignoring an %r annotation that is not a mapping of dask "
-            "span id to W3C headers: %.200r", names.ANNOTATION_KEY, value,
-        )
 
 
 def _minus_depth(rec: OpenSpan) -> int:
