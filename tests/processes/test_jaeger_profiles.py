@@ -7,7 +7,6 @@ the sender, over gRPC and HTTP; once from a real ``dask scheduler --preload
 dask_otel_spans`` whose workflow burns CPU in ``hot_loop``."""
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -17,6 +16,7 @@ from support.jaeger import Jaeger
 from support.paths import DEPLOY
 from support.polling import wait_for
 from support.processes import DaskProcesses
+from support.workloads import hot_loop
 
 from dask_otel_spans import names, span, wait_for_export
 from dask_otel_spans.export.otlpprofiles import ProfileSender
@@ -80,14 +80,6 @@ def test_prefix_profile_reaches_the_collector_linked_to_its_span(collector, prot
     assert "Values: [7]" in samples and "Values: [2]" in samples
 
 
-def hot_loop(seconds: float) -> int:
-    end = time.perf_counter() + seconds
-    n = 0
-    while time.perf_counter() < end:
-        n += 1
-    return n
-
-
 @pytest.mark.cluster
 def test_profile_otlp_sends_the_hot_prefix_profile_of_a_workflow(collector, tmp_path):
     # (the traces go to the embedded default's files: the profiles' own endpoint)
@@ -112,4 +104,4 @@ def test_profile_otlp_sends_the_hot_prefix_profile_of_a_workflow(collector, tmp_
     decoded = log[log.rindex(f"Trace ID: Str({hot['traceId']})"):]
     assert f"Span ID: Str({hot['spanId']})" in decoded
     strings = {s.strip() for s in decoded[decoded.index("String table:"):].splitlines()}
-    assert {"hot_loop", __file__} <= strings
+    assert {"hot_loop", hot_loop.__code__.co_filename} <= strings

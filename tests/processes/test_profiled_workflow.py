@@ -5,13 +5,13 @@ headless Chromium, has it as its widest frame below the task's entry."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 from distributed import Client
 from support import browser
 from support.processes import DaskProcesses
+from support.workloads import hot_loop
 
 from dask_otel_spans import names, span, wait_for_export
 from dask_otel_spans.reports.report import Report
@@ -23,14 +23,6 @@ PROFILED_ENV = {
     "DASK_DISTRIBUTED__WORKER__PROFILE__INTERVAL": "5ms",
     "DASK_DISTRIBUTED__WORKER__PROFILE__CYCLE": "200ms",
 }
-
-
-def hot_loop(seconds: float) -> int:
-    end = time.perf_counter() + seconds
-    n = 0
-    while time.perf_counter() < end:
-        n += 1
-    return n
 
 
 def inc(x: int) -> int:
@@ -67,7 +59,7 @@ def test_the_hot_prefix_span_names_hot_loop_first(run):
     _, spans = run
     attributes = prefix_span(spans, "hot_loop")["attributes"]
     assert attributes[names.PROFILE_TOP][0].startswith(
-        f"hot_loop (test_profiled_workflow.py:{hot_loop.__code__.co_firstlineno}) ")
+        f"hot_loop (workloads.py:{hot_loop.__code__.co_firstlineno}) ")
     assert attributes[names.PROFILE_SAMPLES] > 0
     assert names.PROFILE_SAMPLES not in prefix_span(spans, "inc")["attributes"]
 

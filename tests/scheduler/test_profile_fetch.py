@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import uuid
 from types import SimpleNamespace
 
@@ -15,6 +14,7 @@ from distributed.utils_test import gen_cluster
 from support.plugin import install, plugin_of
 from support.polling import async_wait_for
 from support.providers import MemoryProviders
+from support.workloads import hot_loop
 
 from dask_otel_spans import OTelSpansPlugin, names, span
 from dask_otel_spans.config import PluginConfig
@@ -28,14 +28,6 @@ FAST_PROFILER = {"distributed.worker.profile.enabled": True,
                  "distributed.worker.profile.interval": "5ms",
                  "distributed.worker.profile.cycle": "100ms"}
 PROFILED = dict(profile_enabled=True, profile_min_seconds=0.2, profile_timeout=5.0)
-
-
-def hot_loop(seconds: float) -> int:
-    end = time.perf_counter() + seconds
-    n = 0
-    while time.perf_counter() < end:
-        n += 1
-    return n
 
 
 def quick(x: int) -> int:
@@ -54,7 +46,7 @@ async def test_a_done_prefix_span_waits_for_its_profile_and_names_its_hot_functi
     assert attributes[names.PROFILE_SAMPLES] >= 10
     top = attributes[names.PROFILE_TOP]
     assert top[0].startswith(
-        f"hot_loop (test_profile_fetch.py:{hot_loop.__code__.co_firstlineno}) ")
+        f"hot_loop (workloads.py:{hot_loop.__code__.co_firstlineno}) ")
     assert names.PROFILE_SHARED_SPANS not in attributes
     assert names.PROFILE_MISSING not in attributes
     assert plugin_of(s)._profiles.fetches == 1
