@@ -275,9 +275,12 @@ class ProfileFetcher:
 
     def _window_span(self, span_id: str, watch: _Watch, now: float) -> None:
         running = set(watch.open.values())
+        # (half a window: the ticks jitter, and a prefix that started since the last
+        # tick joins the others' window rather than a coroutine of its own a tick
+        # later; once aligned, every running prefix is due at each tick)
         due = [p for p in running
                if now - watch.fetched_until.get(p, watch.first_seen.get(p, now))
-               >= self.window]
+               >= self.window / 2]
         # prefixes done while the span runs on: their window now (the workers'
         # history would not wait for the span)
         done = [p for p, t in watch.task_time.items() if p not in running

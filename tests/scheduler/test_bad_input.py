@@ -180,9 +180,13 @@ def odd_metrics_task(x):
 async def test_custom_metrics_with_odd_activity_and_unit(c, s, a, b):
     memory = MemoryProviders()
     plugin = await install(c, memory)
-    with span("odd"):
+    with span("odd") as odd_id:
         assert await c.submit(odd_metrics_task, 1, key="odd-1") == 1
-    await async_wait_for(lambda: memory.by_name("odd"))
+    # (the worker's heartbeat brings the metrics, at whatever time the load allows:
+    # the span's grace period may be over before it)
+    spans = s.extensions["spans"].spans
+    await async_wait_for(lambda: any(
+        key[-1] == "furlongs" for key in spans[odd_id].cumulative_worker_metrics))
     await plugin.flush()
     custom = memory.points(names.SPAN_ACTIVITY_CUSTOM)
     assert [(p[1][names.UNIT], p[2]) for p in custom] == [("furlongs", 2.0)]

@@ -9,7 +9,7 @@ import os
 import uuid
 from types import SimpleNamespace
 
-from distributed import wait
+from distributed import Event, wait
 from distributed.utils_test import gen_cluster
 from support.plugin import install, plugin_of
 from support.polling import async_wait_for
@@ -125,16 +125,31 @@ async def test_a_span_over_is_one_coroutine_for_all_its_prefixes(c, s, a, b):
         assert memory.prefix_span(prefix).attributes[names.PROFILE_SAMPLES] > 0
 
 
+def burn_until_set(event_name: str) -> int:
+    """Burn CPU until the distributed Event ``event_name`` is set."""
+    event = Event(event_name)
+    n = 0
+    while not event.is_set():
+        n += hot_loop(0.05)
+    return n
+
+
 @gen_cluster(client=True, nthreads=[("", 2)], config=FAST_PROFILER)
 async def test_a_running_span_is_one_coroutine_a_window_for_its_running_prefixes(
         c, s, a):
     memory = MemoryProviders()
     await install(c, memory, **PROFILED, profile_window=0.3)
-    with span("long"):
-        await wait([c.submit(burn_first, 1.2), c.submit(hot_loop, 1.2)])
-    await memory.first("long")
     fetcher = plugin_of(s)._profiles
-    assert fetcher.coroutines >= 2  # (windows, then the span over)
+    release = Event(f"release-{uuid.uuid4().hex}")
+    with span("long"):
+        burns = [c.submit(burn_until_set, release.name, key=f"{prefix}-1")
+                 for prefix in ("burn_a", "burn_b")]
+        # (windows while both prefixes run, whatever the load: the first may hold
+        # one of them, seen running before the other)
+        await async_wait_for(lambda: fetcher.coroutines >= 3, timeout=30)
+        await release.set()
+        await wait(burns)
+    await memory.first("long")
     assert fetcher.fetches > fetcher.coroutines  # (both prefixes in a coroutine)
     assert fetcher.fetches <= 2 * fetcher.coroutines
 
