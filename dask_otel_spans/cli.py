@@ -315,6 +315,26 @@ def say_outcome(state: ExportState) -> int:
     return 1
 
 
+#: The demo's export delay where the user set none (``otel-spans.export-delay``): its
+#: spans are handed over half a second after their tasks are done
+DEMO_EXPORT_DELAY = "500ms"
+
+
+def demo_settings(export_delay: str | None = None) -> dict[str, object]:
+    """The settings the demo gives its scheduler plugin: ``export_delay``
+    (``--export-delay``) when given; none where the user set
+    ``otel-spans.export-delay`` (a ``DASK_OTEL_SPANS__EXPORT_DELAY``, a dask config
+    file): the plugin reads it as any scheduler's does, a bad value being its one
+    ERROR line and the shipped default; else :data:`DEMO_EXPORT_DELAY`."""
+    from dask_otel_spans.config import user_set
+
+    if export_delay is not None:
+        return {"export_delay": export_delay}
+    if user_set("export-delay"):
+        return {}
+    return {"export_delay": DEMO_EXPORT_DELAY}
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     missing = missing_demo_modules()
     if missing:
@@ -337,8 +357,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         processes=True,
     ) as cluster, Client(cluster) as client:
         client.register_plugin(
-            OTelSpansPlugin(output_dir=args.output_dir, export_delay=0.5)
-        )
+            OTelSpansPlugin(output_dir=args.output_dir,
+                            **demo_settings(args.export_delay)))
         # task code runs in its span's trace: spans made in tasks join it
         client.register_plugin(OTelWorkerPlugin(output_dir=args.output_dir))
         address = cluster.scheduler_address
@@ -435,6 +455,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--workers", type=int, default=2,
                       help="worker processes of the LocalCluster, 2 threads each "
                            "(default: %(default)s)")
+    demo.add_argument(
+        "--export-delay", metavar="DURATION",
+        help="how long a done span waits for late heartbeats before it is exported, "
+             "e.g. 2s (default: otel-spans.export-delay when set, as "
+             f"DASK_OTEL_SPANS__EXPORT_DELAY or in dask's config, else "
+             f"{DEMO_EXPORT_DELAY})")
     demo.set_defaults(func=cmd_demo)
     paths_help = ("traces files or directories of the embedded default (default: "
                   f"{DEFAULT_DIRECTORY})")

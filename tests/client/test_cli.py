@@ -4,12 +4,14 @@ from __future__ import annotations
 import importlib
 import io
 import json
+import logging
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import dask
 import pytest
 from support import browser
 from support.otlpfiles import (
@@ -26,6 +28,7 @@ from support.processes import free_port
 from dask_otel_spans.cli import (
     EXIT_OUTPUT_CLOSED,
     VALIDATION_NOTICE,
+    demo_settings,
     main,
     render_tree,
     show_run,
@@ -259,6 +262,56 @@ def test_every_demo_option_has_help_text(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "worker processes of the LocalCluster" in out
     assert "directory of the embedded default exporter" in out
+
+
+def demo_export_delay(*argument: str) -> float:
+    """The export delay of the scheduler plugin the demo makes (``--export-delay``
+    ``argument`` when given), as it reads it."""
+    from dask_otel_spans import OTelSpansPlugin
+
+    return OTelSpansPlugin(**demo_settings(*argument)).config.export_delay
+
+
+@pytest.fixture
+def no_user_config(monkeypatch):
+    """No otel-spans setting from the environment or dask's config files."""
+    for variable in [v for v in os.environ if v.startswith("DASK_")]:
+        monkeypatch.delenv(variable)
+    monkeypatch.setattr(dask.config, "paths", [])
+
+
+def test_the_demo_takes_the_export_delay_the_user_set(no_user_config):
+    with dask.config.set({"otel-spans.export-delay": "3s"}):
+        assert demo_export_delay() == 3.0
+
+
+def test_the_demos_export_delay_argument_wins_over_the_users_config(no_user_config):
+    with dask.config.set({"otel-spans.export-delay": "3s"}):
+        assert demo_export_delay("2s") == 2.0
+
+
+def test_the_demo_has_its_own_export_delay_where_the_user_set_none(no_user_config):
+    assert demo_export_delay() == 0.5
+
+
+def test_an_environment_variable_naming_the_shipped_export_delay_is_the_users(
+    no_user_config, monkeypatch
+):
+    # (dask's config cannot tell it from the shipped default: the demo's would win)
+    monkeypatch.setenv("DASK_OTEL_SPANS__EXPORT_DELAY", "1s")
+    assert demo_export_delay() == 1.0
+
+
+def test_a_bad_export_delay_is_the_demos_one_error_line_as_a_schedulers(
+    no_user_config, caplog
+):
+    with dask.config.set(dask.config.collect_env(
+            {"DASK_OTEL_SPANS__EXPORT_DELAY": "banana"})):
+        with caplog.at_level(logging.WARNING, logger="dask_otel_spans"):
+            assert demo_export_delay() == 1.0  # (the shipped default)
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line.startswith("dask_otel_spans: otel-spans.export-delay cannot be "
+                           "'banana'")
 
 
 @pytest.mark.cluster  # (the command in a process of its own)
