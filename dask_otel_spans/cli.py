@@ -16,7 +16,14 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from dask_otel_spans import names
-from dask_otel_spans.reports.model import IN_TASK, FileSpan, Logged, SpanKey, kind_of
+from dask_otel_spans.reports.model import (
+    IN_TASK,
+    FileSpan,
+    Logged,
+    SpanKey,
+    kind_of,
+    task_label,
+)
 from dask_otel_spans.reports.report import DEFAULT_DIRECTORY
 from dask_otel_spans.reports.running import is_running, running_label
 from dask_otel_spans.reports.sources import NotATracesFile, read_files, traces_files_of
@@ -79,8 +86,9 @@ def _described(fields: Mapping[str, object]) -> str:
 
 
 def _task_line(span: FileSpan, duration: float, logged: Logged) -> str:
-    """A task span: ``✗`` and its exception when it erred."""
-    line = f"{span['attributes'][names.TASK_KEY]}  {duration:.3f}s"
+    """A task span (:func:`~dask_otel_spans.reports.model.task_label`, as the report
+    names it): ``✗`` and its exception when it erred."""
+    line = f"{task_label(span)}  {duration:.3f}s"
     fields = _exception_of(span, logged)
     return f"- {line}" if fields is None else f"✗ {line}  {_described(fields)}"
 

@@ -176,7 +176,7 @@ def test_render_tree_shows_task_spans_and_spans_made_in_tasks():
     assert render_tree(spans).splitlines() == [
         "trace t",
         "  · inc  1.000s  3 tasks  (+1 task span left out)",
-        "    ✗ inc-1  0.500s  KeyError: 'a'",
+        "    ✗ inc (inc-1)  0.500s  KeyError: 'a'",
         "    GET  0.100s  (in a task)",
     ]
 
@@ -189,6 +189,19 @@ def test_render_tree_counts_idle_time_among_the_top_activities():
                              "dask.metrics.idle or other spans.seconds": 1.5}}]
     assert render_tree(spans).splitlines()[1].endswith(
         "| idle or other spans 1.5s, thread-cpu 0.5s")
+
+
+def test_the_tree_and_the_report_name_an_erred_task_alike_by_prefix_and_key():
+    from dask_otel_spans.reports.model import build
+
+    task = {"traceId": "t", "spanId": "1", "name": "validate", "startTimeUnixNano": "0",
+            "endTimeUnixNano": "100000000", "status": {"code": 2},
+            "attributes": {"dask.task.prefix": "validate",
+                           "dask.task.key": "_validate-bfbee69c"}}
+    [row] = build([task])["traces"][0]["rows"]
+    [line] = render_tree([task]).splitlines()[1:]
+    assert row["name"] == "validate (_validate-bfbee69c)"
+    assert line.startswith(f"  ✗ {row['name']}  0.100s")
 
 
 def test_render_tree_says_where_a_roots_parent_is_and_what_runs_in_tasks():
@@ -536,9 +549,9 @@ def test_the_demos_tree_shows_the_message_of_an_exception_logged(tmp_path, capsy
         metrics_delivered=None, metrics_failed=None, flushed=True)
     assert show_run(state, "tcp://127.0.0.1:8786", set()) == 0
     out = capsys.readouterr().out
-    assert "✗ validate-3  0.100s  ValueError: record 3: negative amount" in out
+    assert "✗ validate (validate-3)  0.100s  ValueError: record 3: negative amount" in out
     assert main(["tree", str(tmp_path)]) == 0
-    assert "✗ validate-3  0.100s  ValueError: record 3: negative amount" in (
+    assert "✗ validate (validate-3)  0.100s  ValueError: record 3: negative amount" in (
         capsys.readouterr().out)
 
 
