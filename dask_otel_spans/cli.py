@@ -13,7 +13,7 @@ import time
 import warnings
 from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dask_otel_spans import names
 from dask_otel_spans.reports.model import (
@@ -328,7 +328,7 @@ def say_outcome(state: ExportState) -> int:
 DEMO_EXPORT_DELAY = "500ms"
 
 
-def demo_settings(export_delay: str | None = None) -> dict[str, object]:
+def demo_settings(export_delay: str | None = None) -> dict[str, Any]:
     """The settings the demo gives its scheduler plugin: ``export_delay``
     (``--export-delay``) when given; none where the user set
     ``otel-spans.export-delay`` (a ``DASK_OTEL_SPANS__EXPORT_DELAY``, a dask config
