@@ -25,14 +25,8 @@ from support.otlpfiles import span as otlp_span
 from support.paths import EXAMPLES
 from support.processes import free_port
 
-from dask_otel_spans.cli import (
-    EXIT_OUTPUT_CLOSED,
-    VALIDATION_NOTICE,
-    demo_settings,
-    main,
-    render_tree,
-    show_run,
-)
+from dask_otel_spans.cli import EXIT_OUTPUT_CLOSED, main, render_tree
+from dask_otel_spans.demo import VALIDATION_NOTICE, demo_settings, show_run
 from dask_otel_spans.sdk.otlpjson import read_metric_points, read_spans
 
 
@@ -479,7 +473,7 @@ def test_every_row_keeps_the_breakdown_column_so_the_bars_share_one_time_axis(
 def test_the_demo_says_what_came_of_an_export_it_cannot_read_back(capsys):
     """A dead endpoint: the figures' words (none delivered, all held), not "went to",
     and a failure status."""
-    from dask_otel_spans.cli import say_outcome
+    from dask_otel_spans.demo import say_outcome
     from dask_otel_spans.state import ExportState
 
     state = ExportState(
