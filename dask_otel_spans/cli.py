@@ -264,7 +264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument(
         "--output-dir",
         default="dask-otel-spans",
-        help="directory of the embedded default exporter (default: %(default)s)",
+        help="directory of the embedded default exporter; an earlier run's files "
+             "there are moved to earlier-runs/<time>/ first (default: %(default)s)",
     )
     demo.add_argument("--workers", type=int, default=2,
                       help="worker processes of the LocalCluster, 2 threads each "

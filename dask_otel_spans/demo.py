@@ -14,8 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 from dask_otel_spans import names
 from dask_otel_spans.cli import span_tree
+from dask_otel_spans.protocol.profiles import PROFILES_DIR
 from dask_otel_spans.reports.sources import read_files, traces_files_of
-from dask_otel_spans.sdk.otlpjson import TRACES_FILE
+from dask_otel_spans.sdk.otlpjson import (
+    LOGS_FILE,
+    METRICS_FILE,
+    PROCESSES_DIR,
+    TRACES_FILE,
+    WORKERS_DIR,
+)
 from dask_otel_spans.wording import counted
 
 if TYPE_CHECKING:
@@ -139,6 +146,53 @@ def demo_settings(export_delay: str | None = None) -> dict[str, Any]:
     return {"export_delay": DEMO_EXPORT_DELAY}
 
 
+#: The demo's report, beside the files it is made from
+REPORT_FILE = "report.html"
+#: What a run of the demo leaves in its output directory: the embedded default's files
+#: and directories (the scheduler's export process's, the workers', other
+#: processes', the profiles) and the report
+RUN_ENTRIES = (TRACES_FILE, METRICS_FILE, LOGS_FILE, WORKERS_DIR, PROCESSES_DIR,
+               PROFILES_DIR, REPORT_FILE)
+#: Where in the output directory earlier runs' entries are kept, one directory each
+EARLIER_RUNS = "earlier-runs"
+
+
+def set_aside_earlier_run(directory: str) -> str | None:
+    """Move what an earlier run left in ``directory`` (:data:`RUN_ENTRIES`; nothing
+    else of it) to ``directory/earlier-runs/<its time>/``, so that this run starts a
+    new output (the file exporters append, as a cluster restarted wants); the
+    directory it went to, None when there was nothing to move."""
+    found = [os.path.join(directory, name) for name in RUN_ENTRIES
+             if os.path.lexists(os.path.join(directory, name))]
+    if not found:
+        return None
+    when = max(os.lstat(path).st_mtime for path in found)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(when))
+    target = os.path.join(directory, EARLIER_RUNS, stamp)
+    n = 1
+    while os.path.lexists(target):
+        n += 1
+        target = os.path.join(directory, EARLIER_RUNS, f"{stamp}-{n}")
+    os.makedirs(target)
+    for path in found:
+        os.rename(path, os.path.join(target, os.path.basename(path)))
+    return target
+
+
+def _start_new_output(directory: str) -> None:
+    """:func:`set_aside_earlier_run`, said in one line (on stderr when it failed: the
+    run adds to the earlier one's files, and shows its own spans only)."""
+    try:
+        kept = set_aside_earlier_run(directory)
+    except OSError as e:
+        print(f"Cannot move the earlier run's files in {directory} aside ({e}); this "
+              "run adds to them", file=sys.stderr)
+        return
+    if kept is not None:
+        print(f"The earlier run's files are now in {kept} (dask-otel-spans tree "
+              f"{kept}); this run writes new ones")
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     missing = missing_demo_modules()
     if missing:
@@ -152,6 +206,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     logging.getLogger("dask_otel_spans").setLevel(logging.INFO)
+    _start_new_output(args.output_dir)
     print(f"Starting a LocalCluster ({counted(args.workers, 'worker')}) with the "
           "plugin ...")
     with LocalCluster(
@@ -205,6 +260,6 @@ def show_run(state: ExportState, address: str, workers: Collection[str]) -> int:
     from dask_otel_spans.reports.report import Report
 
     path = Report([os.path.dirname(traces_to)], spans).save(
-        os.path.join(os.path.dirname(traces_to), "report.html"))
+        os.path.join(os.path.dirname(traces_to), REPORT_FILE))
     print(f"Report (open it in a browser): {path}")
     return 0

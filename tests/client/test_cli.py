@@ -26,7 +26,12 @@ from support.paths import EXAMPLES
 from support.processes import free_port
 
 from dask_otel_spans.cli import EXIT_OUTPUT_CLOSED, main, render_tree
-from dask_otel_spans.demo import VALIDATION_NOTICE, demo_settings, show_run
+from dask_otel_spans.demo import (
+    VALIDATION_NOTICE,
+    demo_settings,
+    set_aside_earlier_run,
+    show_run,
+)
 from dask_otel_spans.sdk.otlpjson import read_metric_points, read_spans
 
 
@@ -43,7 +48,7 @@ def run_demo(cwd) -> subprocess.CompletedProcess:
     return proc
 
 
-#: The traces file of an earlier demo run (another scheduler), which the run appends to
+#: The traces file of an earlier demo run (another scheduler), which the run sets aside
 EARLIER_RUN = (
     '{"resourceSpans":[{"resource":{"attributes":[{"key":"dask.scheduler.address",'
     '"value":{"stringValue":"tcp://127.0.0.1:1"}}]},"scopeSpans":[{"spans":[{'
@@ -54,7 +59,8 @@ EARLIER_RUN = (
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
-    """One demo run, in a directory whose files hold an earlier run already."""
+    """One demo run, in a directory whose files hold an earlier run already (the
+    demo sets them aside)."""
     cwd = tmp_path_factory.mktemp("demo")
     (cwd / "dask-otel-spans").mkdir()
     (cwd / "dask-otel-spans" / "traces.jsonl").write_text(EARLIER_RUN)
@@ -119,14 +125,37 @@ def test_tree_command_reads_saved_files(demo_run):
 
 
 @pytest.mark.cluster  # (the demo: a LocalCluster of processes)
-def test_demo_prints_only_its_own_run_when_the_files_hold_earlier_ones(demo_run):
+def test_the_demo_starts_a_new_output_and_says_where_the_earlier_run_went(demo_run):
     cwd, output = demo_run
-    # the traces file holds two runs (two traces); the demo shows its own
+    [kept] = (cwd / "dask-otel-spans" / "earlier-runs").iterdir()
+    assert (kept / "traces.jsonl").read_text() == EARLIER_RUN
+    assert f"The earlier run's files are now in {kept.relative_to(cwd)} " in output
     saved = read_spans(str(cwd / "dask-otel-spans" / "traces.jsonl"))
-    assert len({s["traceId"] for s in saved if s["name"] == "demo workflow"}) == 2
+    assert len({s["traceId"] for s in saved if s["name"] == "demo workflow"}) == 1
     printed = output.splitlines()
     assert sum(line.startswith("trace ") for line in printed) == 1
-    assert sum(line.strip().startswith("demo workflow") for line in printed) == 1
+
+
+def test_an_earlier_runs_entries_are_set_aside_and_nothing_else(tmp_path):
+    for name in ("traces.jsonl", "report.html", "notes.txt"):
+        (tmp_path / name).write_text(name)
+    (tmp_path / "workers" / "0-7").mkdir(parents=True)
+    kept = set_aside_earlier_run(str(tmp_path))
+    assert kept is not None and Path(kept).parent == tmp_path / "earlier-runs"
+    assert sorted(p.name for p in Path(kept).iterdir()) == [
+        "report.html", "traces.jsonl", "workers"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["earlier-runs", "notes.txt"]
+    assert set_aside_earlier_run(str(tmp_path)) is None  # (nothing left to move)
+
+
+def test_two_earlier_runs_of_one_second_are_kept_apart(tmp_path):
+    kept = []
+    for run in ("first", "second"):
+        (tmp_path / "traces.jsonl").write_text(run)
+        os.utime(tmp_path / "traces.jsonl", (1_000_000_000, 1_000_000_000))
+        kept.append(set_aside_earlier_run(str(tmp_path)))
+    assert kept[0] != kept[1]
+    assert [Path(k, "traces.jsonl").read_text() for k in kept] == ["first", "second"]
 
 
 def test_tree_of_missing_file_fails(tmp_path, capsys):
