@@ -9,8 +9,11 @@ import os
 import sys
 import time
 import warnings
+import weakref
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
+
+from distributed.diagnostics.plugin import WorkerPlugin
 
 from dask_otel_spans import names
 from dask_otel_spans.cli import span_tree
@@ -26,7 +29,7 @@ from dask_otel_spans.sdk.otlpjson import (
 from dask_otel_spans.wording import counted
 
 if TYPE_CHECKING:
-    from distributed import Client
+    from distributed import Client, Worker
 
     from dask_otel_spans.client import ExportState
 
@@ -146,6 +149,46 @@ def demo_settings(export_delay: str | None = None) -> dict[str, Any]:
     return {"export_delay": DEMO_EXPORT_DELAY}
 
 
+#: What distributed's worker logs, with a traceback, when a heartbeat fails
+HEARTBEAT_FAILED = "Failed to communicate with scheduler during heartbeat."
+
+
+class ClosingHeartbeatFilter(logging.Filter):
+    """Drops ``distributed.worker``'s ERROR and traceback for a heartbeat whose
+    connection closed (an ``OSError``: ``CommClosedError``) while its worker was
+    closing: ``Worker.close`` stops the heartbeat's periodic callback and then closes
+    its connections, so a heartbeat sent just before, still awaiting the scheduler's
+    answer, fails (dask/distributed#7105, #7891: intermittent at any LocalCluster's
+    close). As distributed's client keeps quiet once its cluster closes (#7429),
+    only a closing worker's is dropped: the same failure of a running worker, and
+    every other record, pass."""
+
+    def __init__(self, worker: object):
+        super().__init__()
+        self._worker = weakref.ref(worker)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != HEARTBEAT_FAILED or not record.exc_info:
+            return True
+        from distributed.core import Status
+
+        worker = self._worker()
+        closing = worker is None or getattr(worker, "status", None) in (
+            Status.closing, Status.closed)
+        return not (closing and isinstance(record.exc_info[1], OSError))
+
+
+class QuietHeartbeatsAtClose(WorkerPlugin):
+    """The demo's workers: :class:`ClosingHeartbeatFilter` on ``distributed.worker``,
+    kept after the plugin's teardown (the race comes later in ``Worker.close``;
+    the process ends with it)."""
+
+    name = "dask-otel-spans-demo-quiet-heartbeats"
+
+    def setup(self, worker: Worker) -> None:
+        logging.getLogger("distributed.worker").addFilter(ClosingHeartbeatFilter(worker))
+
+
 #: The demo's report, beside the files it is made from
 REPORT_FILE = "report.html"
 #: What a run of the demo leaves in its output directory: the embedded default's files
@@ -220,6 +263,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
                             **demo_settings(args.export_delay)))
         # task code runs in its span's trace: spans made in tasks join it
         client.register_plugin(OTelWorkerPlugin(output_dir=args.output_dir))
+        # (no traceback of a benign race as the cluster closes)
+        client.register_plugin(QuietHeartbeatsAtClose())
         address = cluster.scheduler_address
         workers = set(client.scheduler_info()["workers"])
         t0 = time.time()

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import dask
 import pytest
+from distributed.comm.core import CommClosedError
+from distributed.core import Status
 from support import browser
 from support.otlpfiles import (
     TRACE,
@@ -27,7 +29,9 @@ from support.processes import free_port
 
 from dask_otel_spans.cli import EXIT_OUTPUT_CLOSED, main, render_tree
 from dask_otel_spans.demo import (
+    HEARTBEAT_FAILED,
     VALIDATION_NOTICE,
+    ClosingHeartbeatFilter,
     demo_settings,
     set_aside_earlier_run,
     show_run,
@@ -134,6 +138,48 @@ def test_the_demo_starts_a_new_output_and_says_where_the_earlier_run_went(demo_r
     assert len({s["traceId"] for s in saved if s["name"] == "demo workflow"}) == 1
     printed = output.splitlines()
     assert sum(line.startswith("trace ") for line in printed) == 1
+
+
+@pytest.mark.cluster  # (the demo: a LocalCluster of processes)
+def test_the_demo_prints_no_traceback(demo_run):
+    # (dask's "Compute Failed" block says the failing task's as "Traceback: '...'")
+    _, output = demo_run
+    assert "Traceback (most recent call last)" not in output
+
+
+class StandInWorker:
+    """A worker's status, as the filter reads it."""
+
+    def __init__(self, status):
+        self.status = status
+
+
+def worker_record(message: str, error: BaseException | None) -> logging.LogRecord:
+    """A record of ``distributed.worker`` as ``logger.exception`` makes it."""
+    exc_info = None
+    if error is not None:
+        try:
+            raise error
+        except BaseException:
+            exc_info = sys.exc_info()
+    return logging.LogRecord("distributed.worker", logging.ERROR, __file__, 1, message,
+                             None, exc_info)
+
+
+@pytest.mark.parametrize("status", [Status.closing, Status.closed])
+def test_a_heartbeat_whose_connection_closed_as_its_worker_closes_is_quiet(status):
+    record = worker_record(HEARTBEAT_FAILED, CommClosedError("Stream is closed"))
+    assert not ClosingHeartbeatFilter(StandInWorker(status)).filter(record)
+
+
+@pytest.mark.parametrize("status, message, error", [
+    (Status.running, HEARTBEAT_FAILED, CommClosedError("Stream is closed")),
+    (Status.closing, HEARTBEAT_FAILED, ValueError("not a connection's")),
+    (Status.closing, "Compute Failed", CommClosedError("Stream is closed")),
+])
+def test_every_other_worker_record_is_said(status, message, error):
+    record = worker_record(message, error)
+    assert ClosingHeartbeatFilter(StandInWorker(status)).filter(record)
 
 
 def test_an_earlier_runs_entries_are_set_aside_and_nothing_else(tmp_path):
