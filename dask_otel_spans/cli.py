@@ -263,9 +263,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     demo.add_argument(
         "--output-dir",
-        default="dask-otel-spans",
         help="directory of the embedded default exporter; an earlier run's files "
-             "there are moved to earlier-runs/<time>/ first (default: %(default)s)",
+             "there are moved to earlier-runs/<time>/ first (default: "
+             "otel-spans.output-dir, e.g. DASK_OTEL_SPANS__OUTPUT_DIR, else "
+             f"{DEFAULT_DIRECTORY})",
     )
     demo.add_argument("--workers", type=int, default=2,
                       help="worker processes of the LocalCluster, 2 threads each "

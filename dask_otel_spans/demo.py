@@ -236,6 +236,15 @@ def _start_new_output(directory: str) -> None:
               f"{kept}); this run writes new ones")
 
 
+def demo_output_dir(given: str | None = None) -> str:
+    """The demo's output directory: ``given`` (``--output-dir``), else
+    ``otel-spans.output-dir`` (``DASK_OTEL_SPANS__OUTPUT_DIR``, dask's config), as
+    any cluster's plugins read it."""
+    from dask_otel_spans.config import setting
+
+    return given or setting("output-dir")
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     missing = missing_demo_modules()
     if missing:
@@ -249,7 +258,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     logging.getLogger("dask_otel_spans").setLevel(logging.INFO)
-    _start_new_output(args.output_dir)
+    output_dir = demo_output_dir(args.output_dir)
+    _start_new_output(output_dir)
     print(f"Starting a LocalCluster ({counted(args.workers, 'worker')}) with the "
           "plugin ...")
     with LocalCluster(
@@ -259,10 +269,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         processes=True,
     ) as cluster, Client(cluster) as client:
         client.register_plugin(
-            OTelSpansPlugin(output_dir=args.output_dir,
+            OTelSpansPlugin(output_dir=output_dir,
                             **demo_settings(args.export_delay)))
         # task code runs in its span's trace: spans made in tasks join it
-        client.register_plugin(OTelWorkerPlugin(output_dir=args.output_dir))
+        client.register_plugin(OTelWorkerPlugin(output_dir=output_dir))
         # (no traceback of a benign race as the cluster closes)
         client.register_plugin(QuietHeartbeatsAtClose())
         address = cluster.scheduler_address

@@ -32,6 +32,7 @@ from dask_otel_spans.demo import (
     HEARTBEAT_FAILED,
     VALIDATION_NOTICE,
     ClosingHeartbeatFilter,
+    demo_output_dir,
     demo_settings,
     set_aside_earlier_run,
     show_run,
@@ -370,6 +371,12 @@ def test_the_demo_takes_the_export_delay_the_user_set(no_user_config):
 def test_the_demos_export_delay_argument_wins_over_the_users_config(no_user_config):
     with dask.config.set({"otel-spans.export-delay": "3s"}):
         assert demo_export_delay("2s") == 2.0
+
+
+def test_the_demo_writes_where_the_user_set_its_output_dir(tmp_path):
+    with dask.config.set({"otel-spans.output-dir": str(tmp_path)}):
+        assert demo_output_dir() == str(tmp_path)
+        assert demo_output_dir("given") == "given"
 
 
 def test_the_demo_has_its_own_export_delay_where_the_user_set_none(no_user_config):
