@@ -1,32 +1,31 @@
 """``dask-otel-spans``: ``demo`` runs a small real workflow on a LocalCluster with the
-plugins (scheduler and workers) and prints the exported span tree; ``tree [PATH ...]``
-prints it from saved files, ``report [PATH ...]`` writes their HTML report; ``resend
-DIR`` sends what a spool directory holds."""
+plugins (scheduler and workers) and prints the exported span tree
+(:mod:`~dask_otel_spans.demo`); ``tree [PATH ...]`` prints it from saved files,
+``report [PATH ...]`` writes their HTML report; ``resend DIR`` sends what a spool
+directory holds."""
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import sys
-import time
-import warnings
 from collections import defaultdict
-from collections.abc import Collection, Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
 
 from dask_otel_spans import names
-from dask_otel_spans.reports.model import IN_TASK, FileSpan, Logged, SpanKey, kind_of
+from dask_otel_spans.reports.model import (
+    IN_TASK,
+    FileSpan,
+    Logged,
+    SpanKey,
+    kind_of,
+    task_label,
+)
 from dask_otel_spans.reports.report import DEFAULT_DIRECTORY
 from dask_otel_spans.reports.running import is_running, running_label
 from dask_otel_spans.reports.sources import NotATracesFile, read_files, traces_files_of
-from dask_otel_spans.sdk.otlpjson import TRACES_FILE, exception_logs
+from dask_otel_spans.sdk.otlpjson import exception_logs
 from dask_otel_spans.wording import counted
-
-if TYPE_CHECKING:
-    from distributed import Client
-
-    from dask_otel_spans.client import ExportState
 
 # -- rendering --------------------------------------------------------------------------
 
@@ -79,8 +78,9 @@ def _described(fields: Mapping[str, object]) -> str:
 
 
 def _task_line(span: FileSpan, duration: float, logged: Logged) -> str:
-    """A task span: ``✗`` and its exception when it erred."""
-    line = f"{span['attributes'][names.TASK_KEY]}  {duration:.3f}s"
+    """A task span (:func:`~dask_otel_spans.reports.model.task_label`, as the report
+    names it): ``✗`` and its exception when it erred."""
+    line = f"{task_label(span)}  {duration:.3f}s"
     fields = _exception_of(span, logged)
     return f"- {line}" if fields is None else f"✗ {line}  {_described(fields)}"
 
@@ -217,175 +217,6 @@ def cmd_tree(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- the demo ---------------------------------------------------------------------------
-
-
-def _fit_model(i: int) -> int:
-    """A task with a custom activity: its time shows as "model-fit" seconds and its
-    rows as a custom unit."""
-    from distributed.metrics import context_meter
-
-    with context_meter.meter("model-fit"):
-        time.sleep(0.05)
-    context_meter.digest_metric("rows-scored", 1000 + i, "rows")
-    return i
-
-
-def _validate(i: int) -> int:
-    """Task code with a span of its own (it joins the dask span's trace on a worker
-    with the worker plugin); every seventh record is bad and the task raises."""
-    from opentelemetry import trace
-
-    with trace.get_tracer("dask-otel-spans demo").start_as_current_span("check record"):
-        time.sleep(0.01)
-        if i % 7 == 3:
-            raise ValueError(f"record {i}: negative amount")
-    return i
-
-
-def _slow_inc(x: int) -> int:
-    time.sleep(0.02)
-    return x + 1
-
-
-#: Printed before the validation step, whose one failing task makes dask log an error
-VALIDATION_NOTICE = ("The validation step fails on purpose: one task raises, to show "
-                     "how errors appear (dask logs it as \"Compute Failed\" below).")
-
-
-def run_workflow(client: Client) -> None:
-    """The demo's multi-step workflow, each step a nested dask span."""
-    import dask
-    import dask.array as da
-    import dask.dataframe as dd
-    import numpy as np
-    import pandas as pd
-
-    from dask_otel_spans import span
-
-    with span("demo workflow"):
-        with span("array step"):
-            x = da.random.default_rng(42).random((2000, 2000), chunks=(500, 500))
-            (x @ x.T).mean().compute()
-        with span("dataframe step"):
-            pdf = pd.DataFrame(
-                {"key": np.arange(100_000) % 17, "value": np.arange(100_000.0)}
-            )
-            df = dd.from_pandas(pdf, npartitions=8)
-            df.groupby("key").value.sum().compute()
-        with span("futures step"):
-            futures = client.map(_slow_inc, range(40))
-            total = dask.delayed(sum)(futures)
-            client.compute(total).result()
-        with span("custom activity", "model fit"):
-            client.gather(client.map(_fit_model, range(8)))
-        # (said first: the worker logs dask's "Compute Failed" block for it)
-        print(VALIDATION_NOTICE, flush=True)
-        with span("validation"):
-            client.gather(client.map(_validate, range(8)), errors="skip")
-
-
-#: What the demo's workflow imports beyond the package's own dependencies: the
-#: ``demo`` extra
-DEMO_MODULES = ("numpy", "pandas", "dask.array", "dask.dataframe")
-
-
-def missing_demo_modules() -> list[str]:
-    """The modules of the ``demo`` extra that cannot be imported here."""
-    missing = []
-    for name in DEMO_MODULES:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            missing.append(name)
-    return missing
-
-
-def say_outcome(state: ExportState) -> int:
-    """Print what came of the export (an :class:`~dask_otel_spans.state.ExportState`)
-    where the demo cannot read the spans back: delivered, failed, still held, as the
-    exporters counted; 1 when not everything was delivered."""
-    print(state.outcome("traces"))
-    print(state.outcome("metrics"))
-    if state.flushed:
-        print("(the demo prints the span tree from the embedded default's files only)")
-        return 0
-    print("Not everything was delivered (ExportState.flushed is False): no span tree",
-          file=sys.stderr)
-    return 1
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    missing = missing_demo_modules()
-    if missing:
-        print(f"dask-otel-spans demo needs the demo extra ({', '.join(missing)} cannot "
-              "be imported): pip install 'dask_otel_spans[demo]'", file=sys.stderr)
-        return 1
-    from distributed import Client, LocalCluster
-
-    from dask_otel_spans import OTelSpansPlugin, OTelWorkerPlugin
-    from dask_otel_spans.client import wait_for_export
-
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-    logging.getLogger("dask_otel_spans").setLevel(logging.INFO)
-    print(f"Starting a LocalCluster ({counted(args.workers, 'worker')}) with the "
-          "plugin ...")
-    with LocalCluster(
-        n_workers=args.workers,
-        threads_per_worker=2,
-        dashboard_address=":0",
-        processes=True,
-    ) as cluster, Client(cluster) as client:
-        client.register_plugin(
-            OTelSpansPlugin(output_dir=args.output_dir, export_delay=0.5)
-        )
-        # task code runs in its span's trace: spans made in tasks join it
-        client.register_plugin(OTelWorkerPlugin(output_dir=args.output_dir))
-        address = cluster.scheduler_address
-        workers = set(client.scheduler_info()["workers"])
-        t0 = time.time()
-        with warnings.catch_warnings():
-            # dask-expr warns about every annotation, distributed.span's included
-            warnings.filterwarnings("ignore", message="Dask annotations")
-            run_workflow(client)
-        print(f"Workflow ran in {time.time() - t0:.2f}s; exporting ...")
-        # Let the plugin hand over each span once its late heartbeats are in, rather
-        # than at shutdown.
-        state = wait_for_export(client)
-    # the cluster is closed: the plugin flushed its exporters (and its export process)
-    return show_run(state, address, workers)
-
-
-def show_run(state: ExportState, address: str, workers: Collection[str]) -> int:
-    """Print the span tree of the demo's run (the spans of scheduler ``address`` and
-    of ``workers``) from the files the export went to, as ``tree`` prints it, and
-    write its report; where the export went elsewhere, :func:`say_outcome`."""
-    traces_to, metrics_to = state.traces_to, state.metrics_to
-    if not (traces_to.endswith(TRACES_FILE) and os.path.exists(traces_to)):
-        return say_outcome(state)
-    # the files collect every run in this directory: this run's scheduler and
-    # workers only (the workers' files are flushed as they close)
-    files = traces_files_of([os.path.dirname(traces_to)])
-    spans = [s for s in read_files(files)
-             if s["resource"].get(names.SCHEDULER_ADDRESS) == address
-             or s["resource"].get(names.WORKER_ADDRESS) in workers]
-    if not spans:
-        print("No spans were exported.", file=sys.stderr)
-        return 1
-    print()
-    print(span_tree(files, spans))
-    print()
-    print(f"Traces went to {traces_to} (spans made in tasks: "
-          f"{os.path.join(os.path.dirname(traces_to), 'workers', '*', TRACES_FILE)})")
-    print(f"Metrics went to {metrics_to}")
-    from dask_otel_spans.reports.report import Report
-
-    path = Report([os.path.dirname(traces_to)], spans).save(
-        os.path.join(os.path.dirname(traces_to), "report.html"))
-    print(f"Report (open it in a browser): {path}")
-    return 0
-
-
 def cmd_resend(args: argparse.Namespace) -> int:
     from dask_otel_spans.otelenv import ConfigurationError
     from dask_otel_spans.protocol.outcome import describe, settled
@@ -417,6 +248,9 @@ def cmd_resend(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # (the demo's module reads the tree's rendering from this one)
+    from dask_otel_spans.demo import DEMO_EXPORT_DELAY, cmd_demo
+
     parser = argparse.ArgumentParser(
         prog="dask-otel-spans",
         description="Dask spans and fine performance metrics as OpenTelemetry data",
@@ -429,12 +263,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     demo.add_argument(
         "--output-dir",
-        default="dask-otel-spans",
-        help="directory of the embedded default exporter (default: %(default)s)",
+        help="directory of the embedded default exporter; an earlier run's files "
+             "there are moved to earlier-runs/<time>/ first (default: "
+             "otel-spans.output-dir, e.g. DASK_OTEL_SPANS__OUTPUT_DIR, else "
+             f"{DEFAULT_DIRECTORY})",
     )
     demo.add_argument("--workers", type=int, default=2,
                       help="worker processes of the LocalCluster, 2 threads each "
                            "(default: %(default)s)")
+    demo.add_argument(
+        "--export-delay", metavar="DURATION",
+        help="how long a done span waits for late heartbeats before it is exported, "
+             "e.g. 2s (default: otel-spans.export-delay when set, as "
+             f"DASK_OTEL_SPANS__EXPORT_DELAY or in dask's config, else "
+             f"{DEMO_EXPORT_DELAY})")
     demo.set_defaults(func=cmd_demo)
     paths_help = ("traces files or directories of the embedded default (default: "
                   f"{DEFAULT_DIRECTORY})")

@@ -348,6 +348,20 @@ def setting(key: str) -> SettingValue:
     return spec.read(dask.config.get(f"{NAMESPACE}.{key}", default=spec.default))
 
 
+def user_set(key: str) -> bool:
+    """Whether ``otel-spans.<key>`` was set by the user rather than left at its shipped
+    default: in this process's dask config with another value, or in a dask config
+    file or a ``DASK_*`` environment variable at all (read again: dask's config has
+    merged those with the defaults, so one that names the default is told only
+    there)."""
+    spec = _BY_KEY[key]
+    name = f"{NAMESPACE}.{key}"
+    if dask.config.get(name, default=spec.shipped) != spec.shipped:
+        return True
+    return dask.config.get(name, default=None,
+                           config=dask.config.collect(dask.config.paths)) is not None
+
+
 def _unknown_keys(node: object, known: ConfigValue, prefix: str = "") -> list[str]:
     """Keys of the dask config namespace ``node`` that are not settings."""
     if not isinstance(node, Mapping):

@@ -4,7 +4,8 @@ by an earlier version (``dask_otel_spans.plugin._restore_plugin``) and imports o
 :mod:`dask_otel_spans.scheduler.plugin`."""
 from __future__ import annotations
 
-from dask_otel_spans.scheduler.plugin import OTelSpansPlugin, restore_plugin
+from dask_otel_spans.scheduler.pickling import restore_plugin
+from dask_otel_spans.scheduler.plugin import OTelSpansPlugin
 
 #: the name earlier versions pickled
 _restore_plugin = restore_plugin

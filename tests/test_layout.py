@@ -69,6 +69,7 @@ TOP_LEVEL = {
     "__init__": {"client", "scheduler", "worker"},
     "instrumentation": {"client"},
     "cli": {"client", "protocol", "reports", "sdk"},
+    "demo": {"client", "protocol", "reports", "sdk"},
     "state": {"client"}, "plugin": {"scheduler"}, "export_child": set(),
 }
 

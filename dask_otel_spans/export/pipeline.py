@@ -187,13 +187,12 @@ class ExportPipeline:
             signals.append(("logs", providers.logs_to, None))
         if finished and all(settled(figures[s]) for s, _, _ in signals):
             return
-        late = ("" if finished else
-                f"; the exporters did not finish within {timeout:.1f} s "
-                "(otel-spans.shutdown-timeout): what they had not reported on is lost")
-        logger.warning("dask_otel_spans: at close, %s%s", "; ".join(
-            describe(figures[signal], signal, where, handed, providers.spool_directory)
+        # (what is held is said where; only what no one holds any more is lost)
+        logger.warning("dask_otel_spans: at close, %s", "; ".join(
+            describe(figures[signal], signal, where, handed, providers.spool_directory,
+                     at_close=True, timed_out=None if finished else timeout)
             for signal, where, handed in signals
-        ), late)
+        ))
 
     def cpu_seconds(self) -> float:
         """CPU seconds of the pipeline's threads (ender and metrics) so far."""

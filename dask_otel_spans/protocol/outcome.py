@@ -13,10 +13,11 @@ UNITS = {"traces": "span", "metrics": "metric point", "logs": "log record"}
 
 def describe(figures: SignalFigures, signal: str, where: str,
              handed: int | None = None, spool_directory: str | None = None,
-             resending: bool = False) -> str:
+             resending: bool = False, at_close: bool = False,
+             timed_out: float | None = None) -> str:
     """``"<signal> to <where>: N <unit> delivered, F failed[, H held in memory][,
     S in the spool DIR (...)][, D dropped ...][, R sent again ...][, U not attempted
-    ...]"``.
+    ...]"``; at close, what no one holds any more is said lost, and only that.
 
     Parameters
     ----------
@@ -35,6 +36,13 @@ def describe(figures: SignalFigures, signal: str, where: str,
     resending:
         Said by ``dask-otel-spans resend``: spooled items are not told how to send
         them (the way being sent)
+    at_close:
+        Said as the exporters stopped: what is still held in memory, and what no
+        exporter reported on, is lost with them (what the spool directory holds is
+        not: it is said held there)
+    timed_out:
+        At close, the seconds (``otel-spans.shutdown-timeout``) the exporters did
+        not finish within; None when they finished
     """
     unit = UNITS.get(signal, "item")
     if figures.delivered is None:
@@ -44,27 +52,35 @@ def describe(figures: SignalFigures, signal: str, where: str,
                 "Prometheus, or sent by exporters the package did not build)")
     delivered, failed = figures.delivered, figures.failed or 0
     parts = [f"{counted(delivered, unit)} delivered", f"{failed} failed",
-             *waiting(figures, spool_directory, resending)]
+             *waiting(figures, spool_directory, resending, at_close)]
     if figures.resent:
         parts.append(f"{figures.resent} sent again after an attempt got no answer "
                      "in time (the backend may have them twice)")
+    within = ("" if timed_out is None else
+              f" within the {timed_out:.1f} s of otel-spans.shutdown-timeout")
     if handed is not None:
         unreported = (handed - delivered - failed - figures.waiting
                       - (figures.dropped or 0))
-        if unreported > 0:
+        if unreported > 0 and at_close:
+            parts.append(f"{unreported} lost (not exported{within})")
+        elif unreported > 0:
             parts.append(f"{unreported} not attempted (still in the SDK's queue)")
+    elif timed_out is not None:  # (what its exporters had not reported on: uncounted)
+        parts.append(f"what its exporters had not exported{within} is lost")
     return f"{signal} to {where}: " + ", ".join(parts)
 
 
 def waiting(figures: SignalFigures, spool_directory: str | None = None,
-            resending: bool = False) -> list[str]:
+            resending: bool = False, at_close: bool = False) -> list[str]:
     """What of a signal is still held (in memory, in the spool ``spool_directory``)
     or was dropped past the spool's bounds, in words; empty when nothing
-    (``resending``: as :func:`describe` says it)."""
+    (``resending``, ``at_close``: as :func:`describe` says it)."""
     held, spooled = figures.held or 0, figures.spooled or 0
     dropped = figures.dropped or 0
     parts = []
-    if held:
+    if held and at_close:  # (the spool wrote what it held to its directory, if any)
+        parts.append(f"{held} lost (held in memory only)")
+    elif held:
         parts.append(f"{held} still held in memory")
     if spooled:
         parts.append(f"{spooled} still held in the spool {spool_directory}" + (

@@ -174,6 +174,16 @@ def kind_of(span: FileSpan, parent_kind: str | None = None) -> str:
     return CLIENT
 
 
+def task_label(span: FileSpan) -> str:
+    """How ``tree`` and the report name a task span: its name, the task prefix (as
+    docs/data-contract.md names it: span names stay low-cardinality), then its key
+    (``dask.task.key``), which tells the task that erred from its prefix's others:
+    ``validate (_validate-bfbee69c...)``; the name alone when it is the key."""
+    name = str(span.get("name", ""))
+    key = (span.get("attributes") or {}).get(names.TASK_KEY)
+    return name if key is None or str(key) == name else f"{name} ({key})"
+
+
 def from_a_worker(span: FileSpan) -> bool:
     """Whether a span was exported by a worker process: its resource names a worker
     (the worker plugin's providers), or it was read from a worker's file of the
@@ -269,7 +279,8 @@ def _trace(trace_id: str, spans: Sequence[FileSpan], logged: Logged,
             # (a root whose parent is elsewhere: e.g. the application's own span,
             # exported by another process to another backend)
             "parent_elsewhere": parent if parent and parent not in ids else "",
-            "name": str(span.get("name", "")), "kind": kind, "depth": depth,
+            "name": task_label(span) if kind == TASK else str(span.get("name", "")),
+            "kind": kind, "depth": depth,
             "start": (_ns(span, "startTimeUnixNano") - start) / 1e6,
             "duration": max(0, _ns(span, "endTimeUnixNano")
                             - _ns(span, "startTimeUnixNano")) / 1e6,

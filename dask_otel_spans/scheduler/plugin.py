@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time as _time
-import uuid
-import weakref
 from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -35,6 +33,13 @@ from dask_otel_spans.scheduler.announce import announce, withdraw
 from dask_otel_spans.scheduler.forwarder import SpanForwarder
 from dask_otel_spans.scheduler.heartbeats import tap_heartbeats, worker_wide_deltas
 from dask_otel_spans.scheduler.loopstats import EventLoopStats
+from dask_otel_spans.scheduler.pickling import (
+    Reduced,
+    forget,
+    reduce_plugin,
+    remember,
+    restore_plugin,
+)
 from dask_otel_spans.scheduler.profiles import ProfileFetcher, profiling_sink
 from dask_otel_spans.scheduler.sampler import TaskSampler
 from dask_otel_spans.transport.choice import Transport, open_transport
@@ -51,11 +56,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Plugins created in this process, so that one registered through
-#: ``client.register_plugin`` on an in-process scheduler keeps its providers
-_LOCAL_PLUGINS: weakref.WeakValueDictionary[str, OTelSpansPlugin] = (
-    weakref.WeakValueDictionary()
-)
+#: (``restore_plugin``: the name pickled before scheduler/pickling.py held it)
+__all__ = ["OTelSpansPlugin", "restore_plugin"]
+
 #: Longest slice of forwarding per event-loop callback, in seconds (a slice ends
 #: after the step that crosses it: 256 spans, keys or task groups at most)
 TICK_BUDGET = 0.001
@@ -108,8 +111,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         self._meter_provider = meter_provider
         self._environ = environ
         self._use_global = use_global_providers
-        self._token = uuid.uuid4().hex
-        _LOCAL_PLUGINS[self._token] = self
+        self._token = remember(self)
 
         self.scheduler: Scheduler | None = None
         #: where the forwarder's messages go (None: idle)
@@ -132,15 +134,9 @@ class OTelSpansPlugin(SchedulerPlugin):
 
     # -- pickling: keep providers when the scheduler is in this process -------------
 
-    def __reduce__(self) -> tuple[Callable[..., OTelSpansPlugin],
-                                  tuple[str, dict[str, object], bool, bool]]:
-        had_providers = (
-            self._tracer_provider is not None or self._meter_provider is not None
-        )
-        return (
-            restore_plugin,
-            (self._token, dict(self._settings), had_providers, self._use_global),
-        )
+    def __reduce__(self) -> Reduced:
+        given = self._tracer_provider is not None or self._meter_provider is not None
+        return reduce_plugin(self._token, self._settings, given, self._use_global)
 
     # -- figures (tests, benchmarks, run_on_scheduler) -------------------------------
 
@@ -314,7 +310,7 @@ class OTelSpansPlugin(SchedulerPlugin):
         if transport is not None:
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, transport.stop, self.config.shutdown_timeout)
-        _LOCAL_PLUGINS.pop(self._token, None)
+        forget(self._token)
         if self.scheduler is not None and self.scheduler.plugins.get(self.name) in (
                 None, self):
             withdraw(self.scheduler)
@@ -500,20 +496,3 @@ class OTelSpansPlugin(SchedulerPlugin):
 
     def _log_failure(self, where: str) -> None:
         self._log_once.failure(where)
-
-
-def restore_plugin(
-    token: str, settings: dict[str, Any], had_providers: bool, use_global: bool
-) -> OTelSpansPlugin:
-    """Unpickle a plugin: the very same object when the scheduler is in the process
-    that created it, else a new one configured from this process's environment."""
-    plugin = _LOCAL_PLUGINS.get(token)
-    if plugin is not None:
-        return plugin
-    if had_providers:
-        logger.warning(
-            "dask_otel_spans: providers passed to OTelSpansPlugin cannot travel to a "
-            "scheduler in another process; using this scheduler's OTEL_* configuration"
-        )
-    return OTelSpansPlugin(use_global_providers=use_global, **settings)
-

@@ -46,12 +46,20 @@ class ExportHealth:
     holding:
         What is done with what a holding exporter could not deliver, said once per
         outage
+    process:
+        The process whose exporter it is, where the log lines must say it (a
+        worker's: ``worker 0 (tcp://10.0.0.5:40123)``), once at the start of each;
+        empty for the scheduler's export
     """
 
-    def __init__(self, signal: str, where: str, holding: str = HOLDING):
+    def __init__(self, signal: str, where: str, holding: str = HOLDING,
+                 process: str = ""):
         self.signal = signal
         self.where = where
         self.holding = holding
+        self.process = process
+        #: what each line starts with
+        self._by = f"dask_otel_spans: {process}: " if process else "dask_otel_spans: "
         #: items the exporter reported delivered (at once, or held and sent again)
         self.delivered = 0
         #: items the exporter failed to deliver and nothing holds (dropped)
@@ -89,21 +97,21 @@ class ExportHealth:
                 self.down = True
         if ok and held:
             logger.warning(
-                "dask_otel_spans: %s export to %s recovered; sending the %d %s still "
+                "%s%s export to %s recovered; sending the %d %s still "
                 "held, oldest first (%d dropped past the spool's bounds so far)",
-                self.signal, self.where, waiting, self._unit(), dropped or 0,
+                self._by, self.signal, self.where, waiting, self._unit(), dropped or 0,
             )
         elif ok:
             logger.warning(
-                "dask_otel_spans: %s export to %s recovered; %d %s were dropped "
+                "%s%s export to %s recovered; %d %s were dropped "
                 "during the outage (%d in total so far)",
-                self.signal, self.where, lost, self._unit(), self.failed,
+                self._by, self.signal, self.where, lost, self._unit(), self.failed,
             )
         else:
             logger.error(
-                "dask_otel_spans: cannot export %s to %s; dropping them until it "
+                "%scannot export %s to %s; dropping them until it "
                 "recovers (counted; logged again on recovery)",
-                self._unit(), self.where,
+                self._by, self._unit(), self.where,
             )
 
     def outage(self) -> None:
@@ -115,7 +123,7 @@ class ExportHealth:
                 return
             self.down = True
             self.outages += 1
-        logger.error("dask_otel_spans: cannot export %s to %s; %s", self._unit(),
+        logger.error("%scannot export %s to %s; %s", self._by, self._unit(),
                      self.where, self.holding)
 
     def unencodable(self, items: int) -> None:
@@ -133,11 +141,11 @@ class ExportHealth:
                 return
             self._resend_said = True
         logger.warning(
-            "dask_otel_spans: %s sent to %s got no answer within its %g s timeout (or "
+            "%s%s sent to %s got no answer within its %g s timeout (or "
             "lost the connection first); sending them again: the backend may have "
             "taken them already and get some twice (at least once, as every OTLP "
             "exporter; ExportState.resent counts them; said once per outage)",
-            self._unit(), self.where, timeout)
+            self._by, self._unit(), self.where, timeout)
 
     def refuse(self, items: int, reason: str) -> None:
         """A held batch of ``items`` was refused for good (not worth another try):
@@ -148,8 +156,8 @@ class ExportHealth:
             first = self._dropped_in_outage == 0
             self._dropped_in_outage += items
         if first:
-            logger.error("dask_otel_spans: %s refused %s for good (%s); dropped and "
-                         "counted as failed", self.where, self._unit(), reason)
+            logger.error("%s%s refused %s for good (%s); dropped and "
+                         "counted as failed", self._by, self.where, self._unit(), reason)
 
     def _unit(self) -> str:
         return {"traces": "spans", "logs": "log records"}.get(self.signal, "metric points")

@@ -211,6 +211,7 @@ def _metric_reader(
     output_dir: str,
     health: list[ExportHealth] | None = None,
     delivery: Delivery | None = None,
+    process: str = "",
 ) -> tuple[MetricReader, str]:
     interval = float(environ.get("OTEL_METRIC_EXPORT_INTERVAL") or 60_000)
     if name == "otlp":
@@ -224,7 +225,7 @@ def _metric_reader(
         return _prometheus_reader(environ)
     else:
         raise not_one_of("OTEL_METRICS_EXPORTER", name, METRIC_EXPORTERS)
-    exporter_health = ExportHealth("metrics", where)
+    exporter_health = ExportHealth("metrics", where, process=process)
     if health is not None:
         health.append(exporter_health)
     if name == "otlp" and delivery is not None:
@@ -283,9 +284,11 @@ def build_tracer_provider(
     output_dir: str,
     health: list[ExportHealth] | None = None,
     delivery: Delivery | None = None,
+    process: str = "",
 ) -> tuple[TracerProvider | None, str]:
     """A tracer provider with one batch processor per configured exporter; an OTLP
-    one holds what it could not deliver in ``delivery`` (when given)."""
+    one holds what it could not deliver in ``delivery`` (when given). ``process``:
+    the process its exporters' log lines name (:class:`ExportHealth`)."""
     exporters = _trace_exporters(environ)
     if not exporters:
         return None, "nowhere (OTEL_TRACES_EXPORTER=none)"
@@ -298,13 +301,13 @@ def build_tracer_provider(
         if name == "otlp" and delivery is not None:
             sender = request_sender(environ, "traces")
             description = sender.where
-            exporter_health = ExportHealth("traces", description)
+            exporter_health = ExportHealth("traces", description, process=process)
             delivery.add_destination(destination_of(environ, "traces"), sender,
                                      exporter_health)
             wrapped: SpanExporter = HoldingSpanExporter(delivery, exporter_health)
         else:
             exporter, description = _span_exporter(name, environ, output_dir)
-            exporter_health = ExportHealth("traces", description)
+            exporter_health = ExportHealth("traces", description, process=process)
             wrapped = HealthSpanExporter(exporter, exporter_health)
         if health is not None:
             health.append(exporter_health)
@@ -335,9 +338,11 @@ def build_meter_provider(
     health: list[ExportHealth] | None = None,
     series_limit: int | None = None,
     delivery: Delivery | None = None,
+    process: str = "",
 ) -> tuple[MeterProvider | None, str]:
     """A meter provider with one reader per configured exporter; the package's
-    instruments may keep ``series_limit`` series each (otel-spans.metrics.max-series)."""
+    instruments may keep ``series_limit`` series each (otel-spans.metrics.max-series).
+    ``process``: the process its exporters' log lines name (:class:`ExportHealth`)."""
     exporters = (
         [FILE_EXPORTER]
         if is_unconfigured(environ)
@@ -349,7 +354,7 @@ def build_meter_provider(
     readers, where = [], []
     for name in exporters:
         reader, description = _metric_reader(name, environ, output_dir, health,
-                                             delivery)
+                                             delivery, process)
         readers.append(reader)
         where.append(description)
     provider = MeterProvider(

@@ -77,6 +77,14 @@ def process_output_dir(output_dir: str, worker_name: object) -> str:
                         f"{file_label(worker_name, 'worker')}-{os.getpid()}")
 
 
+def worker_label(address: str, name: object) -> str:
+    """How a worker's log lines name it, in aggregated logs where nothing else says
+    which process a line came from: ``worker 0 (tcp://10.0.0.5:40123)``, or
+    ``worker tcp://10.0.0.5:40123`` when its name is its address."""
+    return (f"worker {address}" if name is None or str(name) in ("", str(address))
+            else f"worker {name} ({address})")
+
+
 def worker_resource_attributes(address: str, name: object) -> dict[str, str]:
     return {names.WORKER_ADDRESS: str(address), names.WORKER_NAME: str(name)}
 
@@ -155,6 +163,7 @@ def _build_signal(
     check: Callable[[Mapping[str, str]], None],
     build: Callable[[], tuple[Provider | None, str]],
     out: WorkerProviders,
+    worker: str,
 ) -> tuple[Provider | None, str]:
     """``build()`` once ``check(environ)`` passed; ``(None, "nowhere (why)")`` and
     one ERROR line, naming the variable and its value, when either fails (the
@@ -171,8 +180,8 @@ def _build_signal(
                       f"{type(e).__name__}: {e}")
         others = " and ".join(s for s in _SIGNAL_VARIABLES if s != signal)
         out.errors.append(reason)
-        logger.error("dask_otel_spans: this worker exports no %s: %s; its %s are "
-                     "not affected", signal, reason, others)
+        logger.error("dask_otel_spans: %s exports no %s: %s; its %s are "
+                     "not affected", worker, signal, reason, others)
         return None, f"nowhere ({reason})"
     if provider is not None:
         out.built.append(provider)
@@ -203,13 +212,14 @@ def build_worker_providers(
         attributes=worker_resource_attributes(address, name),
     )
     files = process_output_dir(output_dir, name)
+    worker = worker_label(address, name)
 
     # signal, the provider's kind, the global one, the settings' check, the builder
     signals = (
         ("traces", "tracer", global_sdk_tracer_provider, check_traces_settings,
-         lambda: build_tracer_provider(environ, resource, files)),
+         lambda: build_tracer_provider(environ, resource, files, process=worker)),
         ("metrics", "meter", global_sdk_meter_provider, check_metrics_settings,
-         lambda: build_meter_provider(environ, resource, files)),
+         lambda: build_meter_provider(environ, resource, files, process=worker)),
         ("logs", "logger", global_sdk_logger_provider, check_logs_settings,
          lambda: build_logger_provider(environ, resource)),
     )
@@ -218,7 +228,8 @@ def build_worker_providers(
         if provider is not None:
             where = f"the global {kind} provider"
         else:
-            provider, where = _build_signal(signal, environ, check, build, out)
+            provider, where = _build_signal(signal, environ, check, build, out,
+                                            worker)
         setattr(out, f"{kind}_provider", provider)
         setattr(out, f"{signal}_to", where)
     return out

@@ -4,13 +4,17 @@ from __future__ import annotations
 import importlib
 import io
 import json
+import logging
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import dask
 import pytest
+from distributed.comm.core import CommClosedError
+from distributed.core import Status
 from support import browser
 from support.otlpfiles import (
     TRACE,
@@ -23,11 +27,14 @@ from support.otlpfiles import span as otlp_span
 from support.paths import EXAMPLES
 from support.processes import free_port
 
-from dask_otel_spans.cli import (
-    EXIT_OUTPUT_CLOSED,
+from dask_otel_spans.cli import EXIT_OUTPUT_CLOSED, main, render_tree
+from dask_otel_spans.demo import (
+    HEARTBEAT_FAILED,
     VALIDATION_NOTICE,
-    main,
-    render_tree,
+    ClosingHeartbeatFilter,
+    demo_output_dir,
+    demo_settings,
+    set_aside_earlier_run,
     show_run,
 )
 from dask_otel_spans.sdk.otlpjson import read_metric_points, read_spans
@@ -46,7 +53,7 @@ def run_demo(cwd) -> subprocess.CompletedProcess:
     return proc
 
 
-#: The traces file of an earlier demo run (another scheduler), which the run appends to
+#: The traces file of an earlier demo run (another scheduler), which the run sets aside
 EARLIER_RUN = (
     '{"resourceSpans":[{"resource":{"attributes":[{"key":"dask.scheduler.address",'
     '"value":{"stringValue":"tcp://127.0.0.1:1"}}]},"scopeSpans":[{"spans":[{'
@@ -57,7 +64,8 @@ EARLIER_RUN = (
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
-    """One demo run, in a directory whose files hold an earlier run already."""
+    """One demo run, in a directory whose files hold an earlier run already (the
+    demo sets them aside)."""
     cwd = tmp_path_factory.mktemp("demo")
     (cwd / "dask-otel-spans").mkdir()
     (cwd / "dask-otel-spans" / "traces.jsonl").write_text(EARLIER_RUN)
@@ -122,14 +130,79 @@ def test_tree_command_reads_saved_files(demo_run):
 
 
 @pytest.mark.cluster  # (the demo: a LocalCluster of processes)
-def test_demo_prints_only_its_own_run_when_the_files_hold_earlier_ones(demo_run):
+def test_the_demo_starts_a_new_output_and_says_where_the_earlier_run_went(demo_run):
     cwd, output = demo_run
-    # the traces file holds two runs (two traces); the demo shows its own
+    [kept] = (cwd / "dask-otel-spans" / "earlier-runs").iterdir()
+    assert (kept / "traces.jsonl").read_text() == EARLIER_RUN
+    assert f"The earlier run's files are now in {kept.relative_to(cwd)} " in output
     saved = read_spans(str(cwd / "dask-otel-spans" / "traces.jsonl"))
-    assert len({s["traceId"] for s in saved if s["name"] == "demo workflow"}) == 2
+    assert len({s["traceId"] for s in saved if s["name"] == "demo workflow"}) == 1
     printed = output.splitlines()
     assert sum(line.startswith("trace ") for line in printed) == 1
-    assert sum(line.strip().startswith("demo workflow") for line in printed) == 1
+
+
+@pytest.mark.cluster  # (the demo: a LocalCluster of processes)
+def test_the_demo_prints_no_traceback(demo_run):
+    # (dask's "Compute Failed" block says the failing task's as "Traceback: '...'")
+    _, output = demo_run
+    assert "Traceback (most recent call last)" not in output
+
+
+class StandInWorker:
+    """A worker's status, as the filter reads it."""
+
+    def __init__(self, status):
+        self.status = status
+
+
+def worker_record(message: str, error: BaseException | None) -> logging.LogRecord:
+    """A record of ``distributed.worker`` as ``logger.exception`` makes it."""
+    exc_info = None
+    if error is not None:
+        try:
+            raise error
+        except BaseException:
+            exc_info = sys.exc_info()
+    return logging.LogRecord("distributed.worker", logging.ERROR, __file__, 1, message,
+                             None, exc_info)
+
+
+@pytest.mark.parametrize("status", [Status.closing, Status.closed])
+def test_a_heartbeat_whose_connection_closed_as_its_worker_closes_is_quiet(status):
+    record = worker_record(HEARTBEAT_FAILED, CommClosedError("Stream is closed"))
+    assert not ClosingHeartbeatFilter(StandInWorker(status)).filter(record)
+
+
+@pytest.mark.parametrize("status, message, error", [
+    (Status.running, HEARTBEAT_FAILED, CommClosedError("Stream is closed")),
+    (Status.closing, HEARTBEAT_FAILED, ValueError("not a connection's")),
+    (Status.closing, "Compute Failed", CommClosedError("Stream is closed")),
+])
+def test_every_other_worker_record_is_said(status, message, error):
+    record = worker_record(message, error)
+    assert ClosingHeartbeatFilter(StandInWorker(status)).filter(record)
+
+
+def test_an_earlier_runs_entries_are_set_aside_and_nothing_else(tmp_path):
+    for name in ("traces.jsonl", "report.html", "notes.txt"):
+        (tmp_path / name).write_text(name)
+    (tmp_path / "workers" / "0-7").mkdir(parents=True)
+    kept = set_aside_earlier_run(str(tmp_path))
+    assert kept is not None and Path(kept).parent == tmp_path / "earlier-runs"
+    assert sorted(p.name for p in Path(kept).iterdir()) == [
+        "report.html", "traces.jsonl", "workers"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["earlier-runs", "notes.txt"]
+    assert set_aside_earlier_run(str(tmp_path)) is None  # (nothing left to move)
+
+
+def test_two_earlier_runs_of_one_second_are_kept_apart(tmp_path):
+    kept = []
+    for run in ("first", "second"):
+        (tmp_path / "traces.jsonl").write_text(run)
+        os.utime(tmp_path / "traces.jsonl", (1_000_000_000, 1_000_000_000))
+        kept.append(set_aside_earlier_run(str(tmp_path)))
+    assert kept[0] != kept[1]
+    assert [Path(k, "traces.jsonl").read_text() for k in kept] == ["first", "second"]
 
 
 def test_tree_of_missing_file_fails(tmp_path, capsys):
@@ -173,7 +246,7 @@ def test_render_tree_shows_task_spans_and_spans_made_in_tasks():
     assert render_tree(spans).splitlines() == [
         "trace t",
         "  · inc  1.000s  3 tasks  (+1 task span left out)",
-        "    ✗ inc-1  0.500s  KeyError: 'a'",
+        "    ✗ inc (inc-1)  0.500s  KeyError: 'a'",
         "    GET  0.100s  (in a task)",
     ]
 
@@ -186,6 +259,19 @@ def test_render_tree_counts_idle_time_among_the_top_activities():
                              "dask.metrics.idle or other spans.seconds": 1.5}}]
     assert render_tree(spans).splitlines()[1].endswith(
         "| idle or other spans 1.5s, thread-cpu 0.5s")
+
+
+def test_the_tree_and_the_report_name_an_erred_task_alike_by_prefix_and_key():
+    from dask_otel_spans.reports.model import build
+
+    task = {"traceId": "t", "spanId": "1", "name": "validate", "startTimeUnixNano": "0",
+            "endTimeUnixNano": "100000000", "status": {"code": 2},
+            "attributes": {"dask.task.prefix": "validate",
+                           "dask.task.key": "_validate-bfbee69c"}}
+    [row] = build([task])["traces"][0]["rows"]
+    [line] = render_tree([task]).splitlines()[1:]
+    assert row["name"] == "validate (_validate-bfbee69c)"
+    assert line.startswith(f"  ✗ {row['name']}  0.100s")
 
 
 def test_render_tree_says_where_a_roots_parent_is_and_what_runs_in_tasks():
@@ -259,6 +345,62 @@ def test_every_demo_option_has_help_text(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "worker processes of the LocalCluster" in out
     assert "directory of the embedded default exporter" in out
+
+
+def demo_export_delay(*argument: str) -> float:
+    """The export delay of the scheduler plugin the demo makes (``--export-delay``
+    ``argument`` when given), as it reads it."""
+    from dask_otel_spans import OTelSpansPlugin
+
+    return OTelSpansPlugin(**demo_settings(*argument)).config.export_delay
+
+
+@pytest.fixture
+def no_user_config(monkeypatch):
+    """No otel-spans setting from the environment or dask's config files."""
+    for variable in [v for v in os.environ if v.startswith("DASK_")]:
+        monkeypatch.delenv(variable)
+    monkeypatch.setattr(dask.config, "paths", [])
+
+
+def test_the_demo_takes_the_export_delay_the_user_set(no_user_config):
+    with dask.config.set({"otel-spans.export-delay": "3s"}):
+        assert demo_export_delay() == 3.0
+
+
+def test_the_demos_export_delay_argument_wins_over_the_users_config(no_user_config):
+    with dask.config.set({"otel-spans.export-delay": "3s"}):
+        assert demo_export_delay("2s") == 2.0
+
+
+def test_the_demo_writes_where_the_user_set_its_output_dir(tmp_path):
+    with dask.config.set({"otel-spans.output-dir": str(tmp_path)}):
+        assert demo_output_dir() == str(tmp_path)
+        assert demo_output_dir("given") == "given"
+
+
+def test_the_demo_has_its_own_export_delay_where_the_user_set_none(no_user_config):
+    assert demo_export_delay() == 0.5
+
+
+def test_an_environment_variable_naming_the_shipped_export_delay_is_the_users(
+    no_user_config, monkeypatch
+):
+    # (dask's config cannot tell it from the shipped default: the demo's would win)
+    monkeypatch.setenv("DASK_OTEL_SPANS__EXPORT_DELAY", "1s")
+    assert demo_export_delay() == 1.0
+
+
+def test_a_bad_export_delay_is_the_demos_one_error_line_as_a_schedulers(
+    no_user_config, caplog
+):
+    with dask.config.set(dask.config.collect_env(
+            {"DASK_OTEL_SPANS__EXPORT_DELAY": "banana"})):
+        with caplog.at_level(logging.WARNING, logger="dask_otel_spans"):
+            assert demo_export_delay() == 1.0  # (the shipped default)
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line.startswith("dask_otel_spans: otel-spans.export-delay cannot be "
+                           "'banana'")
 
 
 @pytest.mark.cluster  # (the command in a process of its own)
@@ -413,7 +555,7 @@ def test_every_row_keeps_the_breakdown_column_so_the_bars_share_one_time_axis(
 def test_the_demo_says_what_came_of_an_export_it_cannot_read_back(capsys):
     """A dead endpoint: the figures' words (none delivered, all held), not "went to",
     and a failure status."""
-    from dask_otel_spans.cli import say_outcome
+    from dask_otel_spans.demo import say_outcome
     from dask_otel_spans.state import ExportState
 
     state = ExportState(
@@ -483,9 +625,9 @@ def test_the_demos_tree_shows_the_message_of_an_exception_logged(tmp_path, capsy
         metrics_delivered=None, metrics_failed=None, flushed=True)
     assert show_run(state, "tcp://127.0.0.1:8786", set()) == 0
     out = capsys.readouterr().out
-    assert "✗ validate-3  0.100s  ValueError: record 3: negative amount" in out
+    assert "✗ validate (validate-3)  0.100s  ValueError: record 3: negative amount" in out
     assert main(["tree", str(tmp_path)]) == 0
-    assert "✗ validate-3  0.100s  ValueError: record 3: negative amount" in (
+    assert "✗ validate (validate-3)  0.100s  ValueError: record 3: negative amount" in (
         capsys.readouterr().out)
 
 

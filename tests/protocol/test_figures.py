@@ -76,6 +76,31 @@ def test_held_and_spooled_items_are_said_with_the_spool_directory():
     assert settled(SignalFigures(delivered=3, failed=0, held=0, spooled=0, dropped=0))
 
 
+def test_at_close_past_the_timeout_the_spooled_are_held_and_the_rest_lost():
+    # 10 handed: 5 delivered, 2 in the spool, 1 left in memory, 2 never exported
+    text = describe(FIGURES.signal("traces"), "traces", "the collector", handed=10,
+                    spool_directory="/tmp/spool", at_close=True, timed_out=3.0)
+    assert "2 still held in the spool /tmp/spool" in text
+    assert "1 lost (held in memory only)" in text
+    assert "2 lost (not exported within the 3.0 s of otel-spans.shutdown-timeout)" in text
+    assert "still held in memory" not in text and "not attempted" not in text
+
+
+def test_at_close_what_is_all_held_in_the_spool_is_not_said_lost():
+    figures = SignalFigures(delivered=5, failed=0, held=0, spooled=2, dropped=0)
+    text = describe(figures, "traces", "the collector", handed=7,
+                    spool_directory="/tmp/spool", at_close=True, timed_out=3.0)
+    assert "2 still held in the spool /tmp/spool" in text and "lost" not in text
+
+
+def test_at_close_past_the_timeout_an_uncounted_remainder_is_said_lost_once():
+    figures = SignalFigures(delivered=40, failed=0)
+    text = describe(figures, "metrics", "the collector", at_close=True, timed_out=3.0)
+    assert text == ("metrics to the collector: 40 metric points delivered, 0 failed, "
+                    "what its exporters had not exported within the 3.0 s of "
+                    "otel-spans.shutdown-timeout is lost")
+
+
 def test_resend_does_not_suggest_itself_for_what_is_left():
     text = describe(FIGURES.signal("traces"), "traces", "the collector",
                     spool_directory="/tmp/spool", resending=True)

@@ -25,6 +25,7 @@ from dask_otel_spans.worker.plugin import flush_providers
 from dask_otel_spans.worker.providers import (
     WorkerProviders,
     build_worker_providers,
+    worker_label,
 )
 
 #: exporters off: nothing is installed as this test process's global providers
@@ -286,10 +287,35 @@ def test_a_signal_whose_value_cannot_work_is_one_error_naming_it_and_the_others_
     shut_down(p)
     (error,) = package_errors(caplog)
     assert f"{variable}={value!r} is not one of" in error
+    assert error.startswith("dask_otel_spans: worker w-1 (tcp://10.0.0.7:4000) exports no ")
     assert len(p.errors) == 1 and p.errors[0] in error
     built = {"tracer_provider", "meter_provider", "logger_provider"} - {lost}
     assert getattr(p, lost) is None
     assert all(getattr(p, name) in p.built for name in built)
+
+
+def test_a_workers_export_failure_line_names_the_worker_once(tmp_path, caplog,
+                                                             shut_down):
+    # (the output directory is a file: the file exporter cannot write)
+    (tmp_path / "in-the-way").write_text("")
+    p = build_for_test({"OTEL_TRACES_EXPORTER": "otlp_json_file",
+                        "OTEL_METRICS_EXPORTER": "none"}, tmp_path / "in-the-way")
+    shut_down(p)
+    assert p.tracer_provider is not None
+    with caplog.at_level(logging.ERROR, logger="dask_otel_spans"):
+        p.tracer_provider.get_tracer("test").start_span("lost").end()
+        p.tracer_provider.force_flush()
+    [line] = [e for e in package_errors(caplog) if "cannot export spans" in e]
+    assert line.startswith("dask_otel_spans: worker w-1 (tcp://10.0.0.7:4000): "
+                           "cannot export spans to ")
+    assert line.count("w-1 (tcp://10.0.0.7:4000)") == 1 and "dropping" in line
+
+
+@pytest.mark.parametrize("name, label", [("w-1", "worker w-1 (tcp://10.0.0.7:4000)"),
+                                         ("tcp://10.0.0.7:4000", "worker tcp://10.0.0.7:4000"),
+                                         (None, "worker tcp://10.0.0.7:4000")])
+def test_a_worker_is_named_by_its_name_and_address_or_its_address_alone(name, label):
+    assert worker_label("tcp://10.0.0.7:4000", name) == label
 
 
 def test_the_teardown_flush_leaves_pull_readers_alone():
