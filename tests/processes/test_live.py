@@ -94,7 +94,6 @@ def run(module_otlp_receiver, tmp_path_factory) -> dict[str, Any]:
         with Client(procs.address, timeout=60) as client:
             client.wait_for_workers(1, timeout=60)
             with span("live-wf") as span_id:
-                out["t_submit"] = time.time()
                 stage = client.map(load, STAGE, pure=False)
                 scores = client.map(score, client.map(fit, stage, pure=False),
                                     pure=False)
@@ -134,7 +133,11 @@ def run(module_otlp_receiver, tmp_path_factory) -> dict[str, Any]:
 
 
 def test_started_record_arrives_within_one_interval_of_the_span_start(run):
-    assert run["t_started_arrived"] - run["t_submit"] < INTERVAL + DELIVERY
+    [(record, _)] = records(run["receiver"], names.SPAN_STARTED_EVENT, run["span_id"])
+    # (its time: when the scheduler enqueued the span; what the client's graph took
+    # to get there, which load stretches, is not the export side's)
+    started = record.time_unix_nano / 1e9
+    assert run["t_started_arrived"] - started < INTERVAL + DELIVERY
 
 
 def test_started_record_has_the_ids_the_span_is_exported_with(run):
