@@ -9,6 +9,7 @@ import time
 
 import pytest
 from distributed import Client
+from support.heartbeats import holds_all, worker_span_metrics
 from support.polling import wait_for
 from support.processes import DaskProcesses, otlp_grpc_env
 from support.receivers import OTLPReceiver
@@ -54,11 +55,14 @@ def through_an_outage(tmp_path_factory):
             # (a flush waits for a few tries only: asked again until it delivered)
             state = wait_for(lambda: (s := wait_for_export(client, timeout=60)).flushed
                              and s, timeout=60)
-            sums = {k: v for k, v in client.run_on_scheduler(
-                lambda dask_scheduler: dict(
-                    dask_scheduler.extensions["spans"].spans[span_id]
-                    .cumulative_worker_metrics)).items()
-                    if k[1] != names.IDLE_PREFIX}  # (idle time grows as it is read)
+            # (the scheduler's sums once they hold what the worker recorded: its
+            # last heartbeat comes at whatever time the load allows)
+            sums = wait_for(lambda: holds_all(
+                totals := client.run_on_scheduler(span_metrics, span_id=span_id),
+                *client.run(worker_span_metrics, span_id=span_id).values()) and {
+                    k: v for k, v in totals.items()
+                    if k[1] != names.IDLE_PREFIX},  # (idle time grows as it is read)
+                timeout=30, interval=0.2)
             # (the metrics reader's next export carries the totals)
             wait_for(lambda: exported_sums(back) == pytest.approx(sums, rel=1e-6),
                      timeout=30, interval=0.2)
@@ -67,6 +71,10 @@ def through_an_outage(tmp_path_factory):
         procs.stop()
         if back is not None:
             back.stop()
+
+
+def span_metrics(dask_scheduler, span_id: str) -> dict:
+    return dict(dask_scheduler.extensions["spans"].spans[span_id].cumulative_worker_metrics)
 
 
 def exported_sums(receiver: OTLPReceiver) -> dict:
