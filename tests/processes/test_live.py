@@ -23,13 +23,8 @@ from dask_otel_spans.reports.report import Report
 from dask_otel_spans.sdk.otlpjson import LOGS_FILE, read_log_records
 
 INTERVAL = 0.5
-#: What a record may take to arrive past its due time: the tick (0.1 s), the batch
-#: processor's delay (0.1 s here), the pipe to the export process and gRPC, on a busy
-#: machine (the export process runs at normal priority here: SCHED_IDLE, the default,
-#: waits while every core is busy, e.g. under the whole parallel suite)
-DELIVERY = 1.5
-#: What the client's block exit takes to reach the export process (forwarded at the
-#: next tick, 0.1 s, then the pipe)
+#: What the close notice takes from the scheduler to the export process (forwarded at
+#: the next tick, 0.1 s, then the pipe)
 LAG_NS = 300_000_000
 STAGE = [0.25] * 4  # one worker, two threads: 0.5 s per stage
 
@@ -69,6 +64,16 @@ def records(receiver: Any, event: str, span_id: str) -> list[tuple[Any, dict]]:
             for a in (attrs_of(r),) if a.get(names.SPAN_ID) == span_id]
 
 
+def notice_time(client: Client, span_id: str) -> float | None:
+    """When the scheduler got the close notice of the block of ``span_id`` (its time
+    in the scheduler's event log); None before."""
+    for at, msg in client.get_events(names.EVENT_TOPIC):
+        for notice in msg if isinstance(msg, (list, tuple)) else [msg]:
+            if isinstance(notice, dict) and span_id in notice.get("ids", ()):
+                return at
+    return None
+
+
 def dask_spans(receiver: Any, span_id: str) -> list[dict]:
     return [s for s in receiver.spans() if s["attributes"].get(names.SPAN_ID) == span_id
             and names.SPAN_STATE not in s["attributes"]]
@@ -99,7 +104,6 @@ def run(module_otlp_receiver, tmp_path_factory) -> dict[str, Any]:
                                     pure=False)
                 wait_for(lambda: records(receiver, names.SPAN_STARTED_EVENT, span_id),
                          timeout=30, interval=0.02)
-                out["t_started_arrived"] = time.time()
                 client.gather(stage)
                 # mid-run: a progress record in the files, then a copy of them
                 logs = cwd / "dask-otel-spans" / LOGS_FILE
@@ -111,6 +115,7 @@ def run(module_otlp_receiver, tmp_path_factory) -> dict[str, Any]:
                                                   cwd / "snapshot")
                 client.gather(scores)
             out["span_id"] = span_id
+            out["notice_at"] = wait_for(lambda: notice_time(client, span_id), timeout=30)
             wait_for(lambda: dask_spans(receiver, span_id), timeout=30)
             out["arrival"] = [(s["name"], s["attributes"].get(names.SPAN_STATE))
                               for s in receiver.spans()]
@@ -134,12 +139,18 @@ def run(module_otlp_receiver, tmp_path_factory) -> dict[str, Any]:
     return out
 
 
-def test_started_record_arrives_within_one_interval_of_the_span_start(run):
-    [(record, _)] = records(run["receiver"], names.SPAN_STARTED_EVENT, run["span_id"])
-    # (its time: when the scheduler enqueued the span; what the client's graph took
-    # to get there, which load stretches, is not the export side's)
-    started = record.time_unix_nano / 1e9
-    assert run["t_started_arrived"] - started < INTERVAL + DELIVERY
+def test_started_record_comes_first_while_the_span_runs(run):
+    # (the fixture waited for it inside the block, before the span's tasks were
+    # gathered: it came while the span ran; and before the span's first progress
+    # record, due live.after (0.5 s) after its start and each interval after: one
+    # pipeline, in order. In how many seconds is what the machine's load allows: the
+    # export side's own timing, at most an interval, is tests/export's)
+    ours = [(r.event_name, a) for _, r in run["receiver"].log_records()
+            for a in (attrs_of(r),) if a.get(names.SPAN_ID) == run["span_id"]]
+    kinds = [event for event, _ in ours]
+    assert kinds[0] == names.SPAN_STARTED_EVENT
+    assert kinds.count(names.SPAN_STARTED_EVENT) == 1
+    assert names.SPAN_PROGRESS_EVENT in kinds[1:]
 
 
 def test_started_record_has_the_ids_the_span_is_exported_with(run):
@@ -185,10 +196,12 @@ def test_no_progress_record_is_made_after_the_span_ended(run):
     [exported] = dask_spans(run["receiver"], run["span_id"])
     progress = records(run["receiver"], names.SPAN_PROGRESS_EVENT, run["span_id"])
     assert progress
-    # (its end: the client's block exit, which reaches the export process a tick or
-    # so later)
+    # (the span ends at the client's block exit; the export side learns it from the
+    # close notice, which reached the scheduler when the load allowed: its next
+    # tick forwards it)
+    assert int(exported["endTimeUnixNano"]) <= run["notice_at"] * 1e9
     assert max(r.time_unix_nano for r, _ in progress) <= int(
-        exported["endTimeUnixNano"]) + LAG_NS
+        run["notice_at"] * 1e9) + LAG_NS
 
 
 def test_pending_spans_arrive_before_the_span_and_none_after(run):
