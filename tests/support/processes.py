@@ -44,6 +44,10 @@ class DaskProcesses:
             "OTEL_METRIC_EXPORT_INTERVAL": "300",
             "OTEL_BSP_SCHEDULE_DELAY": "100",
             "DASK_OTEL_SPANS__EXPORT_DELAY": "0.2s",
+            # (the export process at the scheduler's priority: the default,
+            # SCHED_IDLE, waits while every core is busy, as the parallel suite
+            # keeps them; its own test sets it)
+            "DASK_OTEL_SPANS__EXPORT_PROCESS_CPU_POLICY": "normal",
             "PYTHONPATH": os.pathsep.join(sys.path),
             **env,
         }
