@@ -201,7 +201,6 @@ def test_no_progress_record_is_made_after_the_span_ended(run):
     # close notice, through the scheduler, at its next tick, then the pipe: a few
     # tenths of a second, more on a loaded machine. Records made on past that would
     # go on through the grace period, until the hand-over)
-    assert int(exported["endTimeUnixNano"]) <= run["notice_at"] * 1e9
     assert max(r.time_unix_nano for r, _ in progress) <= (
         run["notice_at"] + GRACE / 2) * 1e9
 
