@@ -12,6 +12,12 @@ from pathlib import Path
 from support.polling import wait_for
 from support.receivers import OTLPReceiver
 
+#: The tests' export processes at the scheduler's priority: the default, SCHED_IDLE,
+#: waits while every core is busy, as the parallel suite keeps them (spans exported
+#: tens of seconds late; its own test sets it). For the environment of the tests' real
+#: schedulers, examples and demo (:data:`support.plugin.FAST` for in-process ones)
+TEST_CPU_POLICY = {"DASK_OTEL_SPANS__EXPORT_PROCESS_CPU_POLICY": "normal"}
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -44,10 +50,7 @@ class DaskProcesses:
             "OTEL_METRIC_EXPORT_INTERVAL": "300",
             "OTEL_BSP_SCHEDULE_DELAY": "100",
             "DASK_OTEL_SPANS__EXPORT_DELAY": "0.2s",
-            # (the export process at the scheduler's priority: the default,
-            # SCHED_IDLE, waits while every core is busy, as the parallel suite
-            # keeps them; its own test sets it)
-            "DASK_OTEL_SPANS__EXPORT_PROCESS_CPU_POLICY": "normal",
+            **TEST_CPU_POLICY,
             "PYTHONPATH": os.pathsep.join(sys.path),
             **env,
         }
