@@ -122,9 +122,14 @@ async def test_the_export_process_sends_exception_logs_over_otlp(
         return [(resource, record) for resource, record in otlp_receiver.log_records()
                 if record.event_name == names.EXCEPTION_EVENT]
 
-    await async_wait_for(lambda: len(exception_records()) == 2, timeout=20)
-    tasks = {(s["traceId"], s["spanId"]) for s in otlp_receiver.spans()
-             if names.TASK_KEY in s["attributes"]}
+    def task_spans():
+        return {(s["traceId"], s["spanId"]) for s in otlp_receiver.spans()
+                if names.TASK_KEY in s["attributes"]}
+
+    # (the records and the task spans go by two exporters, each at its own pace)
+    await async_wait_for(lambda: len(exception_records()) == 2
+                         and len(task_spans()) >= 2, timeout=20)
+    tasks = task_spans()
     for _, record in exception_records():
         assert record.event_name == names.EXCEPTION_EVENT
         assert (record.trace_id.hex(), record.span_id.hex()) in tasks
