@@ -7,6 +7,8 @@ submitted at once (so the scheduler knows its 12 tasks from the start); then a s
 whose scheduler is killed; each test checks one behaviour of it."""
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import shutil
 import time
 from typing import Any
@@ -97,7 +99,8 @@ def run(module_otlp_receiver, tmp_path_factory) -> dict[str, Any]:
     procs = DaskProcesses(env, cwd=str(cwd))
     out: dict[str, Any] = {"receiver": receiver}
     try:
-        with Client(procs.address, timeout=60) as client:
+        client = Client(procs.address, timeout=60)
+        try:
             client.wait_for_workers(1, timeout=60)
             with span("live-wf") as span_id:
                 stage = client.map(load, STAGE, pure=False)
@@ -132,9 +135,12 @@ def run(module_otlp_receiver, tmp_path_factory) -> dict[str, Any]:
                 out["killed"] = wait_for(lambda: dask_spans(receiver, killed_id),
                                          timeout=30)
                 del futures
+        finally:
             # (its scheduler is gone: the client closes without waiting for it, in
-            # 0.1 s on an idle machine; what the load allows, beyond 1 s, on a busy one)
-            client.close(timeout=30)
+            # 0.1 s; now and then, under load, distributed's close of a client whose
+            # scheduler was killed waits on past 30 s: not under test, it is left)
+            with contextlib.suppress(asyncio.TimeoutError):
+                client.close(timeout=5)
     finally:
         procs.stop()
     return out
