@@ -25,7 +25,7 @@ from support.otlpfiles import (
 )
 from support.otlpfiles import span as otlp_span
 from support.paths import EXAMPLES
-from support.processes import free_port
+from support.processes import TEST_CPU_POLICY, free_port
 
 from dask_otel_spans.cli import EXIT_OUTPUT_CLOSED, main, render_tree
 from dask_otel_spans.demo import (
@@ -43,7 +43,8 @@ from dask_otel_spans.sdk.otlpjson import read_metric_points, read_spans
 def run_demo(cwd) -> subprocess.CompletedProcess:
     """``dask-otel-spans demo`` in ``cwd``, on the embedded default (no OTEL_*); its
     stdout and stderr in one stream, in the order a terminal shows them."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
+           **TEST_CPU_POLICY}
     proc = subprocess.run(
         [sys.executable, "-m", "dask_otel_spans.cli", "demo"],
         cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

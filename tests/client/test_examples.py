@@ -10,7 +10,7 @@ import pytest
 from distributed import Client
 from support.paths import EXAMPLES
 from support.polling import wait_for
-from support.processes import DaskProcesses, otlp_grpc_env
+from support.processes import TEST_CPU_POLICY, DaskProcesses, otlp_grpc_env
 from support.receivers import OTLPReceiver
 
 from dask_otel_spans import names
@@ -26,7 +26,8 @@ def run_example(name: str, *args: str, cwd) -> str:
 
 
 def example_run(name: str, *args: str, cwd) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
+           **TEST_CPU_POLICY}
     proc = subprocess.run(
         [sys.executable, str(EXAMPLES / name), *args],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=180,

@@ -8,6 +8,7 @@ import pytest
 from distributed import wait
 from distributed.utils_test import gen_cluster
 from support.failures import bad_json
+from support.plugin import FAST
 from support.polling import async_wait_for
 from support.processes import otlp_grpc_env
 from support.receivers import RECEIVER_THREADS
@@ -112,7 +113,7 @@ async def test_the_export_process_sends_exception_logs_over_otlp(
     environ = {**otlp_grpc_env(otlp_receiver), "OTEL_LOGS_EXPORTER": "otlp",
                EXCEPTION_SIGNAL_OPT_IN: "logs"}
     plugin = OTelSpansPlugin(environ=environ, use_global_providers=False,
-                             export_process=True, export_delay=0.1, idle_timeout=1.0)
+                             export_process=True, **FAST)
     await c.register_plugin(plugin)
     with span("parse"):
         await wait(c.map(bad_json, range(2)))
@@ -125,9 +126,9 @@ async def test_the_export_process_sends_exception_logs_over_otlp(
         return {(s["traceId"], s["spanId"]) for s in otlp_receiver.spans()
                 if names.TASK_KEY in s["attributes"]}
 
-    # (the logs and the spans are batches of their own: either may arrive first)
-    await async_wait_for(
-        lambda: len(exception_records()) == 2 and len(task_spans()) >= 2, timeout=20)
+    # (the records and the task spans go by two exporters, each at its own pace)
+    await async_wait_for(lambda: len(exception_records()) == 2
+                         and len(task_spans()) >= 2, timeout=20)
     tasks = task_spans()
     for _, record in exception_records():
         assert record.event_name == names.EXCEPTION_EVENT

@@ -7,6 +7,7 @@ import logging
 
 import pytest
 from distributed.utils_test import gen_cluster, inc
+from support.plugin import FAST
 from support.polling import async_wait_for
 from support.providers import MemoryProviders
 
@@ -76,10 +77,8 @@ def test_a_small_share_is_not_reported_and_the_next_window_starts(watch, clocks)
 
 def configured_plugin(tmp_path, **settings) -> OTelSpansPlugin:
     """A plugin building its providers from configuration (the embedded default)."""
-    return OTelSpansPlugin(
-        environ={}, use_global_providers=False, output_dir=str(tmp_path),
-        export_delay=0.1, idle_timeout=1.0, **settings,
-    )
+    return OTelSpansPlugin(environ={}, use_global_providers=False,
+                           output_dir=str(tmp_path), **{**FAST, **settings})
 
 
 @gen_cluster(client=True)

@@ -7,7 +7,7 @@ import subprocess
 import grpc
 import pytest
 from distributed.utils_test import gen_cluster
-from support.plugin import install
+from support.plugin import FAST, install
 from support.polling import async_wait_for
 from support.providers import MemoryProviders
 from support.receivers import RECEIVER_THREADS, OTLPReceiver
@@ -95,8 +95,7 @@ async def test_otlp_over_tls_with_an_api_key(c, s, a, b, tls_files, tls_receiver
         "OTEL_BSP_SCHEDULE_DELAY": "50",
     }
     assert tls_receiver.endpoint.startswith("https://")
-    plugin = OTelSpansPlugin(environ=environ, use_global_providers=False,
-                             export_delay=0.1)
+    plugin = OTelSpansPlugin(environ=environ, use_global_providers=False, **FAST)
     await c.register_plugin(plugin)
     with span("over tls"):
         await c.submit(identity, 1, key="identity-1")

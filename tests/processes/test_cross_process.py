@@ -10,6 +10,7 @@ import time
 import pytest
 from distributed import Client
 from opentelemetry.sdk.trace import TracerProvider
+from support.heartbeats import holds_all, worker_span_metrics
 from support.polling import wait_for
 from support.processes import DaskProcesses, otlp_grpc_env
 
@@ -99,10 +100,14 @@ def test_trace_and_metrics_over_otlp_grpc_from_real_processes(cluster, otlp_rece
         def scheduler_metrics(dask_scheduler, span_id):
             return dict(dask_scheduler.extensions["spans"].spans[span_id].cumulative_worker_metrics)
 
-        expected = client.run_on_scheduler(scheduler_metrics, span_id=load_id)
-        assert any(k[2] == "thread-noncpu" for k in expected)
-
         def exported():
+            # (the scheduler's figures once they hold what the worker recorded: its
+            # heartbeat that brings the last of them may come after the span's
+            # export, at whatever time the load allows)
+            expected = client.run_on_scheduler(scheduler_metrics, span_id=load_id)
+            recorded = client.run(worker_span_metrics, span_id=load_id).values()
+            if not holds_all(expected, *recorded):
+                return None
             out = {}
             for metric in (names.SPAN_ACTIVITY_TIME, names.SPAN_ACTIVITY_DATA,
                            names.SPAN_ACTIVITY_COUNT, names.SPAN_ACTIVITY_CUSTOM):
@@ -116,6 +121,7 @@ def test_trace_and_metrics_over_otlp_grpc_from_real_processes(cluster, otlp_rece
             ) else None
 
         got = wait_for(exported, timeout=30, interval=0.2)
+        assert any(k[2] == "thread-noncpu" for k in got)
         sleep_seconds = sum(v for k, v in got.items() if k[1] == "sleepy"
                             and k[2] in ("thread-cpu", "thread-noncpu"))
         assert sleep_seconds == pytest.approx(0.6, abs=0.15)

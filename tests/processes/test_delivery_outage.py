@@ -9,6 +9,7 @@ import time
 
 import pytest
 from distributed import Client
+from support.heartbeats import holds_all, worker_span_metrics
 from support.polling import wait_for
 from support.processes import DaskProcesses, otlp_grpc_env
 from support.receivers import OTLPReceiver
@@ -54,11 +55,14 @@ def through_an_outage(tmp_path_factory):
             # (a flush waits for a few tries only: asked again until it delivered)
             state = wait_for(lambda: (s := wait_for_export(client, timeout=60)).flushed
                              and s, timeout=60)
-            sums = {k: v for k, v in client.run_on_scheduler(
-                lambda dask_scheduler: dict(
-                    dask_scheduler.extensions["spans"].spans[span_id]
-                    .cumulative_worker_metrics)).items()
-                    if k[1] != names.IDLE_PREFIX}  # (idle time grows as it is read)
+            # (the scheduler's sums once they hold what the worker recorded: its
+            # last heartbeat comes at whatever time the load allows)
+            sums = wait_for(lambda: holds_all(
+                totals := client.run_on_scheduler(span_metrics, span_id=span_id),
+                *client.run(worker_span_metrics, span_id=span_id).values()) and {
+                    k: v for k, v in totals.items()
+                    if k[1] != names.IDLE_PREFIX},  # (idle time grows as it is read)
+                timeout=30, interval=0.2)
             # (the metrics reader's next export carries the totals)
             wait_for(lambda: exported_sums(back) == pytest.approx(sums, rel=1e-6),
                      timeout=30, interval=0.2)
@@ -67,6 +71,10 @@ def through_an_outage(tmp_path_factory):
         procs.stop()
         if back is not None:
             back.stop()
+
+
+def span_metrics(dask_scheduler, span_id: str) -> dict:
+    return dict(dask_scheduler.extensions["spans"].spans[span_id].cumulative_worker_metrics)
 
 
 def exported_sums(receiver: OTLPReceiver) -> dict:
@@ -84,9 +92,12 @@ def exported_sums(receiver: OTLPReceiver) -> dict:
 
 def test_every_span_ended_in_an_outage_arrives_exactly_once(through_an_outage):
     back, span_id, _, state = through_an_outage
-    spans = back.spans()
-    ids = [s["spanId"] for s in spans]
-    assert len(ids) == len(set(ids))
+    # (once, but for what ExportState.resent counts: a request the exporter got no
+    # answer to within its 0.5 s timeout, which a loaded machine can make of a
+    # receiver's answer, is sent again: at least once, as every OTLP exporter)
+    spans = list({s["spanId"]: s for s in back.spans()}.values())
+    again = len(back.spans()) - len(spans)
+    assert again <= state.resent.get("traces", 0)
     dask_spans = [s for s in spans if s["attributes"].get(names.SPAN_ID) == span_id]
     prefixes = [s for s in spans if s["attributes"].get(names.TASK_PREFIX) == "fails_on_odd"
                 and names.TASK_KEY not in s["attributes"]]
@@ -97,10 +108,12 @@ def test_every_span_ended_in_an_outage_arrives_exactly_once(through_an_outage):
 
 
 def test_every_exception_log_record_of_an_outage_arrives_exactly_once(through_an_outage):
-    back, _, _, _ = through_an_outage
+    back, _, _, state = through_an_outage
     # (beside the records of the span while it ran: dask.span.started, progress)
     records = [r for _, r in back.log_records() if r.event_name == names.EXCEPTION_EVENT]
-    assert len({(r.trace_id, r.span_id) for r in records}) == len(records) == 3
+    # (again only as ExportState.resent counts: see above)
+    assert len({(r.trace_id, r.span_id) for r in records}) == 3
+    assert len(records) - 3 <= state.resent.get("logs", 0)
 
 
 def test_metric_totals_after_an_outage_are_the_workflows(through_an_outage):

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 from distributed import Client
+from support.heartbeats import holds_all, worker_span_metrics
 from support.jaeger import (
     BAD_RECORD,
     CLIENT_SERVICE,
@@ -141,7 +142,12 @@ def workflow(jaeger: Jaeger, prometheus: str, tmp_path_factory) -> Iterator[dict
                 spans = dask_scheduler.extensions["spans"].spans
                 return list(spans[span_id].cumulative_worker_metrics.items())
 
-            recorded = client.run_on_scheduler(scheduler_metrics, span_id=load_id)
+            # (once the scheduler holds what the workers recorded: their last
+            # heartbeats come at whatever time the load allows)
+            recorded = wait_for(lambda: holds_all(
+                dict(got := client.run_on_scheduler(scheduler_metrics, span_id=load_id)),
+                *client.run(worker_span_metrics, span_id=load_id).values()) and got,
+                timeout=30, interval=0.2)
             yield {
                 "trace": f"{request.get_span_context().trace_id:032x}",
                 "request": f"{request.get_span_context().span_id:016x}",

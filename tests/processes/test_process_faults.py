@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from datetime import datetime
 
 import pytest
 from distributed import Client
@@ -15,6 +16,7 @@ from support.processes import DaskProcesses, free_port, otlp_grpc_env
 
 from dask_otel_spans import names, span
 from dask_otel_spans.sdk.otlpjson import read_spans
+from dask_otel_spans.transport.choice import CHILD_EXIT_MARGIN
 
 
 def sleepy(x: float) -> float:
@@ -83,7 +85,7 @@ def test_scheduler_shutdown_flushes_open_spans_as_incomplete(tmp_path):
 @pytest.fixture(scope="module")
 def closed_with_an_unreachable_collector(tmp_path_factory):
     """A real scheduler exporting to a closed port, closed (SIGTERM) after one span:
-    its log and how long it took to exit."""
+    its log."""
     port = free_port()  # (nothing listens there)
     procs = DaskProcesses(
         {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
@@ -99,29 +101,41 @@ def closed_with_an_unreachable_collector(tmp_path_factory):
             wait_for(lambda: client.run_on_scheduler(
                 lambda dask_scheduler: dask_scheduler.plugins["otel-spans"]
                 .handed_over_count) >= 1)
-        t0 = time.monotonic()
         procs.scheduler.send_signal(signal.SIGTERM)
         procs.scheduler.wait(60)
-        elapsed = time.monotonic() - t0
         for worker in procs.workers:
             worker.kill()
     finally:
         log = procs.stop()
-    return log, elapsed
+    return log
+
+
+def logged_at(log: str, text: str) -> datetime:
+    """When the first line of ``log`` holding ``text`` was logged (its asctime)."""
+    line = next(line for line in log.splitlines() if text in line)
+    return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
 
 
 def test_shutdown_waits_for_an_unreachable_collector_a_bounded_time(
     closed_with_an_unreachable_collector
 ):
-    _, elapsed = closed_with_an_unreachable_collector
-    # shutdown-timeout (3 s) and the scheduler's own close; it took 8.6 s unbounded
-    assert elapsed < 3.0 + 3.0
+    log = closed_with_an_unreachable_collector
+    # the export process gave up on the collector itself, after shutdown-timeout (3 s),
+    # and exited: never killed for outstaying it (it took 8.6 s unbounded)
+    assert "the exporters did not finish within 3.0 s" in log
+    assert not [line for line in log.splitlines()
+                if "the export process (pid" in line and "killed" in line]
+    # (the scheduler's close, as its log says: the process's own exit after it, the
+    # interpreter's teardown, takes what the machine's load allows)
+    closing = (logged_at(log, "End scheduler")
+               - logged_at(log, "Closing scheduler")).total_seconds()
+    assert closing < 3.0 + CHILD_EXIT_MARGIN
 
 
 def test_shutdown_says_in_one_line_what_it_could_not_deliver(
     closed_with_an_unreachable_collector
 ):
-    log, _ = closed_with_an_unreachable_collector
+    log = closed_with_an_unreachable_collector
     lines = [line for line in log.splitlines() if "at close" in line]
     assert len(lines) == 1
     assert "traces to OTLP grpc to http://127.0.0.1:" in lines[0]
@@ -134,7 +148,7 @@ def test_shutdown_says_in_one_line_what_it_could_not_deliver(
 def test_the_scheduler_log_says_where_data_goes_at_start(
     closed_with_an_unreachable_collector
 ):
-    log, _ = closed_with_an_unreachable_collector
+    log = closed_with_an_unreachable_collector
     [line] = [line for line in log.splitlines() if "dask_otel_spans: traces to" in line]
     assert "INFO" in line
     assert "traces to OTLP grpc to http://127.0.0.1:" in line

@@ -18,6 +18,7 @@ from opentelemetry.trace import (
     TraceFlags,
     TraceState,
 )
+from support.heartbeats import span_metrics_in
 from support.plugin import install, plugin_of, tracker_of, wait_for_event
 from support.polling import async_wait_for
 from support.providers import MemoryProviders
@@ -312,6 +313,9 @@ async def test_metrics_agree_with_cumulative_worker_metrics(c, s, a, b):
     plugin = await install(c, memory)
     with span("wf") as wf_id:
         await wait(c.map(slowinc, range(6), delay=0.05))
+        # (the workers' heartbeats bring the metrics at whatever time the load
+        # allows, maybe past a grace period: the span waits for them in its block)
+        await async_wait_for(lambda: span_metrics_in(s, [a, b], wf_id))
     await async_wait_for(lambda: memory.by_name("wf"))
     await plugin.flush()
     expected = dict(s.extensions["spans"].spans[wf_id].cumulative_worker_metrics)
@@ -465,6 +469,8 @@ async def test_metrics_past_max_series_keep_their_totals(c, s, a, b):
             keys = [f"step{'abcd'[i]}-{j}" for j in range(3)]
             await wait(c.map(slowinc, range(3), key=keys, delay=0.05))
         ids.append(sid)
+    # (the last heartbeats may come after the spans' export: their points count)
+    await async_wait_for(lambda: all(span_metrics_in(s, [a, b], sid) for sid in ids))
     await async_wait_for(lambda: len(memory.dask_spans()) == 4)
     await plugin.flush()
     spans = s.extensions["spans"].spans

@@ -154,10 +154,6 @@ async def test_a_running_span_is_one_coroutine_a_window_for_its_running_prefixes
     assert fetcher.fetches <= 2 * fetcher.coroutines
 
 
-#: the workers keep 5 cycles of 100 ms: half a second of history
-SHORT_HISTORY = {**FAST_PROFILER, "distributed.admin.low-level-log-length": 5}
-
-
 #: the workers keep 40 cycles of 100 ms: 4 s of history (a margin for a window's
 #: fetch delayed on a loaded machine; the spans below are longer)
 HISTORY_40 = {**FAST_PROFILER, "distributed.admin.low-level-log-length": 40}
@@ -181,12 +177,16 @@ async def test_a_prefix_done_while_its_span_runs_on_is_fetched_before_it_ages_ou
     assert attributes[names.PROFILE_TOP][0].startswith("hot_loop (")
 
 
-@gen_cluster(client=True, nthreads=[("", 1)], config=SHORT_HISTORY)
+@gen_cluster(client=True, nthreads=[("", 1)], config=HISTORY_40)
 async def test_a_span_longer_than_the_history_says_what_it_could_not_get(c, s, a):
     memory = MemoryProviders()
     await install(c, memory, **PROFILED)
+    # (fetched once the span is over: its first half second is past the 4 s of
+    # history by then, and its end still in it however late the load makes the
+    # fetch, within reason; with half a second of history, a fetch later than that
+    # found nothing left)
     with span("long"):
-        await wait(c.submit(hot_loop, 2.5))
+        await wait(c.submit(hot_loop, 4.5))
     await memory.first("long")
     attributes = memory.prefix_span("hot_loop").attributes
     assert "no longer in the workers' history" in attributes[names.PROFILE_MISSING]

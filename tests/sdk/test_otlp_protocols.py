@@ -10,6 +10,7 @@ import pytest
 from distributed.utils_test import gen_cluster, inc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+from support.plugin import FAST
 from support.polling import async_wait_for
 from support.receivers import RECEIVER_THREADS, OTLPReceiver
 
@@ -76,10 +77,8 @@ def http_receiver():
 
 
 def env_plugin(environ, **settings) -> OTelSpansPlugin:
-    return OTelSpansPlugin(
-        environ=environ, use_global_providers=False,
-        export_delay=0.1, idle_timeout=1.0, **settings,
-    )
+    return OTelSpansPlugin(environ=environ, use_global_providers=False,
+                           **{**FAST, **settings})
 
 
 @pytest.fixture

@@ -7,8 +7,10 @@ from typing import Any
 from dask_otel_spans import OTelSpansPlugin, names
 from support.providers import MemoryProviders
 
-#: short waits: a span is exported soon after its tasks (the tests' clusters are small)
-FAST = dict(export_delay=0.1, idle_timeout=1.0)
+#: short waits: a span is exported soon after its tasks (the tests' clusters are small);
+#: an export process at the scheduler's priority: the default, SCHED_IDLE, waits
+#: while every core is busy, as the parallel suite keeps them (its own test sets it)
+FAST = dict(export_delay=0.1, idle_timeout=1.0, export_process_cpu_policy="normal")
 
 
 async def install(c, memory: MemoryProviders, **settings) -> OTelSpansPlugin:

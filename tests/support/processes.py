@@ -1,6 +1,7 @@
 """Real processes: ``dask scheduler --preload dask_otel_spans`` and ``dask worker``."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -11,6 +12,12 @@ from pathlib import Path
 
 from support.polling import wait_for
 from support.receivers import OTLPReceiver
+
+#: The tests' export processes at the scheduler's priority: the default, SCHED_IDLE,
+#: waits while every core is busy, as the parallel suite keeps them (spans exported
+#: tens of seconds late; its own test sets it). For the environment of the tests' real
+#: schedulers, examples and demo (:data:`support.plugin.FAST` for in-process ones)
+TEST_CPU_POLICY = {"DASK_OTEL_SPANS__EXPORT_PROCESS_CPU_POLICY": "normal"}
 
 
 def free_port() -> int:
@@ -36,25 +43,28 @@ class DaskProcesses:
                  dashboard: bool = False, nanny: bool = False,
                  worker_preload: bool = False, scheduler_preload: bool = True,
                  launcher: tuple[str, ...] = (), worker_logs: str | None = None):
-        self.port = free_port()
-        self.address = f"tcp://127.0.0.1:{self.port}"
-        self.dashboard_port = free_port() if dashboard else None
+        # (ports the scheduler picks, read from its scheduler file: a free port
+        # picked here could be taken by another process before it listened)
+        self.port = 0
+        self.address = ""
+        self.dashboard_port: int | None = None
         self.env = {
             **os.environ,
             "OTEL_METRIC_EXPORT_INTERVAL": "300",
             "OTEL_BSP_SCHEDULE_DELAY": "100",
             "DASK_OTEL_SPANS__EXPORT_DELAY": "0.2s",
+            **TEST_CPU_POLICY,
             "PYTHONPATH": os.pathsep.join(sys.path),
             **env,
         }
-        dash = (["--dashboard-address", f"127.0.0.1:{self.dashboard_port}"]
+        dash = (["--dashboard-address", "127.0.0.1:0"]
                 if dashboard else ["--no-dashboard"])
         dask_cli = [*launcher, sys.executable, "-m", "dask"]
         # (written by the scheduler once it listens; outside cwd, which tests list)
         self.scheduler_file = os.path.join(tempfile.mkdtemp(prefix="dask-processes-"),
                                            "scheduler.json")
         self.scheduler = subprocess.Popen(
-            [*dask_cli, "scheduler", "--host", "127.0.0.1", "--port", str(self.port),
+            [*dask_cli, "scheduler", "--host", "127.0.0.1", "--port", "0",
              "--scheduler-file", self.scheduler_file,
              *dash, *(["--preload", "dask_otel_spans"] if scheduler_preload else [])],
             env=self.env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -73,12 +83,24 @@ class DaskProcesses:
             for log in self._worker_logs
         ]
         try:
-            wait_for(lambda: os.path.exists(self.scheduler_file)
-                     or self.scheduler.poll() is not None, timeout=60)
+            identity = wait_for(lambda: self._identity()
+                                or self.scheduler.poll() is not None, timeout=60)
         except AssertionError:
             raise AssertionError(f"the scheduler did not start:\n{self.stop()}") from None
         if self.scheduler.poll() is not None:
             raise AssertionError(f"the scheduler exited:\n{self.stop()}")
+        self.address = identity["address"]
+        self.port = int(self.address.rsplit(":", 1)[1])
+        if dashboard:
+            self.dashboard_port = int(identity["services"]["dashboard"])
+
+    def _identity(self) -> dict | None:
+        """The scheduler's identity in its scheduler file, once it is whole."""
+        try:
+            with open(self.scheduler_file) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
 
     def stop(self) -> str:
         """Stop everything (SIGTERM: a graceful scheduler close); the scheduler's log.

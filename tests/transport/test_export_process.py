@@ -617,7 +617,9 @@ def thread_nice_levels(pid: int) -> set[int]:
 async def test_export_process_runs_its_nice_levels_below_the_scheduler(
     c, s, a, b, tmp_path
 ):
-    plugin = await install_process_plugin(c, tmp_path)
+    # (the configured default, not the tests' FAST policy)
+    default = PluginConfig.from_dask_config().export_process_cpu_policy
+    plugin = await install_process_plugin(c, tmp_path, export_process_cpu_policy=default)
     await export_one_span(c, plugin, "niced")  # the SDK's threads run by now
     pid = child_pid(plugin)
     levels = thread_nice_levels(pid)
