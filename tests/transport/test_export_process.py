@@ -242,13 +242,18 @@ async def test_a_span_in_its_grace_period_when_the_export_process_died_is_export
     c, s, a, b, tmp_path, caplog
 ):
     caplog.set_level(logging.WARNING, logger="dask_otel_spans")
-    plugin = await install_process_plugin(c, tmp_path, export_delay=3.0)
+    # (a grace period of 6 s: the export process's figures, which say it has the span,
+    # come every half second, seconds late on a loaded machine; past the grace period
+    # it hands the span over, and one handed over and lost with the process is lost)
+    plugin = await install_process_plugin(c, tmp_path, export_delay=6.0)
     first = child_pid(plugin)
     with span("in its grace period"):
         await c.submit(inc, 2, key="g-1")
+    done = time.monotonic()
     # (it has the span, and hands it over once its grace period is over)
     await async_wait_for(lambda: plugin.export_figures().received >= 1)
     os.kill(first, signal.SIGKILL)
+    assert time.monotonic() - done < 5.0  # (killed in the grace period)
     await async_wait_for(lambda: f"export process (pid {first}) exited"
                          in caplog.text)
     with span("after"):  # (a write to a process gone: a new one starts)
