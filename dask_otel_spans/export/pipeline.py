@@ -188,11 +188,15 @@ class ExportPipeline:
         if finished and all(settled(figures[s]) for s, _, _ in signals):
             return
         # (what is held is said where; only what no one holds any more is lost)
-        logger.warning("dask_otel_spans: at close, %s", "; ".join(
+        line = "; ".join(
             describe(figures[signal], signal, where, handed, providers.spool_directory,
                      at_close=True, timed_out=None if finished else timeout)
             for signal, where, handed in signals
-        ))
+        )
+        if not finished:  # (why the close took that long)
+            line += (f"; the exporters stopped at otel-spans.shutdown-timeout "
+                     f"({timeout:.1f} s)")
+        logger.warning("dask_otel_spans: at close, %s", line)
 
     def cpu_seconds(self) -> float:
         """CPU seconds of the pipeline's threads (ender and metrics) so far."""
