@@ -153,9 +153,10 @@ class DaskInstruments:
                         "progress (live.interval)",
         )
         self._cache: _Recent[_Series] = _Recent()
-        #: exemplar contexts by (span id, prefix): a running span's heartbeats reuse
+        #: (trace, exemplar context) by (span id, prefix): a running span's heartbeats reuse
         #: its context (the spans that reported lately: one entry per span)
-        self._contexts: _Recent[Context] = _Recent(MAX_EXEMPLAR_CONTEXTS)
+        self._contexts: _Recent[tuple[tuple[int, int, int], Context]] = _Recent(
+            MAX_EXEMPLAR_CONTEXTS)
         #: (instrument, span name) -> the series of the instruments whose one
         #: attribute is the span name (duration, active spans)
         self._by_name: dict[tuple[int, str], _Series] = {}
@@ -232,17 +233,19 @@ class DaskInstruments:
         """The context of the span whose points are exemplars of ``span_id``'s
         keys of ``prefix``: its prefix span's (its own without prefix spans, and
         for the idle prefix)."""
-        context = self._contexts.get((span_id, prefix))
-        if context is not None:
-            return context
+        cached = self._contexts.get((span_id, prefix))
         trace = (span_traces or {}).get(span_id)
-        if trace is None:
-            return None
+        if trace is None:  # (handed over lately: the context it had)
+            return cached[1] if cached is not None else None
+        if cached is not None and cached[0] == trace:
+            return cached[1]
+        # (new, or the span's trace learned since: a context that came late)
+        key_trace = trace
         if self.prefix_spans and prefix is not None and prefix != names.IDLE_PREFIX:
             trace = (trace[0], prefix_span_id(span_id, str(prefix)), trace[2])
         context = exemplar_context(trace)
         if context is not None:
-            self._contexts.put((span_id, prefix), context)
+            self._contexts.put((span_id, prefix), (key_trace, context))
         return context
 
     def add_worker_deltas(self, deltas: Mapping[Hashable, float]) -> None:

@@ -95,8 +95,9 @@ class ExportSession:
         #: when export takes a noticeable share of the process's CPU
         self.share_watch: ExportShareWatch | None = None
         self._next_pass = time.monotonic()
-        #: span id -> (trace id, span id, flags), for exemplars (of open spans)
-        self._traces: BoundedMemory[str, tuple[int, int, int]] = BoundedMemory(MAX_TRACES)
+        #: span id -> (contexts its records had, (trace id, span id, flags))
+        self._traces: BoundedMemory[str, tuple[int, tuple[int, int, int]]] = (
+            BoundedMemory(MAX_TRACES))
         self._log_once = OnceLogger(logger)
         #: messages that were not of the protocol (skipped)
         self.unreadable = 0
@@ -332,17 +333,22 @@ class ExportSession:
         span)."""
         out = {}
         known = self._traces
+        record = self.tracker.record
         for span_id in span_ids:
-            ids = known.get(span_id)
-            if ids is None:
-                rec = self.tracker.record(span_id)
-                if rec is None:
-                    continue
-                carried = carried_for_translation(rec, self.tracker.record(rec.ids[0]))
+            rec = record(span_id)
+            if rec is None:
+                continue
+            root = record(rec.ids[0])
+            # (worked out again when the span or its root learned a context since:
+            # a close notice or a later graph; what the records carry only grows)
+            learned = len(rec.carried) + (len(root.carried) if root is not None else 0)
+            cached = known.get(span_id)
+            if cached is None or cached[0] != learned:
+                carried = carried_for_translation(rec, root)
                 chain = resolve_chain(rec.ids, parse_carried(carried) or {})
-                ids = (chain.trace_id, chain.span_id, int(chain.trace_flags))
-                known.remember(span_id, ids)
-            out[span_id] = ids
+                cached = (learned, (chain.trace_id, chain.span_id, int(chain.trace_flags)))
+                known.remember(span_id, cached)
+            out[span_id] = cached[1]
         return out
 
     def on_worker_deltas(self, deltas: Mapping[Hashable, float]) -> None:

@@ -179,6 +179,8 @@ class SpanForwarder:
         self.include_code = include_code
         self.sampler = sampler if sampler is not None else TaskSampler(NONE, 0)
         self.changes = Changes()
+        #: a tick is forwarding hook events (heartbeat deltas wait behind them)
+        self._events_in_flight = False
         self.forwarded = Forwarded(n_known=len(spans), first=len(spans))
         self.sweep = CountsSweep(min(COUNTS_INTERVAL, live_interval), clock)
 
@@ -249,7 +251,13 @@ class SpanForwarder:
 
     def forward_deltas(self, deltas: SpanDeltas) -> None:
         """A heartbeat's span metric deltas, after the spans created since the last
-        call (O(new)): the export side knows every span they name."""
+        call (O(new)): the export side knows every span they name. While hook events
+        wait for a tick (or a tick forwards them), the deltas go behind them: a
+        graph's contexts reach the export side before the metrics of its tasks, whose
+        exemplars link to the trace the graph carried (O(1))."""
+        if self.changes.pending or self._events_in_flight:
+            self.changes.pending.append(events.span_deltas(deltas))
+            return
         out: list[Message] = []
         self._new_spans(out)
         out.append(events.span_deltas(deltas))
@@ -298,7 +306,11 @@ class SpanForwarder:
         changes, self.changes = self.changes, Changes()
         self._forward_workers(n_workers)
         yield from self._forward_new_spans()
-        yield from self._forward_hook_events(changes.pending)
+        self._events_in_flight = True
+        try:
+            yield from self._forward_hook_events(changes.pending)
+        finally:
+            self._events_in_flight = False
         # (after the graphs: the groups of their tasks are known there by then)
         yield from self._forward_groups(changes.touched, changes.erred)
         if self.sweep.due(self.forwarded.running):

@@ -485,6 +485,45 @@ def test_deltas_are_forwarded_after_the_spans_they_name(tree, sink):
     assert sink.items[-1] == ("deltas", deltas)
 
 
+def test_deltas_of_a_heartbeat_before_the_tick_go_after_the_graph_waiting_for_it(
+        tree, sink):
+    """A heartbeat between ``update_graph`` and the next tick: its deltas follow the
+    graph, whose contexts the export side needs for their exemplars."""
+    group = task_group("inc-1", "c")
+    tasks = {("inc-1", 0): Task(group)}
+    forwarder = forwarder_of(tree, sink, tasks)
+    chain = {"r": {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}, "c": {}}
+    forwarder.graph_submitted("client-1", list(tasks),
+                              annotations({("inc-1", 0): chain}, None))
+    deltas = {("execute", "c", "inc", "thread-cpu", "seconds"): 1.5}
+    forwarder.forward_deltas(deltas)
+    assert sink.items == []
+    forwarder.tick(2)
+    kinds = [item[0] for item in sink.items]
+    assert kinds.index("span") < kinds.index("graph") < kinds.index("deltas")
+    assert sink.items[-1] == ("deltas", deltas)
+
+
+def test_deltas_of_a_heartbeat_during_a_tick_go_after_its_graphs(tree, sink):
+    """A heartbeat while a tick reads a large graph in steps: its deltas follow it."""
+    group = task_group("inc-1", "c")
+    tasks = {("inc-1", i): Task(group)
+             for i in range(3 * forwarder_module.SPANS_PER_STEP)}
+    forwarder = forwarder_of(tree, sink, tasks)
+    forwarder.graph_submitted("client-1", list(tasks), annotations(None, None))
+    steps = forwarder.tick_steps(2)
+    next(steps)
+    while "span" not in [item[0] for item in sink.items]:
+        next(steps)
+    next(steps)  # (in the graph's keys now)
+    forwarder.forward_deltas({("execute", "c", "inc", "x", "count"): 1})
+    for _ in steps:
+        pass
+    forwarder.tick(2)
+    kinds = [item[0] for item in sink.items]
+    assert kinds.index("graph") < kinds.index("deltas")
+
+
 def test_two_groups_of_one_name_in_a_span_are_told_apart(tree, sink):
     """A task group forgotten, and a new one of the same name in the same span (as
     a second ``submit`` of ``inc`` after the first's results were released)."""
