@@ -51,6 +51,7 @@ import psutil
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))  # (support.blocks)
 
 import dask  # noqa: E402
 from bench_between import ReceiverProcess, _otlp_environ  # noqa: E402
@@ -154,23 +155,10 @@ def _block_messages(i: int, at: float) -> list[Any]:
     """The messages of block ``i`` of ``small``, done at ``at``: a root span, its
     child with a task group of 2 tasks of a prefix of its own, a graph, a
     heartbeat's deltas."""
-    from dask_otel_spans.protocol import events
+    from support.blocks import block_messages
 
-    root, leaf = str(uuid.uuid4()), str(uuid.uuid4())
-    prefix, group = f"s{i}", 1_000_000 + i
-    return [
-        events.span_added((root,), ("small",), at, 2, 2 * i),
-        events.span_added((root, leaf), ("small", f"step-{i}"), at, 2, 2 * i + 1),
-        events.graph_submitted(at, "Client-bench", [leaf], None, [], []),
-        events.group_running(leaf, group, prefix),
-        events.group_counts([(leaf, group, 2, 0, 2, 0)]),
-        events.span_deltas({("execute", leaf, prefix, activity, "seconds"): 1e-4
-                            for activity in ("thread-cpu", "thread-noncpu",
-                                             "executor", "other")}),
-        events.worker_deltas({("get-data", "serialize", "seconds"): 1e-4}),
-        events.group_done(leaf, group, (prefix, at, at + 0.001, 56, 1e-4, 2, 0, 0.0,
-                                        0.0)),
-    ]
+    return block_messages(i, at, 1_000_000 + i, ("small", f"step-{i}"), f"s{i}",
+                          "Client-bench")
 
 
 def export_run(spans: int, every: int, rate: float, environ: dict[str, str]

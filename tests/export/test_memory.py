@@ -21,6 +21,7 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
     SpanExportResult,
 )
+from support.blocks import block_messages
 
 from dask_otel_spans.config import PluginConfig
 from dask_otel_spans.export.metrics import MAX_EXEMPLAR_CONTEXTS
@@ -80,25 +81,11 @@ class _Discard(SpanExporter):
 
 def step_messages(i: int, at: float, group: int) -> list[events.Message]:
     """What the forwarder sends for ``with distributed.span("etl", "load"):`` around
-    a graph of two tasks of a group of their own, done (a new root each time, as dask
-    makes it; the same names every time, as a service running one pipeline has)."""
-    root, leaf = str(uuid.uuid4()), str(uuid.uuid4())
+    a graph of two tasks of a group of their own, done (the same names every time,
+    as a service running one pipeline has)."""
     # (tags as unmarshalled from the pipe: new strings each time)
     tags = ("".join(["et", "l"]), "".join(["lo", "ad"]))
-    prefix = "".join(["rea", "d"])
-    return [
-        events.span_added((root,), tags[:1], at, 2, 2 * i),
-        events.span_added((root, leaf), tags, at, 2, 2 * i + 1),
-        events.graph_submitted(at, CLIENT, [leaf], None, [], []),
-        events.group_running(leaf, group, prefix),
-        events.group_counts([(leaf, group, 2, 0, 2, 0)]),
-        events.span_deltas({("execute", leaf, prefix, activity, "seconds"): 1e-4
-                            for activity in ("thread-cpu", "thread-noncpu",
-                                             "executor", "other")}),
-        events.worker_deltas({("get-data", "serialize", "seconds"): 1e-4}),
-        events.group_done(leaf, group, (prefix, at, at + 0.001, 56, 1e-4, 2, 0, 0.0,
-                                        0.0)),
-    ]
+    return block_messages(i, at, group, tags, "".join(["rea", "d"]), CLIENT)
 
 
 @pytest.fixture
